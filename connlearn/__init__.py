@@ -1,0 +1,114 @@
+"""connlearn: learn how the branches of a multi-branch network connect, jointly with the weights.
+
+GateConnect (Ahmed & Torresani, "Connectivity Learning in Multi-Branch Networks"): ResNeXt-style modules
+of C parallel residual blocks, each block summing K of the previous module's branch outputs chosen by
+binary gates sampled from learned real-valued gates.
+
+    >>> import connlearn
+    >>> net = connlearn.build(topology="resnext", C=8, M=9, gate="topk", K=1)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from connlearn.blocks import BLOCKS, Looped
+from connlearn.compile import ConnectivityNet, compile_graph
+from connlearn.errors import ConfigError, ConnlearnError, closest
+from connlearn.gates import GATES, Gate
+from connlearn.graph import BranchGraph
+from connlearn.topologies import PRESETS, TOPOLOGIES
+
+__version__ = "0.1.0"
+
+
+def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -> ConnectivityNet:
+    """Build a network: ``topology`` emits the BranchGraph, which is compiled on ``engine``.
+
+    Args:
+        topology: a registered topology (``list_topologies()``): ``"resnext"`` or ``"dense"``.
+        engine: ``"fused"`` (default), ``"reference"`` or ``"auto"``.
+        **options: the topology's keyword arguments; for ``resnext``: ``C``, ``M`` or ``depth``, ``width``,
+            ``num_classes``, ``preset``, ``layout``, ``block``, ``gate``, ``K``, ``seed``, ``gate_init``.
+            The defaults give the paper's Figure 3 model {D=29, w=8, C=8} for CIFAR-100 with ``topk`` gates.
+
+    Weights are initialised from ``seed`` without touching the global torch RNG.
+    """
+    fn = TOPOLOGIES.get(topology)
+    _check_options(topology, fn, options)
+    graph = fn(**options)
+    seed = int(graph.graph.get("seed", 0))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return compile_graph(graph, engine=engine)
+
+
+def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | None = None) -> ConnectivityNet:
+    """Compile a BranchGraph (or its JSON) into a network, weights initialised from the graph's seed."""
+    if isinstance(graph, str):
+        graph = BranchGraph.from_json(graph)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(graph.graph.get("seed", 0)) if seed is None else seed)
+        return compile_graph(graph, engine=engine)
+
+
+def _check_options(topology: str, fn: Callable[..., Any], options: dict[str, Any]) -> None:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    # whether a ResNeXt is dense is said by the topology's name, not by an option
+    allowed = [n for n in params if n != "dense"]
+    for name in options:
+        if name not in allowed:
+            hint = closest(name, allowed)
+            msg = f"topology {topology!r} has no option {name!r}; its options: {', '.join(allowed)}"
+            raise ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+def register_block(name: str, kind: Any = None, *, overwrite: bool = False) -> Any:
+    """Register a block kind (a class or callable ``(in_ch, out_ch, stride, branches, **params)``, or a
+    :class:`Looped` adapter). Without ``kind``, returns a decorator."""
+    return BLOCKS.register(name, kind, overwrite=overwrite)
+
+
+def register_topology(name: str, fn: Any = None, *, overwrite: bool = False) -> Any:
+    """Register a topology: a function of keyword arguments returning a BranchGraph."""
+    return TOPOLOGIES.register(name, fn, overwrite=overwrite)
+
+
+def register_gate(name: str, cls: Any = None, *, overwrite: bool = False) -> Any:
+    """Register a gate kind: a :class:`Gate` subclass."""
+    return GATES.register(name, cls, overwrite=overwrite)
+
+
+def list_blocks(pattern: str = "*") -> list[str]:
+    """Registered block kinds matching ``pattern``."""
+    return BLOCKS.names(pattern)
+
+
+def list_topologies(pattern: str = "*") -> list[str]:
+    """Registered topologies matching ``pattern``."""
+    return TOPOLOGIES.names(pattern)
+
+
+def list_gates(pattern: str = "*") -> list[str]:
+    """Registered gate kinds matching ``pattern``."""
+    return GATES.names(pattern)
+
+
+def list_presets(pattern: str = "*") -> list[str]:
+    """Architecture presets of the paper's tables (``resnext(preset=...)``)."""
+    import fnmatch
+
+    return sorted(p for p in PRESETS if fnmatch.fnmatchcase(p, pattern))
+
+
+__all__ = [
+    "BranchGraph", "ConfigError", "ConnectivityNet", "ConnlearnError", "Gate", "Looped", "__version__", "build",
+    "from_graph", "list_blocks", "list_gates", "list_presets", "list_topologies", "register_block",
+    "register_gate", "register_topology",
+]

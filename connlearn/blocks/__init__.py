@@ -1,0 +1,19 @@
+"""Block kinds: the residual functions F_j of the branches, batched across branches.
+
+``register_block(name, kind)`` adds a kind (a :class:`BranchBlock` subclass, a :class:`Looped` adapter,
+or any callable with the same signature); packages can add kinds through the entry-point group
+``connlearn.blocks``.
+"""
+
+from __future__ import annotations
+
+from connlearn.blocks.base import BranchBlock, Looped, LoopedBlock, conv
+from connlearn.blocks.basic import Basic
+from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
+from connlearn.registry import Registry
+
+BLOCKS: Registry = Registry("block", "connlearn.blocks")
+BLOCKS.register("bottleneck", Bottleneck)
+BLOCKS.register("basic", Basic)
+
+__all__ = ["BLOCKS", "Basic", "Bottleneck", "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "conv"]

@@ -1,0 +1,150 @@
+"""The block protocol: one object computes every branch of a module at once.
+
+A block kind is called as ``kind(in_ch, out_ch, stride, branches, **params)`` and returns an ``nn.Module``
+that maps ``[B, branches·in_ch, H, W]`` to ``[B, branches·out_ch, H', W']`` (branch-major channels), with
+
+- ``branches``: how many branches it holds;
+- ``select(indices)``: a new block holding only those branches, with their weights (the pruner uses it);
+- ``merge(blocks)`` (classmethod): one block holding the branches of all ``blocks``, in order.
+
+:class:`BranchBlock` implements ``select`` and ``merge`` for blocks whose every parameter and buffer is
+stacked branch-major along dim 0 (grouped convolutions, batch norms), which is what the built-in blocks do.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from connlearn.errors import ConfigError, check_int
+
+
+def conv(in_ch: int, out_ch: int, kernel: int, branches: int, stride: int = 1) -> nn.Conv2d:
+    """A bias-free convolution applied to every branch separately: ``groups = branches``."""
+    return nn.Conv2d(
+        branches * in_ch, branches * out_ch, kernel, stride=stride, padding=kernel // 2,
+        groups=branches, bias=False,
+    )
+
+
+def init_branch_conv(layer: nn.Conv2d, branches: int) -> None:
+    """Kaiming-normal (fan-out, ReLU) with the fan-out of ONE branch, so that a grouped layer of C
+    branches draws from the same law as C separate layers (the reference engine)."""
+    per_branch_out = layer.out_channels // branches
+    fan_out = per_branch_out * layer.kernel_size[0] * layer.kernel_size[1]
+    nn.init.normal_(layer.weight, 0.0, math.sqrt(2.0 / fan_out))
+
+
+class BranchBlock(nn.Module):
+    """Base class of blocks whose state is stacked branch-major along dim 0 of every tensor."""
+
+    #: Keyword parameters the block accepts besides (in_ch, out_ch, stride, branches).
+    params: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> None:
+        super().__init__()
+        self.in_ch = check_int("in_ch", in_ch, minimum=1)
+        self.out_ch = check_int("out_ch", out_ch, minimum=1)
+        self.stride = check_int("stride", stride, minimum=1)
+        self.branches = check_int("branches", branches, minimum=1)
+        unknown = set(params) - set(self.params)
+        if unknown:
+            raise ConfigError(
+                f"{type(self).__name__} got unknown parameter(s) {sorted(unknown)}; "
+                f"it takes {list(self.params) or 'none'}"
+            )
+        self.block_params = dict(params)
+
+    def _new(self, branches: int) -> BranchBlock:
+        return type(self)(self.in_ch, self.out_ch, self.stride, branches, **self.block_params)
+
+    def select(self, indices: Sequence[int]) -> BranchBlock:
+        """A copy holding only the branches ``indices`` (0-based, in that order)."""
+        indices = [check_int("branch index", i, minimum=0, maximum=self.branches - 1) for i in indices]
+        if not indices:
+            raise ConfigError("select() needs at least one branch index")
+        new = self._new(len(indices)).to(next(self.parameters()).device)
+        state = {}
+        for key, value in self.state_dict().items():
+            if value.dim() == 0:
+                state[key] = value.clone()
+            else:
+                chunks = value.chunk(self.branches, dim=0)
+                state[key] = torch.cat([chunks[i] for i in indices], dim=0).clone()
+        new.load_state_dict(state)
+        new.train(self.training)
+        return new
+
+    @classmethod
+    def merge(cls, blocks: Sequence[BranchBlock]) -> BranchBlock:
+        """One block holding the branches of ``blocks`` in order (they must agree in everything else)."""
+        first = blocks[0]
+        new = first._new(sum(b.branches for b in blocks)).to(next(first.parameters()).device)
+        states = [b.state_dict() for b in blocks]
+        merged = {}
+        for key, value in states[0].items():
+            merged[key] = value.clone() if value.dim() == 0 else torch.cat([s[key] for s in states], dim=0)
+        new.load_state_dict(merged)
+        new.train(first.training)
+        return new
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.block_params.items())
+        return f"in_ch={self.in_ch}, out_ch={self.out_ch}, stride={self.stride}, branches={self.branches}{extra}"
+
+
+class Looped:
+    """Adapts any single-branch module to the block protocol: one module per branch, run in a loop.
+
+    ``Looped(factory)`` is a block kind: ``factory(in_ch, out_ch, stride, **params)`` must return an
+    ``nn.Module`` mapping ``[B, in_ch, H, W]`` to ``[B, out_ch, H', W']``. Register it with
+    ``connlearn.register_block("name", Looped(factory))``. Such blocks work with both engines; the fused
+    engine then loops over branches inside the block only.
+    """
+
+    def __init__(self, factory: Callable[..., nn.Module]) -> None:
+        if not callable(factory):
+            raise ConfigError(f"Looped needs a callable factory, got {factory!r}")
+        self.factory = factory
+
+    def __call__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> LoopedBlock:
+        modules = [self.factory(in_ch, out_ch, stride, **params) for _ in range(branches)]
+        return LoopedBlock(modules, in_ch, out_ch, stride)
+
+    def __repr__(self) -> str:
+        return f"Looped({getattr(self.factory, '__name__', self.factory)!r})"
+
+
+class LoopedBlock(nn.Module):
+    """A block made of one plain module per branch (see :class:`Looped`)."""
+
+    def __init__(self, modules: Sequence[nn.Module], in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__()
+        self.branch_modules = nn.ModuleList(modules)
+        self.in_ch, self.out_ch, self.stride = in_ch, out_ch, stride
+
+    @property
+    def branches(self) -> int:
+        return len(self.branch_modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = x.chunk(self.branches, dim=1)
+        return torch.cat([m(p) for m, p in zip(self.branch_modules, parts, strict=True)], dim=1)
+
+    def select(self, indices: Sequence[int]) -> LoopedBlock:
+        """A copy holding only the branches ``indices`` (0-based, in that order)."""
+        indices = [check_int("branch index", i, minimum=0, maximum=self.branches - 1) for i in indices]
+        mods = [copy.deepcopy(self.branch_modules[i]) for i in indices]
+        return LoopedBlock(mods, self.in_ch, self.out_ch, self.stride)
+
+    @classmethod
+    def merge(cls, blocks: Sequence[LoopedBlock]) -> LoopedBlock:
+        """One block holding the branches of ``blocks`` in order."""
+        mods = [copy.deepcopy(m) for b in blocks for m in b.branch_modules]
+        first = blocks[0]
+        return LoopedBlock(mods, first.in_ch, first.out_ch, first.stride)

@@ -1,0 +1,392 @@
+"""Compile a :class:`BranchGraph` into a trainable :class:`ConnectivityNet`.
+
+The forward computation, for module i with C_i branches and inputs y_k from its candidate sources::
+
+    x_j = ReLU( (1/K) · Σ_k G_jk · y_k )          first module: x_j = stem output for every branch
+    y_j = P(x_j) + F_j(x_j)                       P: identity, or one 1x1 conv + BN per module, shared
+    logits = Linear( avgpool( ReLU( (1/C_M) · Σ_k y_k ) ) )
+
+Engines (same function from the same weights):
+
+- ``fused`` (default): a module's activations are one tensor ``[B, C·ch, H, W]`` (branch-major channels);
+  the gate mix is one contraction over the branch axis, the blocks are grouped convolutions, the shared
+  projection runs on the ``[B·C, ch, H, W]`` view. No Python loop over branches.
+- ``reference``: one block module per branch and plain loops; the oracle for tests and the fallback for
+  modules whose blocks differ in kind or parameters. Its shared projection runs on the branches
+  concatenated along the batch, so that its batch statistics equal the fused engine's.
+- gate kind ``full`` with a block kind that has a ``single_stream`` form (the bottleneck) compiles to the
+  genuine ResNeXt: one stream per module, ``y = ReLU(P(x) + F(x))`` with a grouped 3x3 convolution.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from connlearn.blocks import BLOCKS
+from connlearn.errors import ConfigError, ShapeError, unknown_name
+from connlearn.gates import GATES, FrozenGate, Gate
+from connlearn.graph import BranchGraph
+
+ENGINES = ("fused", "reference", "auto")
+
+
+class Stem(nn.Module):
+    """Input convolution → BN → ReLU (→ 3x3 max-pool, stride 2)."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, maxpool: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, bias=False)
+        self.bn = nn.BatchNorm2d(out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1) if maxpool else nn.Identity()
+        nn.init.kaiming_normal_(self.conv.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.relu(self.bn(self.conv(x))))
+
+
+class Projection(nn.Sequential):
+    """The shortcut P where the shape changes: one 1x1 conv (stride) + BN, shared by a module's branches."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
+        nn.init.kaiming_normal_(self[0].weight, mode="fan_out", nonlinearity="relu")
+
+
+class Head(nn.Module):
+    """Global average pooling and a linear classifier, on the aggregated ``[B, ch, H, W]``."""
+
+    def __init__(self, in_ch: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_ch, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class FusedModule(nn.Module):
+    """All branches of a module as one tensor ``[B, C·ch, H, W]``; see the module docstring."""
+
+    def __init__(self, block: nn.Module, proj: nn.Module | None, gate: Gate | None, info: dict[str, Any]):
+        super().__init__()
+        self.block, self.proj, self.gate = block, proj, gate
+        self.branches, self.in_ch, self.out_ch = info["branches"], info["in_channels"], info["out_channels"]
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        c, ch = self.branches, self.in_ch
+        if mix is None:
+            stem = inputs[0]
+            b, _, h, w = stem.shape
+            x = stem.unsqueeze(1).expand(b, c, ch, h, w).reshape(b, c * ch, h, w)
+        else:
+            b, _, h, w = inputs[0].shape
+            y = torch.cat([t.reshape(b, -1, ch, h, w) for t in inputs], dim=1)
+            x = torch.einsum("jk,bkchw->bjchw", mix, y).relu().reshape(b, c * ch, h, w)
+        out = self.block(x)
+        if self.proj is None:
+            return x + out
+        short = self.proj(x.reshape(b * c, ch, h, w))
+        return short.reshape(b, c * self.out_ch, *short.shape[-2:]) + out
+
+
+class ReferenceModule(nn.Module):
+    """One block per branch and plain loops; inputs and outputs are lists of ``[B, ch, H, W]``."""
+
+    def __init__(self, blocks: list[nn.Module], proj: nn.Module | None, gate: Gate | None, info: dict[str, Any]):
+        super().__init__()
+        self.blocks, self.proj, self.gate = nn.ModuleList(blocks), proj, gate
+        self.branches = info["branches"]
+
+    def gated_sums(self, inputs: list[torch.Tensor], mix: torch.Tensor) -> list[torch.Tensor]:
+        """The pre-ReLU gated sums s_j = Σ_k mix_jk · y_k, one per branch."""
+        sums = []
+        for j in range(self.branches):
+            acc = mix[j, 0] * inputs[0]
+            for k in range(1, len(inputs)):
+                acc = acc + mix[j, k] * inputs[k]
+            sums.append(acc)
+        return sums
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> list[torch.Tensor]:
+        xs = [inputs[0]] * self.branches if mix is None else [s.relu() for s in self.gated_sums(inputs, mix)]
+        shorts = xs if self.proj is None else list(self.proj(torch.cat(xs, dim=0)).chunk(self.branches, dim=0))
+        return [s + blk(x) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
+
+
+class SingleStreamModule(nn.Module):
+    """The genuine ResNeXt module: ``ReLU(P(x) + F(x))`` with F the aggregated residual function."""
+
+    def __init__(self, body: nn.Module, proj: nn.Module | None) -> None:
+        super().__init__()
+        self.body, self.proj = body, proj
+        self.gate = None
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        x = inputs[0]
+        short = x if self.proj is None else self.proj(x)
+        return (short + self.body(x)).relu()
+
+
+def _module_info(graph: BranchGraph, module: int) -> dict[str, Any]:
+    nodes = graph.branches(module)
+    d = graph.nodes[nodes[0]]
+    return {
+        "nodes": nodes,
+        "branches": len(nodes),
+        "in_channels": d["in_channels"],
+        "out_channels": d["out_channels"],
+        "stride": d["stride"],
+        "homogeneous": all(
+            graph.nodes[n]["block"] == d["block"] and graph.nodes[n].get("params", {}) == d.get("params", {})
+            for n in nodes
+        ),
+    }
+
+
+def _make_block(graph: BranchGraph, nodes: list[str], info: dict[str, Any]) -> nn.Module:
+    d = graph.nodes[nodes[0]]
+    kind = BLOCKS.get(d["block"])
+    return kind(info["in_channels"], info["out_channels"], info["stride"], len(nodes), **d.get("params", {}))
+
+
+class ConnectivityNet(nn.Module):
+    """A multi-branch network compiled from a :class:`BranchGraph`.
+
+    Input ``[B, in_channels, H, W]`` images, output ``[B, num_classes]`` logits. In training mode a
+    stochastic gate kind (``topk``) draws every module's connectivity once per forward, in one batched
+    call, from the network's own CPU ``torch.Generator`` (seeded from the graph's ``seed``; its state is
+    part of ``state_dict``, so checkpoints resume the same draws). In eval mode the connectivity is
+    deterministic.
+    """
+
+    def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
+        super().__init__()
+        if engine not in ENGINES:
+            raise unknown_name("engine", engine, ENGINES)
+        graph.validate()
+        self._graph = copy.deepcopy(graph)
+        self.K = graph.K
+        self.gate_kind = graph.gate_kind
+        gate_cls = GATES.get(self.gate_kind)
+        inp, out = graph.nodes["input"], graph.nodes["output"]
+        self.in_channels = inp["in_channels"]
+        self.num_classes = out["num_classes"]
+        stem = inp["stem"]
+        self.stem = Stem(inp["in_channels"], inp["out_channels"], stem["kernel"], stem["stride"], stem["maxpool"])
+        self.module_ids = graph.modules()
+        infos = [_module_info(graph, m) for m in self.module_ids]
+        homogeneous = all(i["homogeneous"] for i in infos)
+        kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
+        if self.gate_kind == "full" and len(kinds) == 1 and hasattr(BLOCKS.get(next(iter(kinds))), "single_stream"):
+            engine = "single-stream"
+        elif engine == "auto":
+            engine = "fused" if homogeneous else "reference"
+        elif engine == "fused" and not homogeneous:
+            raise ConfigError(
+                "the fused engine needs the blocks of each module to share kind and parameters; "
+                "use engine='reference' or 'auto'"
+            )
+        self.engine = engine
+        position = {m: p for p, m in enumerate(self.module_ids)}
+        self.stages = nn.ModuleList(
+            self._make_module(graph, m, info, gate_cls) for m, info in zip(self.module_ids, infos, strict=True)
+        )
+        self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
+        self.head = Head(out["in_channels"], out["num_classes"])
+        self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
+
+    def _make_module(self, graph: BranchGraph, module: int, info: dict[str, Any], gate_cls: type) -> nn.Module:
+        needs_proj = info["in_channels"] != info["out_channels"] or info["stride"] != 1
+        proj = Projection(info["in_channels"], info["out_channels"], info["stride"]) if needs_proj else None
+        nodes = info["nodes"]
+        if self.engine == "single-stream":
+            d = graph.nodes[nodes[0]]
+            body = BLOCKS.get(d["block"]).single_stream(
+                info["in_channels"], info["out_channels"], info["stride"], len(nodes), **d.get("params", {})
+            )
+            return SingleStreamModule(body, proj)
+        gate = None
+        if graph.candidates(module):
+            values, active = graph.gate_matrix(module)
+            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K)
+        if self.engine == "fused":
+            return FusedModule(_make_block(graph, nodes, info), proj, gate, info)
+        blocks = [_make_block(graph, [n], info) for n in nodes]
+        return ReferenceModule(blocks, proj, gate, info)
+
+    # ------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, in_channels, H, W]`` images → ``[B, num_classes]`` logits."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ShapeError(
+                f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
+            )
+        h = self.stem(x)
+        mixes = self.gate_matrices()
+        outputs: list[Any] = []
+        for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
+            if not plan:
+                inputs = [h]
+            elif self.engine == "single-stream":
+                inputs = [outputs[plan[0][0]]]
+            else:
+                inputs = []
+                for pos, chosen in plan:
+                    inputs.extend(self._pick(outputs[pos], chosen, stage))
+            outputs.append(stage(inputs, mix))
+        last = outputs[-1]
+        if self.engine == "single-stream":
+            pooled = last
+        elif self.engine == "fused":
+            b, _, hh, ww = last.shape
+            pooled = last.reshape(b, self.stages[-1].branches, -1, hh, ww).mean(dim=1).relu()
+        else:
+            pooled = torch.stack(last, dim=1).mean(dim=1).relu()
+        return self.head(pooled)
+
+    def _pick(self, out: Any, chosen: list[int] | None, stage: nn.Module) -> list[Any]:
+        if self.engine == "reference":
+            return list(out) if chosen is None else [out[i] for i in chosen]
+        if chosen is None:
+            return [out]
+        b, _, h, w = out.shape
+        return [out.reshape(b, -1, stage.in_ch, h, w)[:, chosen].reshape(b, -1, h, w)]
+
+    def gate_matrices(self) -> list[torch.Tensor | None]:
+        """The gate matrices used by this forward pass, scaled by 1/K (``None`` for modules without gates).
+
+        In training mode, stochastic gate kinds draw a new connectivity (one batched draw per kind).
+        """
+        gates = [stage.gate for stage in self.stages]
+        drawn: dict[int, torch.Tensor] = {}
+        if self.training:
+            drawn = self._draw([g for g in gates if g is not None and g.stochastic])
+        return [None if g is None else g.matrix(drawn.get(id(g))) / self.K for g in gates]
+
+    @torch.compiler.disable
+    def _draw(self, gates: list[Gate]) -> dict[int, torch.Tensor]:
+        drawn: dict[int, torch.Tensor] = {}
+        for cls in dict.fromkeys(type(g) for g in gates):
+            group = [g for g in gates if type(g) is cls]
+            drawn.update(zip((id(g) for g in group), cls.draw(group, self.generator), strict=True))
+        return drawn
+
+    # ------------------------------------------------------------------ queries
+    def gates(self) -> Iterator[tuple[int, Gate]]:
+        """``(module index, gate)`` for every module that has gates."""
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            if stage.gate is not None:
+                yield module, stage.gate
+
+    def gate_parameters(self) -> list[nn.Parameter]:
+        """The learnable real gates (an own optimizer param group: no weight decay, own lr)."""
+        return [p for _, g in self.gates() for p in g.real_parameters()]
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """Every parameter that is not a gate."""
+        gate_ids = {id(p) for p in self.gate_parameters()}
+        return [p for p in self.parameters() if id(p) not in gate_ids]
+
+    def num_parameters(self, gates: bool = False) -> int:
+        """Number of trainable parameters, without the gates unless ``gates=True``."""
+        params = self.parameters() if gates else self.weight_parameters()
+        return sum(p.numel() for p in params)
+
+    def connectivity(self) -> dict[int, torch.Tensor]:
+        """The evaluation-time connectivity: module index → boolean ``[C_i, N_i]`` (rows: blocks,
+        columns: the module's candidate inputs, as ``graph().candidates(i)``)."""
+        if self.engine == "single-stream":
+            g = self._graph
+            return {m: torch.tensor(g.gate_matrix(m)[1]) for m in self.module_ids if g.candidates(m)}
+        return {m: g.active().cpu() for m, g in self.gates()}
+
+    def graph(self) -> BranchGraph:
+        """The IR of this network with the current gate values and active connections."""
+        g = copy.deepcopy(self._graph)
+        g.graph["gate"] = self.gate_kind
+        if self.engine == "single-stream":
+            return g
+        for module, gate in self.gates():
+            values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
+            cols = g.candidates(module)
+            for j, node in enumerate(g.branches(module)):
+                for k, src in enumerate(cols):
+                    g.edges[src, node]["gate"] = float(values[j][k])
+                    g.edges[src, node]["active"] = bool(active[j][k])
+        return g
+
+    # ------------------------------------------------------------------ changes
+    def freeze(self) -> ConnectivityNet:
+        """Fix the connectivity: every block keeps the top-K of its real gates (gate kind ``frozen``).
+
+        The real gates leave the module (and ``gate_parameters()``); their values stay visible in
+        ``graph()``. A net that is already fixed is returned unchanged. Returns ``self``.
+        """
+        if self.engine == "single-stream" or not any(g.learnable or g.stochastic for _, g in self.gates()):
+            return self
+        for stage in self.stages:
+            g = stage.gate
+            if g is not None:
+                values = g.values()
+                stage.gate = FrozenGate(values, g.active(), g.K).to(values.device)
+        self.gate_kind = "frozen"
+        self._graph = self.graph()
+        return self
+
+    def to_engine(self, engine: str) -> ConnectivityNet:
+        """A copy of this network running on ``engine`` ('fused' or 'reference'), with the same weights,
+        gates and generator state."""
+        if engine not in ("fused", "reference"):
+            raise unknown_name("engine", engine, ("fused", "reference"))
+        if self.engine == "single-stream":
+            return copy.deepcopy(self)
+        new = ConnectivityNet(self.graph(), engine=engine)
+        new.load_state_dict(_convert_state(self, engine))
+        return new.to(next(self.parameters()).device).train(self.training)
+
+    # ------------------------------------------------------------------ state
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def _convert_state(net: ConnectivityNet, engine: str) -> dict[str, torch.Tensor]:
+    """``net``'s state dict with its blocks split (→ reference) or merged (→ fused)."""
+    state = {k: v for k, v in net.state_dict().items() if ".block." not in k and ".blocks." not in k}
+    for pos, stage in enumerate(net.stages):
+        if engine == "reference" and isinstance(stage, FusedModule):
+            for j in range(stage.branches):
+                for k, v in stage.block.select([j]).state_dict().items():
+                    state[f"stages.{pos}.blocks.{j}.{k}"] = v
+        elif engine == "fused" and isinstance(stage, ReferenceModule):
+            merged = type(stage.blocks[0]).merge(list(stage.blocks))
+            for k, v in merged.state_dict().items():
+                state[f"stages.{pos}.block.{k}"] = v
+        else:
+            prefix = f"stages.{pos}."
+            state.update({k: v for k, v in net.state_dict().items() if k.startswith(prefix)})
+    return state
+
+
+def _source_plan(graph: BranchGraph, module: int, position: dict[int, int]) -> list[tuple[int, list[int] | None]]:
+    """For each source module of ``module``: its position and which of its branches are candidates
+    (``None``: all of them)."""
+    cols = set(graph.candidates(module))
+    plan: list[tuple[int, list[int] | None]] = []
+    for src in sorted({graph.nodes[c]["module"] for c in cols}):
+        nodes = graph.branches(src)
+        chosen = [i for i, n in enumerate(nodes) if n in cols]
+        plan.append((position[src], None if len(chosen) == len(nodes) else chosen))
+    return plan
+
+
+def compile_graph(graph: BranchGraph, engine: str = "fused") -> ConnectivityNet:
+    """Compile ``graph`` into a :class:`ConnectivityNet` (weights freshly initialised)."""
+    return ConnectivityNet(graph, engine=engine)

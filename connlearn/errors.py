@@ -1,0 +1,88 @@
+"""The errors connlearn raises for bad input.
+
+Every error is a :class:`ConnlearnError`, and also a ``ValueError`` or ``TypeError`` so that code written
+against the builtin exceptions keeps working. Messages name the bad value, what is allowed and, for names,
+the closest valid ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from collections.abc import Iterable
+
+
+class ConnlearnError(Exception):
+    """Base class of every error raised by connlearn for bad input, files or state."""
+
+
+class ConfigError(ConnlearnError, ValueError):
+    """A configuration value is out of its allowed range."""
+
+
+class ConfigTypeError(ConnlearnError, TypeError):
+    """A configuration value has the wrong type."""
+
+
+class UnknownNameError(ConnlearnError, ValueError):
+    """A registry lookup (block, topology, gate kind, preset, ...) found no such name."""
+
+
+class GraphError(ConnlearnError, ValueError):
+    """A BranchGraph is not a valid network description."""
+
+
+class ShapeError(ConnlearnError, ValueError):
+    """A tensor given to a network has the wrong rank, channels or size."""
+
+
+class CheckpointError(ConnlearnError, ValueError):
+    """A checkpoint file is missing, truncated, foreign or of another architecture."""
+
+
+class DataError(ConnlearnError, ValueError):
+    """A dataset file is missing, corrupt or of an unknown format."""
+
+
+def closest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known names closest to ``name`` (best first), for 'did you mean' hints."""
+    known = list(known)
+    lowered = {k.lower(): k for k in known}
+    hits = difflib.get_close_matches(str(name).lower(), list(lowered), n=n, cutoff=0.5)
+    return [lowered[h] for h in hits]
+
+
+def unknown_name(what: str, name: object, known: Iterable[str]) -> UnknownNameError:
+    """An :class:`UnknownNameError` that lists the known names and the closest match."""
+    known = sorted(known)
+    hint = closest(str(name), known)
+    msg = f"unknown {what} {name!r}; known {what}s: {', '.join(known) or '(none)'}"
+    if hint:
+        msg += f"; did you mean {hint[0]!r}?"
+    return UnknownNameError(msg)
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` as an int, or raise a clear error if it is not an integer in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigTypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_float(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    """Return ``value`` as a float, or raise a clear error if it is not a number in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigTypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if value != value:
+        raise ConfigError(f"{name} must be a number, got NaN")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {value}")
+    return value

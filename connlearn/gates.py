@@ -1,0 +1,222 @@
+"""Gate kinds: how each block of a module chooses which earlier branch outputs it sums.
+
+One :class:`Gate` per module holds the gate matrix of that module, rows = its blocks, columns = its
+candidate inputs (see ``BranchGraph.candidates``). The module computes ``x_j = ReLU((1/K) Σ_k G_jk y_k)``
+with ``G = gate.matrix(drawn)``.
+
+=========  =====================================================  ==========================  ==========
+kind       train forward                                          eval forward                learnable
+=========  =====================================================  ==========================  ==========
+``topk``   K distinct inputs per block drawn from the normalised  top-K of the real gates     yes
+           real gates (Gumbel-top-K = K draws without
+           replacement), straight-through gradient
+``real``   the real gates themselves                              same                        yes
+``random`` K random inputs per block, drawn once from the seed    same                        no
+``full``   every input (ResNeXt)                                  same                        no
+``frozen`` a fixed binary connectivity (what ``freeze()`` leaves)  same                        no
+=========  =====================================================  ==========================  ==========
+
+Straight-through: the binary ``g`` is used forward, and every real gate, drawn or not, receives
+``∂ℓ/∂g_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K`` where ``s_j`` is the gated sum. Real gates below 0 count as 0 when
+sampling; a row whose gates are all 0 samples uniformly. Keeping gates in [0, 1] is the job of
+``connlearn.updater.GateUpdater``.
+
+New kinds subclass :class:`Gate` and are registered with ``connlearn.register_gate(name, cls)`` or the
+entry-point group ``connlearn.gates``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from connlearn.registry import Registry
+
+GATES: Registry = Registry("gate kind", "connlearn.gates")
+
+# Keys of zero-probability entries: below every log-probability a float32 can hold (about -104), so they are
+# drawn only once the positive entries are exhausted, and in random order among themselves.
+_ZERO_KEY = -1.0e4
+
+
+def topk_mask(values: torch.Tensor, K: int) -> torch.Tensor:
+    """Boolean mask of the K largest entries of each row (ties broken towards the lower index)."""
+    cols = values.shape[-1]
+    # a tiny index-dependent offset makes the choice among equal values deterministic and documented
+    bias = torch.arange(cols, 0, -1, device=values.device, dtype=torch.float64) * 1e-12
+    idx = (values.detach().double() + bias).topk(K, dim=-1).indices
+    return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter_(-1, idx, True)
+
+
+def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Draw K distinct columns per row of every matrix in ``probs``, in one batched call.
+
+    Each row is a (not necessarily normalised) non-negative weight vector; the draw follows the law of K
+    successive draws without replacement from the normalised row (Gumbel-top-K). The uniform noise comes
+    from ``generator`` (a CPU generator), so the draws are the same on every device and every DDP rank.
+    Returns float 0/1 matrices shaped like the inputs.
+    """
+    device = probs[0].device
+    rows = [p.shape[0] for p in probs]
+    width = max(p.shape[1] for p in probs)
+    weights = torch.zeros(sum(rows), width, device=device, dtype=torch.float32)
+    valid = torch.zeros(sum(rows), width, device=device, dtype=torch.bool)
+    r = 0
+    for p in probs:
+        weights[r : r + p.shape[0], : p.shape[1]] = p.detach().float().clamp(min=0)
+        valid[r : r + p.shape[0], : p.shape[1]] = True
+        r += p.shape[0]
+    empty = weights.sum(dim=1, keepdim=True) <= 0
+    weights = torch.where(empty & valid, torch.ones_like(weights), weights)
+    logw = torch.where(weights > 0, weights.clamp(min=1e-30).log(), torch.full_like(weights, _ZERO_KEY))
+    noise = torch.rand(weights.shape, generator=generator).to(device, non_blocking=True)
+    gumbel = -(-noise.clamp(1e-20, 1.0 - 1e-7).log()).log()
+    keys = torch.where(valid, logw + gumbel, torch.full_like(weights, float("-inf")))
+    idx = keys.topk(K, dim=1).indices
+    hard = torch.zeros_like(weights).scatter_(1, idx, 1.0)
+    out, r = [], 0
+    for p in probs:
+        out.append(hard[r : r + p.shape[0], : p.shape[1]].to(p.dtype))
+        r += p.shape[0]
+    return out
+
+
+def random_connectivity(rows: int, cols: int, K: int, generator: torch.Generator) -> torch.Tensor:
+    """A fixed random connectivity: K distinct uniformly drawn columns per row, as a boolean matrix."""
+    return gumbel_topk([torch.ones(rows, cols)], K, generator)[0].bool()
+
+
+class Gate(nn.Module):
+    """The gate matrix of one module: rows = its blocks, columns = its candidate inputs.
+
+    Subclasses set ``learnable`` (holds ``nn.Parameter`` real gates, see :meth:`real_parameters`) and
+    ``stochastic`` (draws a new connectivity each training step with :meth:`draw`).
+    """
+
+    kind: ClassVar[str] = ""
+    learnable: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
+        super().__init__()
+        self.K = int(K)
+        self.shape = tuple(values.shape)
+
+    def values(self) -> torch.Tensor:
+        """The real gate values ``[rows, cols]`` (for display and for ``freeze``)."""
+        raise NotImplementedError
+
+    def active(self) -> torch.Tensor:
+        """The evaluation-time connectivity, a boolean ``[rows, cols]``."""
+        raise NotImplementedError
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        """The matrix G used in the forward pass (before the 1/K), given this step's draw if stochastic."""
+        return self.active().to(self.values().dtype)
+
+    def real_parameters(self) -> list[nn.Parameter]:
+        """The learnable real gates of this module (empty for fixed kinds)."""
+        return []
+
+    @classmethod
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator) -> list[torch.Tensor]:
+        """This step's binary draws for ``gates`` (all of this class), in one batched call."""
+        raise NotImplementedError
+
+
+@GATES.register("topk")
+class TopKGate(Gate):
+    """GateConnect: K inputs per block drawn from the normalised real gates; top-K in eval mode."""
+
+    kind = "topk"
+    learnable = True
+    stochastic = True
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
+        super().__init__(values, active, K)
+        self.real = nn.Parameter(values.detach().clone().float())
+
+    def values(self) -> torch.Tensor:
+        return self.real.detach()
+
+    def active(self) -> torch.Tensor:
+        return topk_mask(self.real, self.K)
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        hard = drawn if drawn is not None else self.active().to(self.real.dtype)
+        # forward value exactly `hard`; gradient flows to every real gate (straight-through)
+        return hard + (self.real - self.real.detach())
+
+    def real_parameters(self) -> list[nn.Parameter]:
+        return [self.real]
+
+    @classmethod
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator) -> list[torch.Tensor]:
+        return gumbel_topk([g.real for g in gates], gates[0].K, generator)
+
+
+@GATES.register("real")
+class RealGate(Gate):
+    """Ablation: the real gates themselves weight the inputs, in training and evaluation."""
+
+    kind = "real"
+    learnable = True
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
+        super().__init__(values, active, K)
+        self.real = nn.Parameter(values.detach().clone().float())
+
+    def values(self) -> torch.Tensor:
+        return self.real.detach()
+
+    def active(self) -> torch.Tensor:
+        return topk_mask(self.real, self.K)
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.real
+
+    def real_parameters(self) -> list[nn.Parameter]:
+        return [self.real]
+
+
+class _FixedGate(Gate):
+    """A fixed binary connectivity held in buffers (``mask``; ``gate_values`` for display)."""
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
+        super().__init__(values, active, K)
+        self.register_buffer("mask", active.detach().clone().bool())
+        self.register_buffer("gate_values", values.detach().clone().float())
+
+    def values(self) -> torch.Tensor:
+        return self.gate_values
+
+    def active(self) -> torch.Tensor:
+        return self.mask
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.mask.to(self.gate_values.dtype)
+
+
+@GATES.register("random")
+class RandomGate(_FixedGate):
+    """Fixed-Random: K random inputs per block, drawn once from the seed when the graph is made."""
+
+    kind = "random"
+
+
+@GATES.register("frozen")
+class FrozenGate(_FixedGate):
+    """A fixed binary connectivity, e.g. the top-K that ``freeze()`` keeps of learned gates."""
+
+    kind = "frozen"
+
+
+@GATES.register("full")
+class FullGate(_FixedGate):
+    """Fixed-Full (ResNeXt): every block takes every input. Blocks with a single-stream form compile to
+    the genuine ResNeXt instead of using this gate."""
+
+    kind = "full"

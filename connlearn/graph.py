@@ -1,0 +1,222 @@
+"""BranchGraph: the intermediate representation of a multi-branch network's connectivity.
+
+The IR is the single source of truth for connectivity: topologies emit it, ``compile`` turns it into a
+network, ``ConnectivityNet.graph()`` returns it with the current gate values, and the pruner and the
+renderer work on it.
+
+Schema (a ``networkx.DiGraph``):
+
+- node ``"input"`` (the stem): ``kind="input"``, ``in_channels`` (image channels), ``out_channels``,
+  ``image_size``, ``resolution`` (after the stem), ``stem`` (dict: ``kernel``, ``stride``, ``maxpool``);
+- one node per residual block, ``"m{i}.b{j}"`` (module i = 1..M, branch j = 1..C_i): ``kind="block"``,
+  ``module``, ``branch``, ``block`` (block kind name), ``in_channels``, ``out_channels``, ``stride``,
+  ``resolution`` (of its output) and ``params`` (the block kind's keyword parameters, e.g. ``width``);
+- node ``"output"`` (the head): ``kind="output"``, ``in_channels``, ``num_classes``;
+- gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``) with the real gate value ``gate`` and ``active``
+  (whether the connection is used: the sampled-free, evaluation-time connectivity);
+- fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``).
+
+Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``topology`` and ``options`` (free-form
+description of how it was made, e.g. the preset).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import networkx as nx
+
+from connlearn.errors import GraphError, unknown_name
+
+FORMAT = "connlearn.BranchGraph"
+VERSION = 1
+
+
+def block_name(module: int, branch: int) -> str:
+    """The node name of branch ``branch`` of module ``module`` (both 1-based)."""
+    return f"m{module}.b{branch}"
+
+
+class BranchGraph(nx.DiGraph):
+    """A network's connectivity as a ``networkx.DiGraph`` with the node and edge schema above."""
+
+    # ----------------------------------------------------------------- queries
+    def block_nodes(self) -> list[str]:
+        """Every block node, ordered by (module, branch)."""
+        blocks = [n for n, d in self.nodes(data=True) if d.get("kind") == "block"]
+        return sorted(blocks, key=lambda n: (self.nodes[n]["module"], self.nodes[n]["branch"]))
+
+    def modules(self) -> list[int]:
+        """The module indices present, ascending."""
+        return sorted({self.nodes[n]["module"] for n in self.block_nodes()})
+
+    def branches(self, module: int) -> list[str]:
+        """The block nodes of ``module``, ordered by branch."""
+        return [n for n in self.block_nodes() if self.nodes[n]["module"] == module]
+
+    def gate_edges(self, node: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """The gate edges into ``node``, ordered by source (module, branch)."""
+        edges = [(u, v, d) for u, v, d in self.in_edges(node, data=True) if d.get("kind") == "gate"]
+        return sorted(edges, key=lambda e: (self.nodes[e[0]]["module"], self.nodes[e[0]]["branch"]))
+
+    def active_edges(self) -> list[tuple[str, str]]:
+        """Every active edge (gate or fixed)."""
+        return [(u, v) for u, v, d in self.edges(data=True) if d.get("active", False)]
+
+    def candidates(self, module: int) -> list[str]:
+        """The source blocks that may feed ``module`` through gates: the columns of its gate matrix."""
+        sources: set[str] = set()
+        for node in self.branches(module):
+            sources.update(u for u, _, _ in self.gate_edges(node))
+        return sorted(sources, key=lambda n: (self.nodes[n]["module"], self.nodes[n]["branch"]))
+
+    def gate_matrix(self, module: int) -> tuple[list[list[float]], list[list[bool]]]:
+        """Real gate values and active flags of ``module``: rows are its branches, columns ``candidates``."""
+        cols = self.candidates(module)
+        index = {c: k for k, c in enumerate(cols)}
+        values, active = [], []
+        for node in self.branches(module):
+            v_row, a_row = [0.0] * len(cols), [False] * len(cols)
+            for u, _, d in self.gate_edges(node):
+                v_row[index[u]] = float(d.get("gate", 0.0))
+                a_row[index[u]] = bool(d.get("active", False))
+            values.append(v_row)
+            active.append(a_row)
+        return values, active
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the paper's name for the fan-in
+        return int(self.graph["K"])
+
+    @property
+    def gate_kind(self) -> str:
+        return str(self.graph["gate"])
+
+    # -------------------------------------------------------------- validation
+    def validate(self, known_blocks: Iterable[str] | None = None) -> BranchGraph:
+        """Check that the graph describes a network; raise one :class:`GraphError` naming the first fault.
+
+        Faults: a missing ``input``/``output`` node, a cycle, an unknown block kind, an edge whose channels
+        or resolution do not match, a block with no input, blocks of one module that disagree in channels,
+        stride or candidate inputs, a fan-in K larger than a block's possible inputs, and (for fixed
+        connectivity) a block whose number of active inputs is not K. Returns ``self``.
+        """
+        if known_blocks is None:
+            from connlearn.blocks import BLOCKS
+
+            known_blocks = BLOCKS.names()
+        known_blocks = set(known_blocks)
+        for name in ("input", "output"):
+            if name not in self or self.nodes[name].get("kind") != name:
+                raise GraphError(f"the graph has no {name!r} node")
+        if not nx.is_directed_acyclic_graph(self):
+            cycle = nx.find_cycle(self)
+            path = " → ".join([u for u, _ in cycle] + [cycle[0][0]])
+            raise GraphError(f"the graph has a cycle: {path}")
+        for node in self.block_nodes():
+            kind = self.nodes[node].get("block")
+            if kind not in known_blocks:
+                raise GraphError(str(unknown_name("block", kind, known_blocks)) + f" (at node {node})")
+        for u, v, d in self.edges(data=True):
+            self._check_edge(u, v, d)
+        for node in self.block_nodes():
+            if self.in_degree(node) == 0:
+                raise GraphError(f"block {node} has no input: give it a gate edge or a fixed edge from 'input'")
+        if self.in_degree("output") == 0:
+            raise GraphError("the 'output' node has no input")
+        for module in self.modules():
+            self._check_module(module)
+        return self
+
+    def _check_edge(self, u: str, v: str, d: dict[str, Any]) -> None:
+        if d.get("kind") not in ("gate", "fixed"):
+            raise GraphError(f"edge {u} → {v} has kind {d.get('kind')!r}; allowed: 'gate', 'fixed'")
+        src, dst = self.nodes[u], self.nodes[v]
+        if d["kind"] == "gate" and (src.get("kind") != "block" or dst.get("kind") != "block"):
+            raise GraphError(f"gate edge {u} → {v} must join two blocks")
+        if d["kind"] == "gate" and src["module"] >= dst["module"]:
+            raise GraphError(f"gate edge {u} → {v} must go from an earlier module to a later one")
+        if src["out_channels"] != dst["in_channels"]:
+            raise GraphError(
+                f"edge {u} → {v} joins {src['out_channels']} output channels to a node that takes "
+                f"{dst['in_channels']}"
+            )
+        if dst.get("kind") == "block":
+            expected = math.ceil(src["resolution"] / dst["stride"])
+            if expected != dst["resolution"]:
+                raise GraphError(
+                    f"edge {u} → {v} joins resolution {src['resolution']} to a block of stride "
+                    f"{dst['stride']} and output resolution {dst['resolution']} (expected {expected})"
+                )
+
+    def _check_module(self, module: int) -> None:
+        nodes = self.branches(module)
+        first = self.nodes[nodes[0]]
+        for node in nodes[1:]:
+            d = self.nodes[node]
+            for key in ("in_channels", "out_channels", "stride", "resolution"):
+                if d[key] != first[key]:
+                    raise GraphError(
+                        f"blocks of module {module} disagree in {key}: {nodes[0]} has {first[key]}, "
+                        f"{node} has {d[key]} (a module's branches share one projection shortcut)"
+                    )
+        gated = [bool(self.gate_edges(n)) for n in nodes]
+        if not any(gated):
+            return
+        if not all(gated):
+            raise GraphError(f"module {module} mixes gated and fixed inputs; give every block gate edges")
+        cols = self.candidates(module)
+        K = self.K
+        for node in nodes:
+            sources = [u for u, _, _ in self.gate_edges(node)]
+            if sources != cols:
+                raise GraphError(
+                    f"block {node} has candidate inputs {sources}, but its module's other blocks have {cols}; "
+                    "the blocks of a module must share their candidate inputs"
+                )
+            if len(sources) < K:
+                raise GraphError(f"fan-in K={K} is larger than the {len(sources)} possible inputs of block {node}")
+        if self.gate_kind in ("frozen", "random"):
+            for node in nodes:
+                n_active = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node))
+                if n_active != K:
+                    raise GraphError(
+                        f"block {node} has {n_active} active inputs; a {self.gate_kind!r} connectivity needs "
+                        f"exactly K={K}"
+                    )
+
+    # --------------------------------------------------------------- (de)serialise
+    def to_json(self, indent: int | None = None) -> str:
+        """The graph as a JSON string (``from_json`` rebuilds it exactly)."""
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "graph": dict(self.graph),
+            "nodes": [{"id": n, **d} for n, d in self.nodes(data=True)],
+            "edges": [{"source": u, "target": v, **d} for u, v, d in self.edges(data=True)],
+        }
+        return json.dumps(doc, indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> BranchGraph:
+        """Rebuild a graph written by :meth:`to_json`."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GraphError(f"not a BranchGraph JSON document: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise GraphError(f"not a BranchGraph JSON document (expected format {FORMAT!r})")
+        if doc.get("version") != VERSION:
+            raise GraphError(f"BranchGraph JSON version {doc.get('version')!r} is not supported (this is {VERSION})")
+        g = cls()
+        g.graph.update(doc["graph"])
+        for node in doc["nodes"]:
+            node = dict(node)
+            g.add_node(node.pop("id"), **node)
+        for edge in doc["edges"]:
+            edge = dict(edge)
+            g.add_edge(edge.pop("source"), edge.pop("target"), **edge)
+        return g

@@ -1,0 +1,65 @@
+"""Name -> object registries for blocks, topologies and gate kinds, filled at import and by entry points."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from importlib import metadata
+from typing import Generic, TypeVar
+
+from connlearn.errors import ConfigError, ConfigTypeError, unknown_name
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A registry of named objects of one kind (``what``), extended by the entry-point group ``group``.
+
+    Entry points are loaded lazily, the first time a name is looked up or listed, so that a third-party
+    package can add blocks without being imported by hand.
+    """
+
+    def __init__(self, what: str, group: str) -> None:
+        self.what = what
+        self.group = group
+        self._items: dict[str, T] = {}
+        self._entry_points_loaded = False
+
+    def register(self, name: str, obj: T | None = None, *, overwrite: bool = False) -> T | Callable[[T], T]:
+        """Register ``obj`` under ``name``; without ``obj``, return a decorator that does."""
+        if not isinstance(name, str) or not name:
+            raise ConfigTypeError(f"a {self.what} name must be a non-empty string, got {name!r}")
+
+        def add(item: T) -> T:
+            if name in self._items and not overwrite and self._items[name] is not item:
+                raise ConfigError(
+                    f"{self.what} {name!r} is already registered; pass overwrite=True to replace it"
+                )
+            self._items[name] = item
+            return item
+
+        return add if obj is None else add(obj)
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``; an unknown name lists the known ones and the closest."""
+        self._load_entry_points()
+        if name not in self._items:
+            raise unknown_name(self.what, name, self._items)
+        return self._items[name]
+
+    def names(self, pattern: str = "*") -> list[str]:
+        """Registered names matching the shell-style ``pattern``, sorted."""
+        self._load_entry_points()
+        return sorted(n for n in self._items if fnmatch.fnmatchcase(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        self._load_entry_points()
+        return name in self._items
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in metadata.entry_points(group=self.group):
+            if ep.name not in self._items:
+                self._items[ep.name] = ep.load()

@@ -1,0 +1,25 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cifar10_jpeg.npz")
+
+
+def tiny(**overrides):
+    """Options of a small, fast CIFAR-layout net for tests."""
+    opts = dict(M=3, C=4, K=2, width=2, num_classes=10, stem_channels=4, base_channels=8, seed=0)
+    opts.update(overrides)
+    return opts
+
+
+@pytest.fixture
+def images():
+    return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))

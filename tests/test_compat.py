@@ -1,0 +1,57 @@
+"""The net is a well-behaved nn.Module: state_dict, .to(), autocast, channels_last, torch.compile."""
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny
+
+import connlearn
+
+
+def test_state_dict_round_trip_restores_weights_gates_and_generator(images):
+    a = connlearn.build(**tiny(seed=1, gate_init="uniform")).train()
+    a(images)  # advance the generator
+    b = connlearn.build(**tiny(seed=2))
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.train()(images), a(images))
+
+
+def test_gates_live_in_the_state_dict_and_the_param_split_is_exact():
+    net = connlearn.build(**tiny())
+    keys = [k for k in net.state_dict() if k.endswith("gate.real")]
+    assert len(keys) == 2
+    gates, weights = net.gate_parameters(), net.weight_parameters()
+    assert len(gates) + len(weights) == len(list(net.parameters()))
+    assert not {id(p) for p in gates} & {id(p) for p in weights}
+
+
+def test_to_moves_gates_and_dtype(images):
+    net = connlearn.build(**tiny()).to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in net.gate_parameters())
+    assert net.train()(images.double()).dtype == torch.float64
+
+
+def test_bf16_autocast_and_channels_last(images):
+    net = connlearn.build(**tiny()).to(memory_format=torch.channels_last).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(images.to(memory_format=torch.channels_last))
+    out.float().sum().backward()
+    assert torch.isfinite(out.float()).all()
+    assert all(p.grad is not None for p in net.gate_parameters())
+
+
+def test_deepcopy_keeps_the_generator_state(images):
+    net = connlearn.build(**tiny()).train()
+    twin = copy.deepcopy(net)
+    torch.testing.assert_close(net(images), twin(images))
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager(images):
+    net = connlearn.build(**tiny()).train()
+    eager = copy.deepcopy(net)
+    compiled = torch.compile(net)
+    torch.testing.assert_close(compiled(images), eager(images), atol=1e-4, rtol=1e-4)
+    compiled(images).sum().backward()
+    assert all(p.grad is not None for p in net.gate_parameters())

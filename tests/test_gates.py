@@ -1,0 +1,152 @@
+"""The gate laws: K distinct ones per sampled row, the law of K draws without replacement, gradients to
+every real gate, determinism in eval mode and under a seed."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import tiny
+from hypothesis import given
+from hypothesis import strategies as st
+
+import connlearn
+from connlearn.gates import gumbel_topk, topk_mask
+
+
+@given(
+    rows=st.integers(1, 20), cols=st.integers(1, 10), data=st.data(), seed=st.integers(0, 2**31 - 1),
+    zero_rows=st.booleans(),
+)
+def test_every_sampled_row_has_exactly_k_distinct_ones(rows, cols, data, seed, zero_rows):
+    K = data.draw(st.integers(1, cols))
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) > 0.3)
+    if zero_rows:
+        weights[0] = 0
+    hard = gumbel_topk([weights], K, g)[0]
+    assert set(hard.unique().tolist()) <= {0.0, 1.0}
+    assert (hard.sum(dim=1) == K).all()
+
+
+def _inclusion_probabilities(p, K):
+    """Exact P(k is among K draws without replacement from p), by enumerating ordered draws."""
+    incl = [0.0] * len(p)
+    for seq in itertools.permutations(range(len(p)), K):
+        prob, left = 1.0, 1.0
+        for a in seq:
+            prob *= p[a] / left
+            left -= p[a]
+        for a in seq:
+            incl[a] += prob
+    return incl
+
+
+def test_inclusion_frequencies_match_draws_without_replacement():
+    """60,000 draws with a fixed seed; the standard error of each frequency is below 0.002, and the
+    tolerance 0.008 is four of them."""
+    weights = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4, 0.0])
+    K, n = 3, 60_000
+    hard = gumbel_topk([weights.expand(n, -1)], K, torch.Generator().manual_seed(0))[0]
+    freq = hard.mean(dim=0).tolist()
+    exact = _inclusion_probabilities((weights / weights.sum()).tolist(), K)
+    for f, e in zip(freq, exact, strict=True):
+        assert abs(f - e) < 0.008, (freq, exact)
+
+
+def test_zero_probability_inputs_are_never_drawn_while_others_remain():
+    weights = torch.tensor([[0.0, 0.2, 0.0, 0.7]]).expand(500, -1)
+    hard = gumbel_topk([weights], 2, torch.Generator().manual_seed(0))[0]
+    assert (hard[:, [1, 3]] == 1).all()
+
+
+def test_an_all_zero_row_samples_uniformly():
+    hard = gumbel_topk([torch.zeros(40_000, 4)], 1, torch.Generator().manual_seed(0))[0]
+    assert torch.allclose(hard.mean(dim=0), torch.full((4,), 0.25), atol=0.01)
+
+
+def test_gates_are_never_nan_under_negative_or_zero_values():
+    hard = gumbel_topk([torch.tensor([[-1.0, 0.0, 2.0], [0.0, 0.0, 0.0]])], 2, torch.Generator())[0]
+    assert not hard.isnan().any() and (hard.sum(1) == 2).all()
+
+
+def test_every_real_gate_receives_a_gradient_drawn_or_not(images):
+    net = connlearn.build(**tiny(C=4, K=1)).train()
+    net(images).square().sum().backward()
+    for _, gate in net.gates():
+        grad = gate.real.grad
+        assert grad is not None
+        assert (grad != 0).float().mean() > 0.9  # K=1 of 4: most entries were not drawn
+
+
+def test_straight_through_gradient_is_the_gated_sum_gradient_times_input_over_k():
+    """∂ℓ/∂ĝ_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K, checked on the reference engine's first gated module."""
+    net = connlearn.build(**tiny(C=3, K=2)).to_engine("reference").train()
+    stage = net.stages[1]
+    captured = {}
+    original = stage.gated_sums
+
+    def capture(inputs, mix):
+        sums = original(inputs, mix)
+        captured["inputs"], captured["sums"] = inputs, sums
+        return sums
+
+    stage.gated_sums = capture
+    out = net(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    ys, sums = captured["inputs"], captured["sums"]
+    *dsums, dgate = torch.autograd.grad(out.square().sum(), [*sums, stage.gate.real])
+    expected = torch.stack([torch.stack([(dsums[j] * y).sum() / 2 for y in ys]) for j in range(3)])
+    torch.testing.assert_close(dgate, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_eval_mode_is_deterministic_and_uses_top_k(images):
+    net = connlearn.build(**tiny(gate_init="uniform")).eval()
+    state = net.generator.get_state()
+    torch.testing.assert_close(net(images), net(images))
+    assert torch.equal(net.generator.get_state(), state)
+    for matrix, (_, gate) in zip(net.gate_matrices()[1:], net.gates(), strict=True):
+        assert torch.equal(matrix > 0, topk_mask(gate.real, net.K))
+
+
+def test_the_same_seed_gives_the_same_draws():
+    a = connlearn.build(**tiny(seed=5)).train()
+    b = connlearn.build(**tiny(seed=5)).train()
+    c = connlearn.build(**tiny(seed=6)).train()
+    draws = [[m for m in n.gate_matrices() if m is not None] for n in (a, b, c) for _ in range(3)]
+    assert all(torch.equal(x, y) for x, y in zip(draws[0], draws[3], strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(draws[0], draws[6], strict=True))
+
+
+def test_a_step_draws_all_modules_at_once_from_the_generator():
+    net = connlearn.build(**tiny(M=6)).train()
+    before = net.generator.get_state()
+    net.gate_matrices()
+    after_one = net.generator.get_state()
+    net.generator.set_state(before)
+    torch.rand(5 * 4, 4, generator=net.generator)  # one draw: all rows of all 5 gated modules
+    assert torch.equal(net.generator.get_state(), after_one)
+
+
+@pytest.mark.parametrize("gate", ["random", "full", "frozen"])
+def test_fixed_kinds_have_no_learnable_gates(gate):
+    if gate == "frozen":
+        net = connlearn.build(**tiny(gate="topk")).freeze()
+    else:
+        net = connlearn.build(**tiny(gate=gate, K=4 if gate == "full" else 2))
+    assert net.gate_parameters() == []
+
+
+def test_random_connectivity_has_k_inputs_per_block_and_depends_on_the_seed():
+    a = connlearn.build(**tiny(gate="random", C=6, K=2, seed=1)).connectivity()
+    b = connlearn.build(**tiny(gate="random", C=6, K=2, seed=2)).connectivity()
+    assert all((m.sum(1) == 2).all() for m in a.values())
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_freeze_keeps_the_top_k_of_the_real_gates():
+    net = connlearn.build(**tiny(gate_init="uniform", C=5, K=2))
+    expected = {m: topk_mask(g.real, 2) for m, g in net.gates()}
+    net.freeze()
+    assert net.gate_kind == "frozen" and net.graph().gate_kind == "frozen"
+    assert all(torch.equal(net.connectivity()[m], expected[m]) for m in expected)
+    assert math.isclose(sum(m.sum().item() for m in expected.values()), 2 * 5 * 2)

@@ -1,0 +1,100 @@
+"""Registries: every registered kind builds and runs; user blocks plug in and train."""
+
+import pytest
+import torch
+from conftest import tiny
+from torch import nn
+
+import connlearn
+from connlearn.blocks import BLOCKS, BranchBlock, Looped, conv
+
+
+@pytest.fixture
+def clean_blocks():
+    saved = dict(BLOCKS._items)
+    yield
+    BLOCKS._items.clear()
+    BLOCKS._items.update(saved)
+
+
+def _train_one_step(net):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    assert any(not torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("topology", connlearn.list_topologies())
+@pytest.mark.parametrize("block", connlearn.list_blocks())
+@pytest.mark.parametrize("gate", [g for g in connlearn.list_gates() if g != "frozen"])
+def test_every_registered_kind_builds_and_runs_without_nan(topology, block, gate):
+    if topology == "dense" and gate == "full":
+        pytest.skip("full connectivity is ResNeXt's, defined for the resnext topology")
+    net = connlearn.build(topology, **tiny(block=block, gate=gate, K=4 if gate == "full" else 2))
+    for mode in (True, False):
+        out = net.train(mode)(torch.randn(2, 3, 32, 32))
+        assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+class Depthwise(BranchBlock):
+    """A user block: depthwise 3x3 then pointwise, batched across branches."""
+
+    params = ("width",)
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+        self.dw = nn.Conv2d(branches * in_ch, branches * in_ch, 3, stride, 1, groups=branches * in_ch, bias=False)
+        self.pw = conv(in_ch, out_ch, 1, branches)
+        self.bn = nn.BatchNorm2d(branches * out_ch)
+
+    def forward(self, x):
+        return self.bn(self.pw(self.dw(x)))
+
+
+def test_a_user_registered_block_builds_a_net_that_trains(clean_blocks):
+    connlearn.register_block("depthwise", Depthwise)
+    assert "depthwise" in connlearn.list_blocks()
+    net = connlearn.build(**tiny(block="depthwise"))
+    _train_one_step(net)
+    ref = net.to_engine("reference").eval()
+    net.eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(net(x), ref(x), atol=1e-5, rtol=1e-4)
+
+
+def _plain_branch(in_ch, out_ch, stride, *, width):
+    return nn.Sequential(
+        nn.Conv2d(in_ch, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.Conv2d(width, out_ch, 1, bias=False), nn.BatchNorm2d(out_ch),
+    )
+
+
+def test_a_looped_single_branch_block_builds_a_net_that_trains(clean_blocks):
+    connlearn.register_block("plain", Looped(_plain_branch))
+    for engine in ("fused", "reference"):
+        _train_one_step(connlearn.build(**tiny(block="plain"), engine=engine))
+
+
+def test_looped_blocks_select_and_merge_their_branches(clean_blocks):
+    block = Looped(_plain_branch)(4, 6, 1, 3, width=2).eval()
+    x = torch.randn(2, 12, 8, 8)
+    full = block(x)
+    part = block.select([2, 0])(torch.cat([x[:, 8:12], x[:, 0:4]], dim=1))
+    torch.testing.assert_close(part, torch.cat([full[:, 12:18], full[:, 0:6]], dim=1))
+    merged = type(block).merge([block.select([0]), block.select([1, 2])])
+    torch.testing.assert_close(merged(x), full)
+
+
+def test_registering_a_taken_name_needs_overwrite(clean_blocks):
+    with pytest.raises(connlearn.ConfigError, match="already registered"):
+        connlearn.register_block("bottleneck", Depthwise)
+    connlearn.register_block("bottleneck", Depthwise, overwrite=True)
+
+
+def test_list_functions_filter_by_pattern():
+    assert connlearn.list_presets("imagenet-*") == ["imagenet-101-4-32", "imagenet-101-4-64", "imagenet-50-4-32"]
+    assert connlearn.list_gates("t*") == ["topk"]
