@@ -23,3 +23,22 @@ def tiny(**overrides):
 @pytest.fixture
 def images():
     return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+class RandomLoader:
+    """A deterministic in-memory loader of random images: the trainer's loader protocol, nothing more."""
+
+    def __init__(self, n=64, batch=16, seed=0, classes=10):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, 32, 32, generator=g)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.batch, self.seed = batch, seed
+
+    def __len__(self):
+        return len(self.x) // self.batch
+
+    def epoch(self, epoch):
+        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(self.seed * 1000 + epoch))
+        for i in range(len(self)):
+            idx = order[i * self.batch : (i + 1) * self.batch]
+            yield self.x[idx], self.y[idx]

@@ -1,0 +1,121 @@
+"""Training recipes: the paper's phased schedules as data.
+
+Phase 1 learns weights and gates; from phase 2 on the connectivity is frozen to the top-K of the real
+gates and only the weights are fine-tuned at decreasing learning rates. Gate kinds that learn nothing
+(``random``, ``full``, ``frozen``) run the same schedule without gate updates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from connlearn.errors import ConfigError, check_float, check_int, unknown_name
+
+
+def _positive_int(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        check_int(name, value, minimum=1)
+
+    return check
+
+
+def _non_negative(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        check_float(name, value, minimum=0.0)
+
+    return check
+
+
+@attrs.frozen
+class Phase:
+    """One phase: ``epochs`` at a constant weight ``lr`` and ``gate_lr``; ``frozen``: the connectivity is
+    fixed (top-K of the real gates) from the start of this phase on."""
+
+    epochs: int = attrs.field(validator=_positive_int("epochs"))
+    lr: float = attrs.field(validator=_non_negative("lr"))
+    gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
+    frozen: bool = False
+
+
+@attrs.frozen
+class Recipe:
+    """A phased SGD schedule (momentum, weight decay, batch size) for GateConnect training."""
+
+    name: str
+    phases: tuple[Phase, ...] = attrs.field(converter=tuple)
+    batch_size: int = attrs.field(default=128, validator=_positive_int("batch_size"))
+    momentum: float = attrs.field(default=0.9, validator=_non_negative("momentum"))
+    weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
+    nesterov: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not self.phases:
+            raise ConfigError("a recipe needs at least one phase")
+        frozen = [p.frozen for p in self.phases]
+        if frozen != sorted(frozen):
+            raise ConfigError("once a phase freezes the connectivity, every later phase must be frozen too")
+
+    @property
+    def total_epochs(self) -> int:
+        return sum(p.epochs for p in self.phases)
+
+    def phase_at(self, epoch: int) -> tuple[int, Phase]:
+        """(index, phase) of the 0-based ``epoch``."""
+        epoch = check_int("epoch", epoch, minimum=0, maximum=self.total_epochs - 1)
+        for i, phase in enumerate(self.phases):
+            if epoch < phase.epochs:
+                return i, phase
+            epoch -= phase.epochs
+        raise AssertionError("unreachable")
+
+    def scaled(self, total_epochs: int) -> Recipe:
+        """The same schedule in ``total_epochs`` epochs, keeping the phases' proportions (largest
+        remainder rounding). Every phase keeps at least one epoch when ``total_epochs`` allows; below
+        that, the first ``total_epochs`` phases get one epoch each."""
+        total = check_int("total_epochs", total_epochs, minimum=1)
+        n = len(self.phases)
+        if total < n:
+            return attrs.evolve(self, phases=[attrs.evolve(p, epochs=1) for p in self.phases[:total]])
+        ideal = [p.epochs * total / self.total_epochs for p in self.phases]
+        alloc = [max(1, math.floor(x)) for x in ideal]
+        while sum(alloc) > total:
+            i = max((i for i in range(n) if alloc[i] > 1), key=lambda i: alloc[i] - ideal[i])
+            alloc[i] -= 1
+        while sum(alloc) < total:
+            i = max(range(n), key=lambda i: ideal[i] - alloc[i])
+            alloc[i] += 1
+        return attrs.evolve(self, phases=[attrs.evolve(p, epochs=e) for p, e in zip(self.phases, alloc, strict=True)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        d = dict(d)
+        d["phases"] = [Phase(**p) for p in d["phases"]]
+        return cls(**d)
+
+
+def _paper(name: str, epochs: tuple[int, int, int, int], **kw: Any) -> Recipe:
+    lrs = (0.1, 0.1, 0.01, 0.001)
+    phases = [Phase(epochs[0], lrs[0], gate_lr=0.2)]
+    phases += [Phase(e, lr, frozen=True) for e, lr in zip(epochs[1:], lrs[1:], strict=True)]
+    return Recipe(name, phases, **kw)
+
+
+#: The paper's schedules (appendix "Implementation details").
+RECIPES: dict[str, Recipe] = {
+    "cifar": _paper("cifar", (120, 100, 50, 50), batch_size=128, weight_decay=5e-4),
+    "miniimagenet": _paper("miniimagenet", (120, 100, 50, 50), batch_size=256, weight_decay=5e-4),
+    "imagenet": _paper("imagenet", (30, 30, 30, 30), batch_size=256, weight_decay=1e-4),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """A preset recipe by name: ``cifar``, ``miniimagenet`` or ``imagenet``."""
+    if name not in RECIPES:
+        raise unknown_name("recipe", name, RECIPES)
+    return RECIPES[name]

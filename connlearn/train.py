@@ -1,0 +1,440 @@
+"""The GateConnect trainer: runs a :class:`~connlearn.recipe.Recipe` on a network, in plain PyTorch.
+
+Per epoch it writes one JSON line to ``log.jsonl`` (train/test loss, top-1/top-5, learning rates, epoch
+time, images/s, active branches per module, gate statistics) and a checkpoint (``last.pt``, the one before
+it as ``previous.pt``, and ``best.pt``), written atomically. Every ``snapshot_every`` steps of a network
+with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots).
+
+Resuming (``fit(resume=...)``) continues exactly: a run stopped after epoch e and resumed ends with the
+same weights, gates and log (timings aside) as an uninterrupted run, on the CPU; on a GPU up to the
+non-determinism of its kernels. The checkpoint holds the model (with the gate generator), the IR, the
+optimizer, the epoch, every RNG state and the log; the data order comes from (seed, epoch).
+
+Loaders are objects with ``len()`` (batches per epoch) and ``epoch(e)`` yielding ``(images, labels)`` on
+the device, such as :class:`connlearn.data.BatchLoader`. Under ``torch.distributed`` the trainer wraps the
+network in DistributedDataParallel, reduces metrics over ranks and writes files from rank 0 only; give
+each rank its shard of the data (``rank``/``world_size`` of the loaders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
+from connlearn.compile import ConnectivityNet
+from connlearn.errors import CheckpointError, ConfigError, unknown_name
+from connlearn.graph import BranchGraph
+from connlearn.prune import active_branches
+from connlearn.recipe import Recipe
+from connlearn.updater import GateUpdater, param_groups
+
+TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
+AMP_MODES = ("auto", "bf16", "fp16", "none")
+
+
+class Loader(Protocol):
+    def __len__(self) -> int: ...
+
+    def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Rewrite a JSONL file atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a JSONL file (a log or gate snapshots)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
+    """Mean real gate, mean within-row std, share clipped at 0 and at 1, and the mean entropy (nats) of the
+    rows' normalised sampling distributions; ``None`` values for nets without learnable gates."""
+    gates = [p.detach().float() for p in net.gate_parameters()]
+    if not gates:
+        return {"gate_mean": None, "gate_row_std": None, "gate_at_0": None, "gate_at_1": None, "gate_entropy": None}
+    rows = torch.cat([g.reshape(-1, g.shape[-1]) for g in gates if g.shape[-1] == gates[0].shape[-1]])
+    flat = torch.cat([g.flatten() for g in gates])
+    entropies = []
+    for g in gates:
+        w = g.clamp(min=0)
+        total = w.sum(-1, keepdim=True)
+        p = torch.where(total > 0, w / total.clamp(min=1e-12), torch.full_like(w, 1.0 / w.shape[-1]))
+        entropies.append(-(p * p.clamp(min=1e-12).log()).sum(-1))
+    return {
+        "gate_mean": flat.mean().item(),
+        "gate_row_std": rows.std(dim=-1).mean().item() if rows.shape[-1] > 1 else 0.0,
+        "gate_at_0": (flat <= 0).float().mean().item(),
+        "gate_at_1": (flat >= 1).float().mean().item(),
+        "gate_entropy": torch.cat(entropies).mean().item(),
+    }
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None = None,
+             channels_last: bool = False) -> dict[str, float]:
+    """Test loss, top-1 and top-5 accuracy (in %) of ``model`` in eval mode over ``loader.epoch(0)``."""
+    was_training = model.training
+    model.eval()
+    totals = None
+    for x, y in loader.epoch(0):
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with _autocast(x.device, amp):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y, reduction="sum")
+        k = min(5, out.shape[1])
+        top = out.topk(k, dim=1).indices
+        batch = torch.stack([
+            loss, (top[:, 0] == y).sum().float(), (top == y[:, None]).any(1).sum().float(),
+            torch.tensor(float(len(y)), device=y.device),
+        ])
+        totals = batch if totals is None else totals + batch
+    model.train(was_training)
+    if totals is None:
+        raise ConfigError("the evaluation loader yielded no batch")
+    totals = _all_reduce(totals)
+    loss, top1, top5, n = totals.tolist()
+    return {"test_loss": loss / n, "test_top1": 100 * top1 / n, "test_top5": 100 * top5 / n}
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class Trainer:
+    """Runs ``recipe`` on ``net`` with SGD (the paper's protocol), writing logs and checkpoints to ``out_dir``.
+
+    Args:
+        net: the network (e.g. ``connlearn.build(...)``); on resume it is replaced by the checkpoint's.
+        train_loader, test_loader: see the module docstring; ``test_loader`` may be ``None``.
+        recipe: the schedule (``connlearn.recipe.get_recipe("cifar").scaled(epochs)``).
+        device: where to train (default: CUDA if available).
+        amp: ``"auto"`` (bf16 on CUDA, off on CPU), ``"bf16"``, ``"fp16"`` (with a GradScaler) or ``"none"``.
+        channels_last: default: on CUDA.
+        compile: wrap the network in ``torch.compile`` (recompiled once, when the connectivity freezes).
+        gate_grad: the GateUpdater's gradient mode (``plain`` is the paper's rule).
+        snapshot_every: steps between gate snapshots (0: none).
+        tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
+        progress: show a tqdm progress bar.
+        meta: free-form JSON-able facts stored in checkpoints (dataset, preset, ...).
+    """
+
+    def __init__(
+        self,
+        net: ConnectivityNet,
+        train_loader: Loader,
+        test_loader: Loader | None,
+        recipe: Recipe,
+        *,
+        out_dir: str | os.PathLike,
+        device: str | torch.device | None = None,
+        amp: str = "auto",
+        channels_last: bool | None = None,
+        compile: bool = False,
+        gate_grad: str = "plain",
+        snapshot_every: int = 100,
+        tensorboard: bool = False,
+        progress: bool = True,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        if amp not in AMP_MODES:
+            raise unknown_name("amp mode", amp, AMP_MODES)
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        cuda = self.device.type == "cuda"
+        self.amp = {"auto": torch.bfloat16 if cuda else None, "bf16": torch.bfloat16, "fp16": torch.float16,
+                    "none": None}[amp]
+        self.channels_last = cuda if channels_last is None else channels_last
+        self.compile = compile
+        self.gate_grad = gate_grad
+        self.snapshot_every = int(snapshot_every)
+        self.progress = progress
+        self.tensorboard = tensorboard
+        self.meta = dict(meta or {})
+        self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
+        self.out_dir = Path(out_dir)
+        self.is_main = _rank() == 0
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.history: list[dict[str, Any]] = []
+        self.epoch = 0  # epochs completed
+        self.step = 0
+        self.best_top1: float | None = None
+        self._tb = None
+        self._last_connectivity: dict[int, torch.Tensor] | None = None
+        self._set_net(net)
+        self.optimizer = self._make_optimizer()
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
+
+    # ------------------------------------------------------------------ setup
+    def _set_net(self, net: ConnectivityNet) -> None:
+        net = net.to(self.device)
+        if self.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.net = net
+        self.updater = GateUpdater(net, grad_mode=self.gate_grad)
+        self._wrap()
+
+    def _wrap(self) -> None:
+        model: torch.nn.Module = self.net
+        if dist.is_available() and dist.is_initialized():
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        self.model = torch.compile(model) if self.compile else model
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        phase = self.recipe.phases[0]
+        opt = torch.optim.SGD(
+            param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr),
+            lr=phase.lr, momentum=self.recipe.momentum, nesterov=self.recipe.nesterov,
+        )
+        self.updater.detach()
+        self.updater.attach(opt)
+        return opt
+
+    def _freeze(self) -> None:
+        """Fix the connectivity to the top-K of the real gates and stop updating gates."""
+        gates = self.net.gate_parameters()
+        self.net.freeze()
+        if gates:
+            self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if g.get("name") != "gates"]
+            for p in gates:
+                self.optimizer.state.pop(p, None)
+        self._wrap()
+
+    # ------------------------------------------------------------------ resume
+    def _resume_path(self, resume: bool | str | os.PathLike) -> Path | None:
+        if resume is False:
+            return None
+        if resume not in (True, "auto"):
+            return Path(resume)
+        last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
+        if not last.exists() and not previous.exists():
+            if resume is True:
+                raise CheckpointError(f"resume=True but there is no checkpoint in {self.out_dir}")
+            return None
+        return last
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore the whole training state from a checkpoint written by this trainer."""
+        path = Path(path)
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as exc:
+            fallback = path.with_name("previous.pt")
+            if path.name != "last.pt" or not fallback.exists():
+                raise
+            warnings.warn(f"{exc}; resuming from {fallback} instead", stacklevel=2)
+            ckpt = load_checkpoint(fallback)
+        if "optimizer" not in ckpt or "recipe" not in ckpt:
+            raise CheckpointError(f"{path} holds a network but no training state; it cannot be resumed")
+        if architecture(BranchGraph.from_json(ckpt["graph"])) != architecture(self.net.graph()):
+            raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
+        if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
+            raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
+        self._set_net(net_from_checkpoint(ckpt, engine=self.net.engine if self.net.engine != "single-stream" else None))
+        self.optimizer = self._make_optimizer()
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.epoch, self.step = int(ckpt["epoch"]), int(ckpt["step"])
+        self.history = list(ckpt["history"])
+        self.best_top1 = ckpt.get("best_top1")
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if torch.cuda.is_available() and ckpt["rng"].get("cuda"):
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        self._last_connectivity = self.net.connectivity()
+        if self.is_main:
+            write_jsonl(self.out_dir / "log.jsonl", self.history)
+            snaps = self.out_dir / "gates.jsonl"
+            if snaps.exists():
+                write_jsonl(snaps, [r for r in read_jsonl(snaps) if r["step"] <= self.step])
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint dict of the current training state."""
+        return make_checkpoint(
+            self.net,
+            optimizer=self.optimizer.state_dict(),
+            scaler=self.scaler.state_dict() if self.scaler is not None else None,
+            epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
+            best_top1=self.best_top1, meta=self.meta,
+            rng={"torch": torch.get_rng_state(),
+                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        )
+
+    def _save(self, best: bool) -> None:
+        if not self.is_main:
+            return
+        last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
+        state = self.state()
+        tmp = save_atomic(state, self.out_dir / ".next.pt")
+        if last.exists():
+            os.replace(last, previous)
+        os.replace(tmp, last)
+        if best:
+            save_atomic(state, self.out_dir / "best.pt")
+
+    # ------------------------------------------------------------------ training
+    def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None) -> list[dict[str, Any]]:
+        """Train to the end of the recipe (or ``max_epochs`` more epochs); returns the epoch log.
+
+        ``resume``: ``"auto"`` continues from ``out_dir/last.pt`` when it exists, ``True`` requires it,
+        ``False`` starts afresh, a path resumes from that checkpoint.
+        """
+        path = self._resume_path(resume)
+        if path is not None:
+            self.load(path)
+        if self.tensorboard and self.is_main and self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
+            self._tb = SummaryWriter(str(self.out_dir / "tb"))
+        if self._last_connectivity is None:
+            self._last_connectivity = self.net.connectivity()
+        if self.step == 0 and self.snapshot_every:
+            self._snapshot(0.0)
+        end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
+        while self.epoch < end:
+            self._run_epoch(self.epoch)
+        if self._tb is not None:
+            self._tb.flush()
+        return self.history
+
+    def _run_epoch(self, epoch: int) -> None:
+        index, phase = self.recipe.phase_at(epoch)
+        if phase.frozen:
+            self._freeze()
+        for group in self.optimizer.param_groups:
+            group["lr"] = phase.gate_lr if group.get("name") == "gates" else phase.lr
+        record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
+                                  "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
+        record.update(self._train_epoch(epoch, index))
+        if self.test_loader is not None:
+            t0 = time.perf_counter()
+            record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
+            record["eval_time"] = time.perf_counter() - t0
+        graph = self.net.graph()
+        record["active_branches"] = {str(m): n for m, n in active_branches(graph).items()}
+        record["params"] = self.net.num_parameters()
+        record.update(gate_statistics(self.net))
+        now = self.net.connectivity()
+        record["connectivity_changed"] = _changed_rows(self._last_connectivity, now)
+        self._last_connectivity = now
+        top1 = record.get("test_top1")
+        best = top1 is not None and (self.best_top1 is None or top1 > self.best_top1)
+        if best:
+            self.best_top1 = top1
+        record["best_top1"] = self.best_top1
+        self.epoch = epoch + 1
+        self.history.append(record)
+        if self.is_main:
+            write_jsonl(self.out_dir / "log.jsonl", self.history)
+            if self._tb is not None:
+                for k, v in record.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        self._tb.add_scalar(k, v, self.epoch)
+        self._save(best)
+
+    def _train_epoch(self, epoch: int, phase_index: int) -> dict[str, Any]:
+        self.model.train()
+        loader = self.train_loader
+        n_batches = len(loader)
+        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {phase_index + 1})",
+                   disable=not (self.progress and self.is_main), leave=False, dynamic_ncols=True)
+        totals = torch.zeros(3, device=self.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        t0 = time.perf_counter()
+        for i, (x, y) in enumerate(loader.epoch(epoch)):
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with _autocast(self.device, self.amp):
+                out = self.model(x)
+                loss = F.cross_entropy(out, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.optimizer.step()
+            self.step += 1
+            totals += torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
+                                   torch.tensor(float(len(y)), device=self.device)])
+            if self.snapshot_every and self.step % self.snapshot_every == 0:
+                self._snapshot(epoch + (i + 1) / n_batches)
+            if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
+                loss_sum, correct, seen = totals.tolist()
+                bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
+                                img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
+            bar.update(1)
+        bar.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        loss_sum, correct, seen = _all_reduce(totals).tolist()
+        if not seen:
+            raise ConfigError("the training loader yielded no batch")
+        return {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
+                "images_per_s": seen / elapsed, "step": self.step}
+
+    def _snapshot(self, epoch: float) -> None:
+        if not self.is_main:
+            return
+        gates = {str(m): g.values().float().cpu().tolist() for m, g in self.net.gates() if g.learnable}
+        if not gates:
+            return
+        with open(self.out_dir / "gates.jsonl", "a") as f:
+            f.write(json.dumps({"step": self.step, "epoch": epoch, "gates": gates}) + "\n")
+
+
+def _changed_rows(before: dict[int, torch.Tensor] | None, after: dict[int, torch.Tensor]) -> float | None:
+    """Share of blocks whose active inputs differ between two connectivities."""
+    if not before or not after:
+        return None
+    changed = sum(int((before[m] != after[m]).any(dim=1).sum()) for m in after if m in before)
+    rows = sum(after[m].shape[0] for m in after)
+    return changed / rows if rows else None
+
+
+def fit(net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
+        out_dir: str | os.PathLike, resume: bool | str = "auto", **options: Any) -> Trainer:
+    """Train ``net`` with ``recipe`` (see :class:`Trainer` for ``options``); returns the trainer, whose
+    ``net`` is the trained (possibly frozen) network and ``history`` the epoch log."""
+    trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out_dir, **options)
+    trainer.fit(resume=resume)
+    return trainer
+
+
+__all__ = ["TIMING_KEYS", "Trainer", "evaluate", "fit", "gate_statistics", "read_jsonl", "write_jsonl"]

@@ -1,0 +1,97 @@
+"""GateUpdater: keeps the real gates in [0, 1] under any ``torch.optim`` optimizer.
+
+It attaches to an optimizer as a step post-hook, so it runs after every real step and not after a step
+that ``torch.amp.GradScaler`` skips (inf/NaN gradients): a skipped step leaves the gates as they were.
+It never touches weights.
+
+Optionally (``grad_mode``) it rewrites the gates' gradients before each step (a step pre-hook, which
+runs after GradScaler has unscaled them). The paper's rule is ``"plain"``. The alternatives act on the
+observation that sampling depends only on the ratios within a row of gates:
+
+- ``"centered"``: subtract each row's mean gradient, so that a row cannot drift up or down as a whole
+  (drift towards the clip bound flattens the sampling distribution);
+- ``"normalized"``: treat the straight-through gradient as the gradient with respect to the normalised
+  probabilities p = ĝ / Σĝ and take it back to ĝ by the chain rule: (g − ⟨p, g⟩) / Σĝ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from connlearn.errors import ConfigError, check_float, unknown_name
+
+GRAD_MODES = ("plain", "centered", "normalized")
+
+
+class GateUpdater:
+    """Clamp every real gate of ``net`` to [low, high] after each step of the optimizers it is attached to.
+
+    Usage::
+
+        opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2), momentum=0.9)
+        updater = GateUpdater(net).attach(opt)
+        ...
+        updater.detach()
+
+    The gates are looked up on every step, so ``net.freeze()`` (which removes them) needs no re-attaching.
+    """
+
+    def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
+        if grad_mode not in GRAD_MODES:
+            raise unknown_name("gate gradient mode", grad_mode, GRAD_MODES)
+        self.low, self.high = check_float("low", low), check_float("high", high)
+        if self.low >= self.high:
+            raise ConfigError(f"low must be below high, got low={low}, high={high}")
+        self.net = net
+        self.grad_mode = grad_mode
+        self._handles: list[Any] = []
+
+    def gates(self) -> list[nn.Parameter]:
+        return list(self.net.gate_parameters())
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> GateUpdater:
+        """Register the hooks on ``optimizer``; returns ``self``."""
+        self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clamp()))
+        if self.grad_mode != "plain":
+            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.transform_grads()))
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook this updater registered."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    @torch.no_grad()
+    def clamp(self) -> None:
+        """Clip every real gate to [low, high] in place."""
+        for gate in self.gates():
+            gate.clamp_(self.low, self.high)
+
+    @torch.no_grad()
+    def transform_grads(self) -> None:
+        """Rewrite the gates' gradients according to ``grad_mode`` (rows are the last dimension)."""
+        for gate in self.gates():
+            if gate.grad is None:
+                continue
+            g = gate.grad
+            if self.grad_mode == "centered":
+                g.sub_(g.mean(dim=-1, keepdim=True))
+            elif self.grad_mode == "normalized":
+                w = gate.clamp(min=0)
+                total = w.sum(dim=-1, keepdim=True).clamp(min=1e-12)
+                p = w / total
+                g.copy_((g - (p * g).sum(dim=-1, keepdim=True)) / total)
+
+
+def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float) -> list[dict[str, Any]]:
+    """Optimizer param groups: weights with (lr, weight_decay); real gates, if any, with (gate_lr, no
+    weight decay). Each group carries a ``name`` ('weights' or 'gates')."""
+    groups = [{"params": list(net.weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]
+    gates = list(net.gate_parameters())
+    if gates:
+        groups.append({"params": gates, "lr": gate_lr, "weight_decay": 0.0, "name": "gates"})
+    return groups

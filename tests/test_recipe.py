@@ -1,0 +1,55 @@
+"""Recipes: the paper's presets, proportional scaling, validation."""
+
+import pytest
+
+from connlearn.errors import ConnlearnError
+from connlearn.recipe import Phase, Recipe, get_recipe
+
+
+def test_cifar_preset_is_the_papers_protocol():
+    r = get_recipe("cifar")
+    assert [p.epochs for p in r.phases] == [120, 100, 50, 50]
+    assert [p.lr for p in r.phases] == [0.1, 0.1, 0.01, 0.001]
+    assert [p.gate_lr for p in r.phases] == [0.2, 0.0, 0.0, 0.0]
+    assert [p.frozen for p in r.phases] == [False, True, True, True]
+    assert (r.batch_size, r.momentum, r.weight_decay) == (128, 0.9, 5e-4)
+
+
+def test_miniimagenet_and_imagenet_presets():
+    assert get_recipe("miniimagenet").batch_size == 256
+    imagenet = get_recipe("imagenet")
+    assert [p.epochs for p in imagenet.phases] == [30, 30, 30, 30]
+    assert (imagenet.batch_size, imagenet.weight_decay) == (256, 1e-4)
+
+
+@pytest.mark.parametrize("total", [4, 5, 12, 24, 30, 100, 320, 641])
+def test_scaled_keeps_the_total_and_the_order_of_phase_lengths(total):
+    r = get_recipe("cifar").scaled(total)
+    epochs = [p.epochs for p in r.phases]
+    assert sum(epochs) == total and min(epochs) >= 1
+    assert epochs[0] >= epochs[1] >= epochs[2] and epochs[2] == epochs[3]
+
+
+def test_scaled_below_the_number_of_phases_keeps_the_first_phases():
+    assert [p.epochs for p in get_recipe("cifar").scaled(2).phases] == [1, 1]
+
+
+def test_phase_at_maps_epochs_to_phases():
+    r = get_recipe("cifar").scaled(8)  # 3/3/1/1
+    assert [r.phase_at(e)[0] for e in range(8)] == [0, 0, 0, 1, 1, 1, 2, 3]
+
+
+def test_dict_round_trip():
+    r = get_recipe("imagenet").scaled(9)
+    assert Recipe.from_dict(r.to_dict()) == r
+
+
+def test_bad_recipes_are_refused():
+    with pytest.raises(ConnlearnError, match="epochs must be >= 1"):
+        Phase(0, 0.1)
+    with pytest.raises(ConnlearnError, match="lr must be >= 0"):
+        Phase(1, -0.1)
+    with pytest.raises(ConnlearnError, match="every later phase must be frozen"):
+        Recipe("x", [Phase(1, 0.1, frozen=True), Phase(1, 0.1)])
+    with pytest.raises(ConnlearnError, match="did you mean 'cifar'"):
+        get_recipe("cifra")

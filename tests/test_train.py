@@ -1,0 +1,147 @@
+"""The trainer: phases, exact resume, atomic checkpoints, logs."""
+
+import shutil
+
+import pytest
+import torch
+from conftest import RandomLoader, tiny
+
+import connlearn
+from connlearn.checkpoint import load_checkpoint
+from connlearn.errors import CheckpointError
+from connlearn.gates import topk_mask
+from connlearn.recipe import Phase, Recipe, get_recipe
+from connlearn.train import TIMING_KEYS, Trainer, read_jsonl
+
+RECIPE = get_recipe("cifar").scaled(4)
+
+
+def _trainer(out, **kw):
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    return Trainer(net, RandomLoader(), RandomLoader(n=32, seed=1), kw.pop("recipe", RECIPE), out_dir=out,
+                   progress=False, snapshot_every=2, **kw)
+
+
+def _without_timings(log):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in log]
+
+
+def _assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        if torch.is_tensor(sa[k]):
+            assert torch.equal(sa[k], sb[k]), k
+    assert torch.equal(a.generator.get_state(), b.generator.get_state())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    t = _trainer(tmp_path_factory.mktemp("full"))
+    t.fit()
+    return t
+
+
+@pytest.mark.parametrize("stop_after", [1, 2])
+def test_a_stopped_and_resumed_run_ends_bit_identical(uninterrupted, tmp_path, stop_after):
+    first = _trainer(tmp_path)
+    first.fit(max_epochs=stop_after)
+    resumed = _trainer(tmp_path)
+    resumed.fit(resume=True)
+    _assert_same_state(resumed.net, uninterrupted.net)
+    assert _without_timings(resumed.history) == _without_timings(uninterrupted.history)
+    assert _without_timings(read_jsonl(tmp_path / "log.jsonl")) == _without_timings(uninterrupted.history)
+    assert read_jsonl(tmp_path / "gates.jsonl") == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
+
+
+def test_a_truncated_checkpoint_is_refused_and_the_previous_one_resumes(uninterrupted, tmp_path):
+    _trainer(tmp_path).fit(max_epochs=2)
+    last = tmp_path / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(last)
+    assert load_checkpoint(tmp_path / "previous.pt")["epoch"] == 1
+    resumed = _trainer(tmp_path)
+    with pytest.warns(UserWarning, match="resuming from .*previous.pt"):
+        resumed.fit(resume=True)
+    _assert_same_state(resumed.net, uninterrupted.net)
+
+
+def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
+    t = _trainer(tmp_path)
+    t.fit(max_epochs=1)
+
+    def crash(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        t.fit(max_epochs=1)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+
+
+def test_after_phase_one_the_connectivity_is_the_top_k_and_stays_fixed(tmp_path):
+    t = _trainer(tmp_path)
+    t.fit(max_epochs=1)
+    expected = {m: topk_mask(g.real, g.K) for m, g in t.net.gates()}
+    reals = {m: g.real.detach().clone() for m, g in t.net.gates()}
+    t.fit()
+    assert t.net.gate_kind == "frozen" and t.net.gate_parameters() == []
+    assert all(torch.equal(t.net.connectivity()[m], expected[m]) for m in expected)
+    assert all(torch.equal(g.values(), reals[m]) for m, g in t.net.gates())  # no further gate updates
+    assert [r["connectivity_changed"] for r in t.history[1:]] == [0.0, 0.0, 0.0]
+    assert [g["name"] for g in t.optimizer.param_groups] == ["weights"]
+
+
+def test_every_phase_runs_at_its_own_learning_rates(tmp_path):
+    seen = []
+    t = _trainer(tmp_path)
+    original = t._train_epoch
+
+    def spy(epoch, phase):
+        seen.append({g["name"]: g["lr"] for g in t.optimizer.param_groups})
+        return original(epoch, phase)
+
+    t._train_epoch = spy
+    t.fit()
+    assert seen == [{"weights": 0.1, "gates": 0.2}, {"weights": 0.1}, {"weights": 0.01}, {"weights": 0.001}]
+    assert [r["lr"] for r in t.history] == [0.1, 0.1, 0.01, 0.001]
+
+
+def test_gate_kinds_that_learn_nothing_run_the_same_schedule(tmp_path):
+    net = connlearn.build(**tiny(gate="random"))
+    t = Trainer(net, RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
+    t.fit()
+    assert len(t.history) == 4 and all(r["gate_lr"] is None for r in t.history)
+
+
+def test_the_log_has_the_documented_fields(uninterrupted):
+    record = uninterrupted.history[0]
+    for key in ("epoch", "phase", "lr", "train_loss", "train_top1", "test_loss", "test_top1", "test_top5",
+                "epoch_time", "images_per_s", "active_branches", "gate_entropy", "gate_mean", "best_top1"):
+        assert key in record, key
+    assert record["gate_entropy"] > 0
+    snaps = read_jsonl(uninterrupted.out_dir / "gates.jsonl")
+    assert snaps[0]["step"] == 0 and set(snaps[0]["gates"]) == {"2", "3"}
+
+
+def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, tmp_path):
+    shutil.copy(uninterrupted.out_dir / "last.pt", tmp_path / "last.pt")
+    other = Trainer(connlearn.build(**tiny(C=3)), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="another architecture"):
+        other.fit(resume=True)
+    recipe = Recipe("x", [Phase(2, 0.1, 0.2)])
+    with pytest.raises(CheckpointError, match="another recipe"):
+        _trainer(tmp_path, recipe=recipe).fit(resume=True)
+
+
+def test_resume_true_without_a_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        _trainer(tmp_path).fit(resume=True)
+
+
+def test_a_checkpoint_rebuilds_the_trained_network(uninterrupted):
+    net = connlearn.checkpoint.net_from_checkpoint(uninterrupted.out_dir / "last.pt").eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(net(x), uninterrupted.net.eval()(x))

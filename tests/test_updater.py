@@ -1,0 +1,113 @@
+"""GateUpdater keeps gates in [0, 1] under any optimizer and GradScaler, and never touches weights."""
+
+import pytest
+import torch
+from conftest import tiny
+
+import connlearn
+from connlearn.updater import GateUpdater, param_groups
+
+
+def _steps(net, opt, n=3, scaler=None):
+    for _ in range(n):
+        out = net(torch.randn(4, 3, 32, 32))
+        loss = out.square().mean()
+        opt.zero_grad()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def _in_unit_interval(net):
+    return all(((p >= 0) & (p <= 1)).all() for p in net.gate_parameters())
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda groups: torch.optim.SGD(groups, momentum=0.9),
+    lambda groups: torch.optim.Adam(groups),
+])
+def test_every_gate_stays_in_unit_interval_with_a_huge_learning_rate(make_opt):
+    net = connlearn.build(**tiny()).train()
+    with torch.no_grad():
+        net.head.fc.bias.copy_(torch.linspace(-5, 5, 10))  # weights outside [0, 1] must stay so
+    opt = make_opt(param_groups(net, lr=1e-3, weight_decay=0.0, gate_lr=1e4))
+    GateUpdater(net).attach(opt)
+    _steps(net, opt)
+    assert _in_unit_interval(net)
+    assert any(((p == 0) | (p == 1)).any() for p in net.gate_parameters())  # the clamp did engage
+    assert net.head.fc.bias.min() < -4 and net.head.fc.bias.max() > 4
+
+
+def test_gates_stay_in_unit_interval_under_a_grad_scaler():
+    net = connlearn.build(**tiny()).train()
+    opt = torch.optim.SGD(param_groups(net, lr=10.0, weight_decay=0.0, gate_lr=1e4))
+    GateUpdater(net).attach(opt)
+    _steps(net, opt, scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    assert _in_unit_interval(net)
+
+
+def test_a_step_skipped_by_the_scaler_leaves_gates_untouched():
+    net = connlearn.build(**tiny()).train()
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p.fill_(1.5)  # out of range: a clamp would show
+    opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=0.0, gate_lr=0.1))
+    GateUpdater(net).attach(opt)
+    scaler = torch.amp.GradScaler("cpu")
+    loss = net(torch.randn(2, 3, 32, 32)).sum() * float("inf")
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    assert all((p == 1.5).all() for p in net.gate_parameters())
+
+
+def test_detach_removes_the_hooks():
+    net = connlearn.build(**tiny()).train()
+    opt = torch.optim.SGD(param_groups(net, lr=0.0, weight_decay=0.0, gate_lr=0.0))
+    updater = GateUpdater(net).attach(opt)
+    updater.detach()
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p.fill_(2.0)
+    _steps(net, opt, n=1)
+    assert all((p == 2.0).all() for p in net.gate_parameters())
+
+
+def test_param_groups_split_weights_and_gates_without_gate_weight_decay():
+    net = connlearn.build(**tiny())
+    weights, gates = param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2)
+    assert (weights["lr"], weights["weight_decay"], gates["lr"], gates["weight_decay"]) == (0.1, 5e-4, 0.2, 0.0)
+    assert len(gates["params"]) == len(net.gate_parameters())
+
+
+def test_fixed_gate_kinds_give_only_a_weight_group():
+    assert len(param_groups(connlearn.build(**tiny(gate="random")), 0.1, 5e-4, 0.2)) == 1
+
+
+def test_centered_gradients_keep_each_row_sum():
+    net = connlearn.build(**tiny(gate_init="uniform")).train()
+    opt = torch.optim.SGD(param_groups(net, lr=0.0, weight_decay=0.0, gate_lr=0.05))
+    GateUpdater(net, grad_mode="centered", low=-10, high=10).attach(opt)
+    sums = [p.detach().sum(-1).clone() for p in net.gate_parameters()]
+    _steps(net, opt, n=2)
+    for before, p in zip(sums, net.gate_parameters(), strict=True):
+        torch.testing.assert_close(p.detach().sum(-1), before, atol=1e-4, rtol=0)
+
+
+def test_normalized_gradients_are_orthogonal_to_the_row_sum():
+    net = connlearn.build(**tiny(gate_init="uniform")).train()
+    opt = torch.optim.SGD(param_groups(net, lr=0.0, weight_decay=0.0, gate_lr=0.0))
+    updater = GateUpdater(net, grad_mode="normalized").attach(opt)
+    net(torch.randn(2, 3, 32, 32)).square().sum().backward()
+    updater.transform_grads()
+    for p in net.gate_parameters():
+        # the gradient of a function of p = ĝ/Σĝ has no component along ĝ (scale invariance)
+        torch.testing.assert_close((p.grad * p.detach()).sum(-1), torch.zeros(p.shape[0]), atol=1e-6, rtol=0)
+
+
+def test_unknown_grad_mode():
+    with pytest.raises(connlearn.ConnlearnError, match="did you mean 'centered'"):
+        GateUpdater(connlearn.build(**tiny()), grad_mode="centred")
