@@ -222,7 +222,7 @@ class ConnectivityNet(nn.Module):
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in_channels, H, W]`` images → ``[B, num_classes]`` logits."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
+        if not torch.jit.is_tracing() and (x.dim() != 4 or x.shape[1] != self.in_channels):
             raise ShapeError(
                 f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
             )

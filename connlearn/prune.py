@@ -7,8 +7,14 @@ point of removing dead blocks repeatedly.
 
 from __future__ import annotations
 
-import networkx as nx
+import copy
 
+import attrs
+import networkx as nx
+import torch
+
+from connlearn.compile import ConnectivityNet, FusedModule
+from connlearn.errors import ConfigError
 from connlearn.graph import BranchGraph
 
 
@@ -29,3 +35,70 @@ def active_branches(graph: BranchGraph) -> dict[int, int]:
     """Module index → number of live blocks (the paper's 'active branches', Figures 4-5)."""
     live = live_blocks(graph)
     return {m: sum(n in live for n in graph.branches(m)) for m in graph.modules()}
+
+
+@attrs.frozen
+class PruneReport:
+    """What pruning removed: the paper's Params-Train (``params_before``) and Params-Test (``params_after``)."""
+
+    params_before: int
+    params_after: int
+    blocks_before: int
+    blocks_after: int
+    removed: dict[int, list[str]]  # module index -> removed block nodes
+
+    @property
+    def saving(self) -> float:
+        """Share of parameters removed."""
+        return 1 - self.params_after / self.params_before
+
+    def __str__(self) -> str:
+        per_module = ", ".join(f"m{m}: -{len(r)}" for m, r in self.removed.items() if r) or "none"
+        return (f"params {self.params_before / 1e6:.3f}M -> {self.params_after / 1e6:.3f}M "
+                f"({100 * self.saving:.1f}% fewer); blocks {self.blocks_before} -> {self.blocks_after} "
+                f"(removed per module: {per_module})")
+
+
+def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[ConnectivityNet, PruneReport]:
+    """A copy of ``net`` without its dead blocks, computing the same eval outputs, and a report.
+
+    ``net`` must have a fixed connectivity (``frozen``, ``random``, ``full``); ``freeze=True`` first
+    freezes a copy of a net with learnable gates (top-K of the real gates). The pruned IR is compiled on
+    the same engine (modules may now have fewer branches than C) and the surviving weights are copied
+    through the blocks' ``select()``. ``net`` itself is left unchanged.
+    """
+    if any(g.learnable or g.stochastic for _, g in net.gates()):
+        if not freeze:
+            raise ConfigError(
+                f"prune_dead_blocks needs a fixed connectivity, but the gates are {net.gate_kind!r}: "
+                "call net.freeze() first, or pass freeze=True"
+            )
+        net = copy.deepcopy(net).freeze()
+    graph = net.graph()
+    dead = dead_blocks(graph)
+    removed = {m: [n for n in graph.branches(m) if n in dead] for m in graph.modules()}
+    before = net.num_parameters()
+    if not dead:
+        pruned = copy.deepcopy(net)
+    else:
+        pruned_graph = graph.copy()
+        pruned_graph.remove_nodes_from(dead)
+        with torch.random.fork_rng(devices=[]):
+            pruned = ConnectivityNet(pruned_graph, engine=net.engine)
+        pruned.stem = copy.deepcopy(net.stem)
+        pruned.head = copy.deepcopy(net.head)
+        for old, new, module in zip(net.stages, pruned.stages, net.module_ids, strict=True):
+            keep = [j for j, n in enumerate(graph.branches(module)) if n not in dead]
+            new.proj = copy.deepcopy(old.proj)
+            if isinstance(old, FusedModule):
+                new.block = old.block.select(keep)
+            else:
+                new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
+        pruned.generator.set_state(net.generator.get_state())
+        device = next(net.parameters()).device
+        pruned = pruned.to(device).train(net.training)
+    report = PruneReport(
+        params_before=before, params_after=pruned.num_parameters(),
+        blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,
+    )
+    return pruned, report

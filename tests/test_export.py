@@ -1,0 +1,53 @@
+"""Exported models give the same outputs as the pruned net they came from."""
+
+import importlib.util
+
+import pytest
+import torch
+from conftest import tiny
+
+import connlearn
+from connlearn.errors import UnknownNameError
+from connlearn.export import export
+from connlearn.prune import prune_dead_blocks
+
+
+@pytest.fixture(scope="module")
+def pruned():
+    net = connlearn.build(**tiny(gate="random", K=1, M=6))
+    return prune_dead_blocks(net)[0].eval()
+
+
+def test_torchscript_export_gives_the_same_outputs(pruned, tmp_path):
+    path = export(pruned, tmp_path / "net.ts", "torchscript")
+    loaded = torch.jit.load(str(path))
+    x = torch.randn(5, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), pruned(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_torch_export_program_gives_the_same_outputs(pruned, tmp_path):
+    path = export(pruned, tmp_path / "net.pt2", "export")
+    program = torch.export.load(str(path))
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(program.module()(x), pruned(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxscript", "onnxruntime")),
+    reason="the onnx extra (onnx, onnxscript, onnxruntime) is not installed",
+)
+def test_onnx_export_gives_the_same_outputs(pruned, tmp_path):
+    import onnxruntime
+
+    path = export(pruned, tmp_path / "net.onnx", "onnx")
+    session = onnxruntime.InferenceSession(str(path))
+    x = torch.randn(4, 3, 32, 32)
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(out), pruned(x), atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_format(pruned, tmp_path):
+    with pytest.raises(UnknownNameError, match="did you mean 'onnx'"):
+        export(pruned, tmp_path / "x", "onx")

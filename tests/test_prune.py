@@ -1,0 +1,117 @@
+"""Pruning laws: same eval outputs, parameters = live blocks + the rest, idempotence, chains removed."""
+
+import pytest
+import torch
+from conftest import tiny
+from hypothesis import given
+from hypothesis import strategies as st
+
+import connlearn
+from connlearn.compile import FusedModule
+from connlearn.errors import ConfigError
+from connlearn.prune import dead_blocks, live_blocks, prune_dead_blocks
+
+X = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def _randomise_bn(net):
+    g = torch.Generator().manual_seed(1)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean = torch.randn(m.running_mean.shape, generator=g) * 0.1
+            m.running_var = torch.rand(m.running_var.shape, generator=g) + 0.5
+
+
+def _non_block_params(net):
+    return sum(p.numel() for n, p in net.named_parameters() if ".block." not in n and ".blocks." not in n)
+
+
+@st.composite
+def fixed_nets(draw):
+    C = draw(st.integers(1, 6))
+    topology = draw(st.sampled_from(["resnext", "dense"]))
+    opts = tiny(C=C, K=draw(st.integers(1, C)), M=draw(st.sampled_from([3, 6])), seed=draw(st.integers(0, 10**6)),
+                block=draw(st.sampled_from(["bottleneck", "basic"])))
+    how = draw(st.sampled_from(["random", "frozen"]))
+    if how == "random":
+        net = connlearn.build(topology, gate="random", **opts)
+    else:
+        net = connlearn.build(topology, gate="topk", gate_init="uniform", **opts).freeze()
+    if draw(st.booleans()):
+        net = net.to_engine("reference")
+    return net
+
+
+@given(fixed_nets())
+def test_pruned_net_computes_the_same_eval_outputs_with_the_live_blocks_parameters(net):
+    _randomise_bn(net)
+    net.eval()
+    pruned, report = prune_dead_blocks(net)
+    torch.testing.assert_close(pruned.eval()(X), net(X), atol=1e-5, rtol=1e-5)
+    live = live_blocks(net.graph())
+    per_block = {}
+    for stage, module in zip(net.stages, net.module_ids, strict=True):
+        nodes = net.graph().branches(module)
+        if isinstance(stage, FusedModule):
+            size = sum(p.numel() for p in stage.block.parameters()) // stage.branches
+            per_block.update(dict.fromkeys(nodes, size))
+        else:
+            for n, b in zip(nodes, stage.blocks, strict=True):
+                per_block[n] = sum(p.numel() for p in b.parameters())
+    expected = _non_block_params(net) + sum(per_block[n] for n in live)
+    assert report.params_after == pruned.num_parameters() == expected
+    assert report.params_before == net.num_parameters()
+    assert report.blocks_after == len(live)
+
+
+@given(fixed_nets())
+def test_pruning_twice_changes_nothing(net):
+    once, _ = prune_dead_blocks(net)
+    twice, report = prune_dead_blocks(once)
+    assert report.params_after == report.params_before and not any(report.removed.values())
+    assert twice.graph().block_nodes() == once.graph().block_nodes()
+
+
+def test_a_connectivity_without_dead_blocks_prunes_nothing():
+    net = connlearn.build(**tiny(gate="full", K=4, block="basic"))
+    _, report = prune_dead_blocks(net)
+    assert report.params_after == report.params_before and report.blocks_after == report.blocks_before
+
+
+def test_chains_dead_only_because_their_consumers_are_dead_are_removed():
+    """m1.b1 feeds only m2.b1, which feeds nothing: both go, although m1.b1 has an active out-edge."""
+    net = connlearn.build(**tiny(gate="random", C=3, K=1, M=3))
+    graph = net.graph()
+    rows = {"m2.b1": "m1.b1", "m2.b2": "m1.b2", "m2.b3": "m1.b2", "m3.b1": "m2.b2", "m3.b2": "m2.b3",
+            "m3.b3": "m2.b2"}
+    for dst, src in rows.items():
+        for u, _, d in graph.gate_edges(dst):
+            d["active"] = u == src
+    fixed = connlearn.from_graph(graph)
+    assert dead_blocks(fixed.graph()) == {"m1.b1", "m2.b1", "m1.b3"}
+    pruned, report = prune_dead_blocks(fixed)
+    assert report.removed == {1: ["m1.b1", "m1.b3"], 2: ["m2.b1"], 3: []}
+    fixed.eval()
+    torch.testing.assert_close(pruned.eval()(X), fixed(X))
+
+
+def test_k1_random_connectivity_on_29_8_8_removes_blocks():
+    net = connlearn.build(preset="cifar-29-8-8", gate="random", K=1)
+    _, report = prune_dead_blocks(net)
+    assert report.blocks_after < report.blocks_before and report.params_after < report.params_before
+
+
+def test_learnable_gates_must_be_frozen_first():
+    net = connlearn.build(**tiny())
+    with pytest.raises(ConfigError, match="freeze"):
+        prune_dead_blocks(net)
+    pruned, _ = prune_dead_blocks(net, freeze=True)
+    assert pruned.gate_kind == "frozen" and net.gate_kind == "topk"
+
+
+def test_pruned_graph_compiles_again_to_the_same_network():
+    net = connlearn.build(**tiny(gate="random", K=1, C=4, M=6)).eval()
+    pruned, _ = prune_dead_blocks(net)
+    again = connlearn.from_graph(pruned.graph())
+    again.load_state_dict(pruned.state_dict())
+    torch.testing.assert_close(again.eval()(X), net(X))
