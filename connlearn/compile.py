@@ -80,18 +80,41 @@ class FusedModule(nn.Module):
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
         c, ch = self.branches, self.in_ch
         if mix is None:
-            stem = inputs[0]
-            b, _, h, w = stem.shape
-            x = stem.unsqueeze(1).expand(b, c, ch, h, w).reshape(b, c * ch, h, w)
-        else:
-            b, _, h, w = inputs[0].shape
-            y = torch.cat([t.reshape(b, -1, ch, h, w) for t in inputs], dim=1)
-            x = torch.einsum("jk,bkchw->bjchw", mix, y).relu().reshape(b, c * ch, h, w)
+            return self._first(inputs[0])
+        x = mix_branches(inputs, mix, ch)
+        b, _, h, w = x.shape
         out = self.block(x)
         if self.proj is None:
             return x + out
         short = self.proj(x.reshape(b * c, ch, h, w))
         return short.reshape(b, c * self.out_ch, *short.shape[-2:]) + out
+
+    def _first(self, stem: torch.Tensor) -> torch.Tensor:
+        """The first module: every branch reads the stem, so its shortcut is computed once."""
+        b, _, h, w = stem.shape
+        c = self.branches
+        out = self.block(stem.unsqueeze(1).expand(b, c, self.in_ch, h, w).reshape(b, c * self.in_ch, h, w))
+        short = stem if self.proj is None else self.proj(stem)
+        oh, ow = out.shape[-2:]
+        return (out.reshape(b, c, self.out_ch, oh, ow) + short.unsqueeze(1)).reshape(b, c * self.out_ch, oh, ow)
+
+
+def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
+    """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, H, W]`` (concatenated along branches,
+    N = Σ N_s), ``mix`` ``[C, N]`` → ``[B, C·ch, H, W]``, in the inputs' memory format, without copies
+    for a single input. One batched GEMM with the gate matrix expanded over the batch (a broadcast
+    ``matmul`` would transpose the activations first)."""
+    b, _, h, w = inputs[0].shape
+    c, n = mix.shape
+    if inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous():
+        # [B, H, W, N, ch] in memory: contract N per pixel and keep channels last
+        parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, -1, ch) for t in inputs]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
+        return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
+    parts = [t.reshape(b, -1, ch * h * w) for t in inputs]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, h, w)
 
 
 class ReferenceModule(nn.Module):
@@ -113,7 +136,11 @@ class ReferenceModule(nn.Module):
         return sums
 
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> list[torch.Tensor]:
-        xs = [inputs[0]] * self.branches if mix is None else [s.relu() for s in self.gated_sums(inputs, mix)]
+        if mix is None:  # the first module: every branch reads the stem, its shortcut is computed once
+            stem = inputs[0]
+            short = stem if self.proj is None else self.proj(stem)
+            return [short + blk(stem) for blk in self.blocks]
+        xs = [s.relu() for s in self.gated_sums(inputs, mix)]
         shorts = xs if self.proj is None else list(self.proj(torch.cat(xs, dim=0)).chunk(self.branches, dim=0))
         return [s + blk(x) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
 
