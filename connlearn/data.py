@@ -1,0 +1,847 @@
+"""Image datasets in memory, the packed-image file format, and the loaders that feed training.
+
+An :class:`ImageDataset` is uint8 images ``[N, H, W, 3]`` (HWC) with int64 labels ``[N]``. Datasets come from
+
+- :func:`load_packed`: the packed ``.npz`` format of ``../shared/data/README.md`` (encoded image files joined
+  end to end, with offsets), written by :func:`pack` from an ImageDataset or any torchvision-style dataset;
+- :func:`load_dataset`: CIFAR-10/100 by name, from a packed file (``--data`` / ``CONNLEARN_DATA``), a
+  torchvision CIFAR folder, or a torchvision download;
+- :func:`synthetic`: a small generated dataset for tests and smoke runs.
+
+Two loaders yield ``(x float32 [B, 3, crop, crop], y int64 [B])`` batches on the target device with the
+paper's CIFAR augmentation (per-pixel mean subtracted, 4-pixel zero padding, random crop, horizontal flip):
+
+- :class:`BatchLoader`: the whole dataset as one uint8 tensor on the device, augmented per batch there, no
+  workers (GPU-resident on CUDA; also the default on CPU since CIFAR fits in memory);
+- :class:`DataLoaderPath`: the standard ``torch.utils.data.DataLoader`` path, augmenting per sample in workers.
+
+Every random choice of epoch ``e`` (the order, every crop and flip) comes from ``(seed, e)`` alone, so
+iterating an epoch twice, or after resuming from a checkpoint, gives the same batches bit for bit.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import io
+import math
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, unknown_name
+
+DATA_ENV = "CONNLEARN_DATA"
+DATASETS = ("cifar10", "cifar100")
+ENCODINGS = ("png", "jpeg")
+LOADER_PATHS = ("auto", "dataloader")
+DEFAULT_CACHE_DIR = Path("~/.cache/connlearn")
+
+_PACKED_KEYS = ("train_jpeg", "train_offsets", "train_labels", "test_jpeg", "test_offsets", "test_labels")
+_WHERE_TO_PUT_DATA = f"pass --data PATH (a packed .npz file or a folder holding one) or set {DATA_ENV}"
+
+
+def _as_image_array(images: Any) -> np.ndarray:
+    return np.ascontiguousarray(images)
+
+
+def _as_label_array(labels: Any) -> np.ndarray:
+    labels = np.asarray(labels)
+    if np.issubdtype(labels.dtype, np.integer) and labels.dtype != np.int64:
+        labels = labels.astype(np.int64)
+    return labels
+
+
+def _as_class_names(names: Any) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise ConfigTypeError(f"class_names must be a sequence of names, got the single string {names!r}")
+    return tuple(str(n) for n in names)
+
+
+@attrs.frozen(eq=False)
+class ImageDataset:
+    """Images and labels held in memory.
+
+    Attributes:
+        images: uint8 ``[N, H, W, 3]`` (HWC, RGB), C-contiguous; N >= 1.
+        labels: int64 ``[N]``, each in ``0 .. num_classes - 1`` (other integer dtypes are converted).
+        class_names: one name per class; ``num_classes = len(class_names)``.
+
+    Raises:
+        DataError: on construction, if a shape, dtype or label is not as above.
+    """
+
+    images: np.ndarray = attrs.field(converter=_as_image_array)
+    labels: np.ndarray = attrs.field(converter=_as_label_array)
+    class_names: tuple[str, ...] = attrs.field(converter=_as_class_names)
+
+    def __attrs_post_init__(self) -> None:
+        images, labels = self.images, self.labels
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+            raise DataError(
+                f"images must be uint8 [N, H, W, 3] (HWC, RGB), got {images.dtype} {list(images.shape)}; "
+                "convert them with np.asarray(pil_image.convert('RGB')) or tensor.permute(1, 2, 0)"
+            )
+        if images.shape[0] == 0 or images.shape[1] == 0 or images.shape[2] == 0:
+            raise DataError(f"a dataset needs at least one non-empty image, got images {list(images.shape)}")
+        if labels.dtype != np.int64 or labels.shape != images.shape[:1]:
+            raise DataError(
+                f"labels must be integers [N] with N = {images.shape[0]} (one per image), "
+                f"got {labels.dtype} {list(labels.shape)}"
+            )
+        if not self.class_names:
+            raise DataError("class_names is empty; give one name per class")
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= len(self.class_names):
+            bad = low if low < 0 else high
+            raise DataError(
+                f"label {bad} is outside 0..{len(self.class_names) - 1} (one per class name); "
+                "check the labels or give every class a name"
+            )
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __repr__(self) -> str:
+        height, width = self.image_size
+        return f"ImageDataset({len(self)} images of {height}x{width}, {self.num_classes} classes)"
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes, ``len(class_names)``."""
+        return len(self.class_names)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` of every image."""
+        return int(self.images.shape[1]), int(self.images.shape[2])
+
+    def subset(self, n: int) -> ImageDataset:
+        """A class-balanced subset: the first ``n // num_classes`` images of each class, in their original order.
+
+        The subset has ``(n // num_classes) * num_classes`` images (n rounded down to a multiple of the
+        number of classes).
+
+        Raises:
+            ConfigError: if ``n < num_classes`` or some class has fewer than ``n // num_classes`` images.
+        """
+        n = check_int("n", n, minimum=self.num_classes)
+        per_class = n // self.num_classes
+        counts = np.bincount(self.labels, minlength=self.num_classes)
+        if counts.min() < per_class:
+            short = int(counts.argmin())
+            raise ConfigError(
+                f"subset({n}) needs {per_class} images of each class but class {short} "
+                f"({self.class_names[short]!r}) has only {counts[short]}; use n <= {counts.min() * self.num_classes}"
+            )
+        by_class = np.argsort(self.labels, kind="stable")
+        first_of_class = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank_in_class = np.empty(len(self), dtype=np.int64)
+        rank_in_class[by_class] = np.arange(len(self)) - first_of_class[self.labels[by_class]]
+        keep = rank_in_class < per_class
+        return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
+
+
+def pixel_mean(dataset: ImageDataset) -> torch.Tensor:
+    """The per-pixel mean image of ``dataset``: float32 ``[3, H, W]`` in [0, 1] (pixel values / 255)."""
+    mean_hwc = dataset.images.mean(axis=0, dtype=np.float64) / 255.0
+    return torch.from_numpy(np.ascontiguousarray(mean_hwc.transpose(2, 0, 1), dtype=np.float32))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The packed file format
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _worker_count() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _run_in_chunks(count: int, work: Callable[[int, int], None]) -> None:
+    """Call ``work(lo, hi)`` over ``range(count)`` split in chunks across a thread pool (Pillow releases the GIL
+    while it decodes and encodes)."""
+    workers = _worker_count()
+    chunks = min(count, workers * 4)
+    bounds = [count * k // chunks for k in range(chunks + 1)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, bounds[:-1], bounds[1:]))
+
+
+def _decode_split(buffer: bytes, offsets: list[int], encoding: str, where: str) -> np.ndarray:
+    pillow_format = encoding.upper()
+
+    def decode(i: int) -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(buffer[offsets[i] : offsets[i + 1]]), formats=(pillow_format,)) as image:
+                return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise DataError(f"{where}: image {i} is not a readable {encoding.upper()} file ({exc})") from exc
+
+    first = decode(0)
+    images = np.empty((len(offsets) - 1, *first.shape), dtype=np.uint8)
+
+    def decode_range(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            image = decode(i)
+            if image.shape != first.shape:
+                raise DataError(
+                    f"{where}: image {i} is {image.shape[1]}x{image.shape[0]} but image 0 is "
+                    f"{first.shape[1]}x{first.shape[0]}; all images of a split must have one size"
+                )
+            images[i] = image
+
+    _run_in_chunks(len(images), decode_range)
+    return images
+
+
+def _read_split(archive: Any, split: str, class_names: tuple[str, ...], encoding: str, path: Path) -> ImageDataset:
+    where = f"{path} ({split} split)"
+    buffer, offsets, labels = (archive[f"{split}_{key}"] for key in ("jpeg", "offsets", "labels"))
+    if buffer.dtype != np.uint8 or buffer.ndim != 1:
+        raise DataError(f"{where}: {split}_jpeg must be a 1-D uint8 byte buffer, got {buffer.dtype} {buffer.shape}")
+    if not np.issubdtype(offsets.dtype, np.integer) or offsets.ndim != 1 or len(offsets) != len(labels) + 1:
+        raise DataError(
+            f"{where}: {split}_offsets must be N+1 = {len(labels) + 1} integers (N = number of labels), "
+            f"got {offsets.dtype} {list(offsets.shape)}"
+        )
+    if len(labels) == 0:
+        raise DataError(f"{where}: the split holds no images")
+    if offsets[0] != 0 or offsets[-1] != len(buffer) or np.any(np.diff(offsets) <= 0):
+        raise DataError(
+            f"{where}: {split}_offsets must rise strictly from 0 to the buffer length {len(buffer)}, "
+            f"got {offsets[0]} .. {offsets[-1]}; the file is damaged, re-create it with connlearn.data.pack"
+        )
+    images = _decode_split(buffer.tobytes(), offsets.tolist(), encoding, where)
+    try:
+        return ImageDataset(images, labels, class_names)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from exc
+
+
+def load_packed(path: str | os.PathLike[str]) -> tuple[ImageDataset, ImageDataset]:
+    """Load ``(train, test)`` from a packed ``.npz`` file (format of ``../shared/data/README.md``).
+
+    Keys: ``{split}_jpeg`` (uint8, the encoded image files joined end to end), ``{split}_offsets`` (N+1
+    integers: image ``i`` is ``buf[off[i]:off[i+1]]``), ``{split}_labels`` (int64 ``[N]``) for ``split`` in
+    train/test, ``class_names``, and optionally ``encoding`` (``"png"`` or ``"jpeg"``; JPEG when absent).
+    Images are decoded with Pillow on a thread pool, to uint8 ``[N, H, W, 3]``.
+
+    Raises:
+        DataError: the file is missing, not a packed dataset, truncated or corrupt, lacks keys, or has bad
+            offsets, labels or images; the message says which.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"dataset file {path} does not exist; {_WHERE_TO_PUT_DATA}")
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise DataError(f"{path} holds one array, not a packed dataset (an .npz with {', '.join(_PACKED_KEYS)})")
+        with archive:
+            missing = [key for key in (*_PACKED_KEYS, "class_names") if key not in archive.files]
+            if missing:
+                raise DataError(
+                    f"{path} is not a packed dataset: it lacks the keys {', '.join(missing)} "
+                    f"(it has {', '.join(archive.files) or 'none'}); write it with connlearn.data.pack"
+                )
+            encoding = str(archive["encoding"]) if "encoding" in archive.files else "jpeg"
+            if encoding not in ENCODINGS:
+                raise DataError(f"{path}: unknown image encoding {encoding!r}; known: {', '.join(ENCODINGS)}")
+            class_names = tuple(str(n) for n in np.atleast_1d(archive["class_names"]))
+            train = _read_split(archive, "train", class_names, encoding, path)
+            test = _read_split(archive, "test", class_names, encoding, path)
+    except DataError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise DataError(
+            f"{path} is truncated or corrupt ({type(exc).__name__}: {exc}); copy or re-create the file"
+        ) from exc
+    return train, test
+
+
+def _to_hwc_uint8(image: Any, where: str) -> np.ndarray:
+    """One image (PIL image, or uint8/float array or tensor, HWC or CHW or HW) as uint8 ``[H, W, 3]``."""
+    if isinstance(image, Image.Image):
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    channels_first = isinstance(image, torch.Tensor)
+    array = image.detach().cpu().numpy() if channels_first else np.asarray(image)
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    elif array.ndim == 3 and array.shape[0] == 3 and (channels_first or array.shape[2] != 3):
+        array = array.transpose(1, 2, 0)
+    if array.ndim != 3 or array.shape[2] != 3:
+        raise DataError(f"{where}: expected an RGB image (HWC or CHW), got shape {list(array.shape)}")
+    if np.issubdtype(array.dtype, np.floating):
+        if array.min() < 0 or array.max() > 1:
+            raise DataError(
+                f"{where}: float images must hold values in [0, 1] (as ToTensor gives), got "
+                f"{array.min():.3g}..{array.max():.3g}; drop the Normalize transform"
+            )
+        array = np.rint(array * 255.0)
+    elif array.dtype != np.uint8:
+        raise DataError(f"{where}: images must be uint8 or float in [0, 1], got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.uint8)
+
+
+def _class_names_of(dataset: Any) -> tuple[str, ...] | None:
+    names = getattr(dataset, "class_names", None) or getattr(dataset, "classes", None)
+    return None if names is None else tuple(str(n) for n in names)
+
+
+def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> ImageDataset:
+    """``dataset`` as an :class:`ImageDataset`.
+
+    ``dataset`` is an ImageDataset (returned as is, unless ``class_names`` renames its classes) or anything with
+    ``__len__`` and ``__getitem__`` returning ``(image, label)``: an image is a PIL image, or an array or tensor
+    (HWC or CHW) of uint8, or of floats in [0, 1] as ``ToTensor`` gives; e.g. ``torchvision.datasets.CIFAR10``
+    or ``ImageFolder`` (all images of one size).
+    ``class_names`` defaults to the dataset's ``class_names`` or ``classes``.
+
+    Raises:
+        ConfigError: no class names given or found.
+        DataError: an image or label cannot be converted, or images differ in size.
+    """
+    if isinstance(dataset, ImageDataset):
+        return dataset if class_names is None else ImageDataset(dataset.images, dataset.labels, class_names)
+    if class_names is None:
+        class_names = _class_names_of(dataset)
+        if class_names is None:
+            raise ConfigError(
+                f"{type(dataset).__name__} has no .classes; pass class_names=[...] with one name per class"
+            )
+    data, targets = getattr(dataset, "data", None), getattr(dataset, "targets", None)
+    is_cifar_layout = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4
+    untransformed = getattr(dataset, "transform", None) is None and getattr(dataset, "target_transform", None) is None
+    if is_cifar_layout and targets is not None and untransformed:
+        return ImageDataset(data, np.asarray(targets), class_names)
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ConfigTypeError(
+            f"expected an ImageDataset or an indexable dataset of (image, label) pairs, got {type(dataset).__name__}"
+        )
+    samples = [dataset[i] for i in range(len(dataset))]
+    images = [_to_hwc_uint8(image, f"{type(dataset).__name__}[{i}]") for i, (image, _) in enumerate(samples)]
+    for i, image in enumerate(images):
+        if image.shape != images[0].shape:
+            raise DataError(
+                f"{type(dataset).__name__}[{i}] is {image.shape[1]}x{image.shape[0]} but item 0 is "
+                f"{images[0].shape[1]}x{images[0].shape[0]}; resize all images to one size (e.g. transform=Resize)"
+            )
+    labels = np.asarray([int(label) for _, label in samples], dtype=np.int64)
+    return ImageDataset(np.stack(images), labels, class_names)
+
+
+def _encode_split(images: np.ndarray, encoding: str, quality: int) -> tuple[np.ndarray, np.ndarray]:
+    files: list[bytes] = [b""] * len(images)
+    # full-resolution colour (4:4:4): halving the chroma of 32-pixel images triples the error at quality 95
+    options = {"format": "PNG"} if encoding == "png" else {"format": "JPEG", "quality": quality, "subsampling": 0}
+
+    def encode_range(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            out = io.BytesIO()
+            Image.fromarray(images[i], "RGB").save(out, **options)
+            files[i] = out.getvalue()
+
+    _run_in_chunks(len(images), encode_range)
+    offsets = np.zeros(len(files) + 1, dtype=np.int64)
+    np.cumsum([len(f) for f in files], out=offsets[1:])
+    return np.frombuffer(b"".join(files), dtype=np.uint8), offsets
+
+
+def pack(
+    path: str | os.PathLike[str],
+    train: Any,
+    test: Any,
+    class_names: Sequence[str] | None = None,
+    quality: int = 95,
+    format: str = "png",
+) -> Path:
+    """Write ``train`` and ``test`` to a packed ``.npz`` file that :func:`load_packed` reads; returns its path.
+
+    Args:
+        path: the file to write (written to a temporary file in the same folder, then renamed over ``path``).
+        train, test: each an :class:`ImageDataset` or a torchvision-style dataset (see :func:`as_image_dataset`).
+        class_names: defaults to the train set's ``class_names`` or ``classes``.
+        quality: JPEG quality 1..100 (``format="jpeg"`` only).
+        format: ``"png"`` (lossless: load_packed gives back the exact pixels; adds the key ``encoding="png"``)
+            or ``"jpeg"`` (lossy, smaller, full-resolution colour; the format of the shared CIFAR-10 file, without
+            an ``encoding`` key).
+    """
+    if format not in ENCODINGS:
+        raise unknown_name("image format", format, ENCODINGS)
+    quality = check_int("quality", quality, minimum=1, maximum=100)
+    train = as_image_dataset(train, class_names)
+    test_names = _class_names_of(test)
+    if class_names is None and test_names is not None and test_names != train.class_names:
+        raise DataError(
+            f"train and test name their classes differently ({list(train.class_names)} vs {list(test_names)}); "
+            "pass class_names=[...] to use one list for both"
+        )
+    test = as_image_dataset(test, train.class_names)
+    arrays: dict[str, np.ndarray] = {}
+    for split, dataset in (("train", train), ("test", test)):
+        arrays[f"{split}_jpeg"], arrays[f"{split}_offsets"] = _encode_split(dataset.images, format, quality)
+        arrays[f"{split}_labels"] = dataset.labels
+    arrays["class_names"] = np.array(train.class_names, dtype=str)
+    if format == "png":
+        arrays["encoding"] = np.array("png")
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, **arrays)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Generated and named datasets
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _synthetic_split(num_classes: int, n: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.arange(n, dtype=np.int64) % num_classes
+    colours = np.array([colorsys.hsv_to_rgb(c / num_classes, 0.8, 0.9) for c in range(num_classes)]) * 255
+    grid = math.ceil(math.sqrt(num_classes))
+    cells = np.stack([np.arange(num_classes) // grid, np.arange(num_classes) % grid], axis=1)
+    centres = (cells[labels] + 0.5) * size / grid + rng.uniform(-size / 16, size / 16, (n, 2))
+    radius = max(size / (2 * grid), 2.0)
+    rows, cols = np.mgrid[0:size, 0:size]
+    blob = (rows - centres[:, 0, None, None]) ** 2 + (cols - centres[:, 1, None, None]) ** 2 <= radius**2
+    background = rng.uniform(40, 215, (n, 1, 1, 1)) * np.ones(3)
+    brightness = rng.uniform(0.8, 1.2, (n, 1, 1, 1))
+    images = np.where(blob[..., None], colours[labels][:, None, None, :] * brightness, background)
+    images += rng.normal(0.0, 16.0, images.shape)
+    return np.clip(np.rint(images), 0, 255).astype(np.uint8), labels
+
+
+def synthetic(
+    num_classes: int = 10, n_train: int = 500, n_test: int = 200, size: int = 32, seed: int = 0
+) -> tuple[ImageDataset, ImageDataset]:
+    """A small generated ``(train, test)`` pair that a small CNN learns in a few epochs.
+
+    Class ``c`` is a disc of its own colour (hue ``c / num_classes``) at its own position on a grid, jittered,
+    on a grey background of random level, plus Gaussian noise. Labels cycle ``0, 1, .., num_classes - 1`` so
+    every prefix of ``k * num_classes`` images is class-balanced. Class names are ``"class0"``, ``"class1"``, ...
+    The same arguments give the same pixels.
+
+    Returns:
+        train with ``n_train`` and test with ``n_test`` images, uint8 ``[N, size, size, 3]``.
+    """
+    num_classes = check_int("num_classes", num_classes, minimum=1)
+    n_train = check_int("n_train", n_train, minimum=1)
+    n_test = check_int("n_test", n_test, minimum=1)
+    size = check_int("size", size, minimum=4)
+    seed = check_int("seed", seed, minimum=0)
+    names = tuple(f"class{c}" for c in range(num_classes))
+    splits = []
+    for split_index, n in enumerate((n_train, n_test)):
+        rng = np.random.default_rng([seed, split_index])
+        splits.append(ImageDataset(*_synthetic_split(num_classes, n, size, rng), names))
+    return splits[0], splits[1]
+
+
+def _packed_file_in(name: str, location: Path, source: str) -> Path | None:
+    if not location.exists():
+        raise DataError(f"{source} {location} does not exist; give an existing .npz file or folder")
+    if location.is_file():
+        return location
+    for file_name in (f"{name}_jpeg.npz", f"{name}.npz"):
+        if (location / file_name).is_file():
+            return location / file_name
+    return None
+
+
+def _data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
+    if data is not None:
+        return Path(data).expanduser(), "data path"
+    from_env = os.environ.get(DATA_ENV)
+    if from_env:
+        return Path(from_env).expanduser(), DATA_ENV
+    return None
+
+
+def find_data(name: str, data: str | os.PathLike[str] | None = None) -> Path | None:
+    """The packed ``.npz`` file of dataset ``name``, or None.
+
+    ``data`` (the ``--data`` flag) is a packed file, or a folder holding ``{name}_jpeg.npz`` or ``{name}.npz``.
+    Without ``data``, the ``CONNLEARN_DATA`` environment variable is read by the same rules. An explicit
+    ``data`` is never combined with ``CONNLEARN_DATA``: a folder without a packed file gives None.
+
+    Raises:
+        DataError: ``data`` (or ``CONNLEARN_DATA``) names a path that does not exist.
+    """
+    location = _data_location(data)
+    if location is None:
+        return None
+    return _packed_file_in(name, *location)
+
+
+def _from_torchvision(cifar: Any) -> ImageDataset:
+    return ImageDataset(np.asarray(cifar.data), np.asarray(cifar.targets), tuple(cifar.classes))
+
+
+def load_dataset(
+    name: str,
+    data: str | os.PathLike[str] | None = None,
+    download: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[ImageDataset, ImageDataset]:
+    """``(train, test)`` of ``"cifar10"`` or ``"cifar100"``, from the first source that has it.
+
+    1. the packed file that :func:`find_data` finds from ``data`` or ``CONNLEARN_DATA``;
+    2. a torchvision CIFAR folder at that location (holding ``cifar-10-batches-py`` / ``cifar-100-python``);
+    3. torchvision's CIFAR class with ``root = cache_dir`` (default ``~/.cache/connlearn``), downloading the
+       files there when ``download`` and they are absent.
+
+    Raises:
+        UnknownNameError: an unknown ``name``.
+        DataError: nothing found and the download failed or was not allowed (one line naming ``--data`` and
+            ``CONNLEARN_DATA``), or the file found is damaged or has the wrong number of classes.
+    """
+    if name not in DATASETS:
+        raise unknown_name("dataset", name, DATASETS)
+    num_classes = 10 if name == "cifar10" else 100
+    packed = find_data(name, data)
+    if packed is not None:
+        train, test = load_packed(packed)
+        if train.num_classes != num_classes:
+            raise DataError(
+                f"{packed} has {train.num_classes} classes but {name} has {num_classes}; "
+                f"point --data or {DATA_ENV} at the {name} file"
+            )
+        return train, test
+
+    import torchvision.datasets
+
+    cifar_class = getattr(torchvision.datasets, "CIFAR10" if name == "cifar10" else "CIFAR100")
+    location = _data_location(data)
+    if location is not None:
+        folder = location[0]
+        for root in (folder, folder.parent):
+            if (root / cifar_class.base_folder).is_dir():
+                try:
+                    splits = [cifar_class(root=str(root), train=is_train, download=False) for is_train in (True, False)]
+                except Exception as exc:
+                    raise DataError(f"the torchvision {name} folder in {root} is unreadable ({exc})") from exc
+                return _from_torchvision(splits[0]), _from_torchvision(splits[1])
+
+    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser()
+    try:
+        splits = [cifar_class(root=str(root), train=is_train, download=download) for is_train in (True, False)]
+    except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError, ... when it cannot download
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        tried = f"download into {root} failed" if download else f"nothing in {root} and download=False"
+        raise DataError(
+            f"no {name} data found: pass --data PATH (a packed .npz file, or a folder holding one or the torchvision "
+            f"CIFAR files) or set {DATA_ENV} ({tried}: {reason})"
+        ) from None
+    return _from_torchvision(splits[0]), _from_torchvision(splits[1])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------------------------------
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The CPU generator behind every random choice of ``epoch`` (a function of ``(seed, epoch)`` only)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
+@attrs.frozen(eq=False)
+class EpochPlan:
+    """What one rank reads in one epoch, in order: CPU tensors ``[num_samples]``.
+
+    Attributes:
+        indices: int64 dataset rows.
+        offsets: int64 ``[num_samples, 2]`` top-left corner (row, column) of each crop in the padded image.
+        flips: bool, whether each sample is flipped left-right.
+    """
+
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    flips: torch.Tensor
+
+
+class _EpochLoader:
+    """Arguments, checks and the per-epoch plan shared by :class:`BatchLoader` and :class:`DataLoaderPath`."""
+
+    def __init__(
+        self,
+        dataset: ImageDataset,
+        batch_size: int,
+        *,
+        train: bool,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        mean: torch.Tensor | None = None,
+        drop_last: bool | None = None,
+        shuffle: bool | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        channels_last: bool = False,
+        pad: int = 4,
+        crop: int | None = None,
+    ) -> None:
+        if not isinstance(dataset, ImageDataset):
+            raise ConfigTypeError(
+                f"dataset must be an ImageDataset, got {type(dataset).__name__}; convert it with as_image_dataset()"
+            )
+        self.dataset = dataset
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.train = bool(train)
+        self.device = torch.device(device)
+        self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
+        self.drop_last = self.train if drop_last is None else bool(drop_last)
+        self.shuffle = self.train if shuffle is None else bool(shuffle)
+        self.world_size = check_int("world_size", world_size, minimum=1)
+        self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
+        self.channels_last = bool(channels_last)
+        height, width = dataset.image_size
+        self.pad = check_int("pad", pad, minimum=0) if self.train else 0
+        largest_crop = min(height, width) + 2 * self.pad
+        self.crop = largest_crop - 2 * self.pad if crop is None else check_int("crop", crop, minimum=1)
+        if self.crop > largest_crop:
+            raise ConfigError(
+                f"crop {self.crop} is larger than the {'padded ' if self.pad else ''}images "
+                f"({height}x{width}{f' + {self.pad} padding' if self.pad else ''}); use crop <= {largest_crop}"
+            )
+        self.mean = self._check_mean(pixel_mean(dataset) if mean is None else mean)
+        self.num_samples = len(dataset) // self.world_size
+        if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
+            raise ConfigError(
+                f"each of {self.world_size} rank(s) gets {self.num_samples} of the {len(dataset)} images, fewer than "
+                f"one batch of {self.batch_size}{' (drop_last=True)' if self.drop_last else ''}; "
+                "use a smaller batch_size or more data"
+            )
+
+    def _check_mean(self, mean: Any) -> torch.Tensor:
+        height, width = self.dataset.image_size
+        mean = torch.as_tensor(mean, dtype=torch.float32).cpu()
+        try:
+            return mean.expand(3, height, width)
+        except RuntimeError:
+            raise ConfigError(
+                f"mean must broadcast to [3, {height}, {width}] (the images' [3, H, W]), got {list(mean.shape)}; "
+                "pass pixel_mean(train_set)"
+            ) from None
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The samples, crops and flips of ``epoch`` on this rank, drawn from ``epoch_generator(seed, epoch)``.
+
+        The order and the augmentation are drawn for the whole dataset, so every rank sees the same draws;
+        rank ``r`` takes positions ``r, r + world_size, ...`` of the first ``num_samples * world_size``
+        positions, which gives every rank the same number of samples (the remainder is dropped).
+        """
+        epoch = check_int("epoch", epoch, minimum=0)
+        count = len(self.dataset)
+        generator = epoch_generator(self.seed, epoch)
+        order = torch.randperm(count, generator=generator) if self.shuffle else torch.arange(count)
+        height, width = self.dataset.image_size
+        if self.train:
+            tops = torch.randint(0, height + 2 * self.pad - self.crop + 1, (count,), generator=generator)
+            lefts = torch.randint(0, width + 2 * self.pad - self.crop + 1, (count,), generator=generator)
+            offsets = torch.stack([tops, lefts], dim=1)
+            flips = torch.rand(count, generator=generator) < 0.5
+        else:
+            centre = torch.tensor([(height - self.crop) // 2, (width - self.crop) // 2])
+            offsets = centre.expand(count, 2)
+            flips = torch.zeros(count, dtype=torch.bool)
+        positions = torch.arange(self.rank, self.num_samples * self.world_size, self.world_size)
+        return EpochPlan(order[positions], offsets[positions].contiguous(), flips[positions])
+
+    def _batch_bounds(self) -> Iterator[tuple[int, int]]:
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield start, min(start + self.batch_size, self.num_samples)
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+
+class BatchLoader(_EpochLoader):
+    """In-memory loader: the uint8 images held as one tensor on ``device``, augmented per batch there, no workers.
+
+    On CUDA this is the GPU-resident path; it is also the default on CPU (CIFAR fits in memory). Training
+    batches get the paper's CIFAR augmentation: the per-pixel mean is subtracted (``x / 255 - mean``), the
+    image is zero-padded by ``pad`` on each side (zero after the mean subtraction, as in the original ResNet
+    recipe), a random ``crop x crop`` window is cut and flipped left-right with probability 1/2, all vectorised
+    over the batch. Evaluation batches (``train=False``) are only mean-subtracted and, when ``crop`` is smaller
+    than the images (Mini-ImageNet: 84 -> 64), centre-cropped; they come in dataset order.
+
+    Args:
+        dataset: the images.
+        batch_size: samples per batch on this rank.
+        train: augment, shuffle and drop the last partial batch (unless ``shuffle``/``drop_last`` say otherwise).
+        device: where the images live and the batches are made.
+        seed: with the epoch number, the seed of every random choice (see :meth:`plan`).
+        mean: float ``[3, H, W]`` (or broadcastable, e.g. ``[3, 1, 1]``) in [0, 1]; defaults to
+            ``pixel_mean(dataset)``. Pass the train set's mean to the test loader.
+        drop_last: drop the last partial batch; default ``train``.
+        shuffle: visit the samples in a new random order each epoch; default ``train``.
+        rank, world_size: DDP: all ranks share one order and rank ``r`` takes every ``world_size``-th sample,
+            ``len(dataset) // world_size`` samples each.
+        channels_last: return batches in channels-last memory format.
+        pad: zero padding on each side before the random crop (training only).
+        crop: side of the square crop; default the image size.
+    """
+
+    def __init__(self, dataset: ImageDataset, batch_size: int, *, train: bool, **options: Any) -> None:
+        super().__init__(dataset, batch_size, train=train, **options)
+        images = dataset.images if dataset.images.flags.writeable else dataset.images.copy()
+        self._images = torch.from_numpy(images).to(self.device)
+        self._labels = torch.from_numpy(dataset.labels).to(self.device)
+        self._mean = self.mean.to(self.device)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``.
+
+        The same ``epoch`` gives the same batches every time, whatever was iterated before.
+        """
+        plan = self.plan(epoch)
+        return self._batches(plan.indices.to(self.device), plan.offsets.to(self.device), plan.flips.to(self.device))
+
+    def _batches(
+        self, indices: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        window = torch.arange(self.crop, device=self.device)
+        channels = torch.arange(3, device=self.device)[None, :, None, None]
+        for start, stop in self._batch_bounds():
+            rows = indices[start:stop]
+            x = self._images[rows].permute(0, 3, 1, 2).to(torch.float32).div_(255.0).sub_(self._mean)
+            if self.pad:
+                x = F.pad(x, (self.pad, self.pad, self.pad, self.pad))
+            top, left, flip = offsets[start:stop, 0, None], offsets[start:stop, 1, None], flips[start:stop, None]
+            ys = top + window
+            xs = left + torch.where(flip, self.crop - 1 - window, window)
+            batch = torch.arange(len(rows), device=self.device)[:, None, None, None]
+            x = x[batch, channels, ys[:, None, :, None], xs[:, None, None, :]]
+            yield self._finish(x), self._labels[rows]
+
+
+class _AugmentedImages(torch.utils.data.Dataset):
+    """Samples keyed by ``(epoch, index)``; the crop and flip of a sample come from ``(seed, epoch, index)``."""
+
+    def __init__(self, loader: DataLoaderPath) -> None:
+        self.images = loader.dataset.images
+        self.labels = loader.dataset.labels
+        self.mean = loader.mean.contiguous()
+        self.train, self.pad, self.crop, self.seed = loader.train, loader.pad, loader.crop, loader.seed
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key
+        height, width = self.images.shape[1:3]
+        x = torch.from_numpy(self.images[index]).permute(2, 0, 1).to(torch.float32).div_(255.0).sub_(self.mean)
+        if self.train:
+            rng = np.random.default_rng([self.seed, epoch, index])
+            top = int(rng.integers(0, height + 2 * self.pad - self.crop + 1))
+            left = int(rng.integers(0, width + 2 * self.pad - self.crop + 1))
+            x = F.pad(x, (self.pad, self.pad, self.pad, self.pad))[:, top : top + self.crop, left : left + self.crop]
+            if rng.random() < 0.5:
+                x = x.flip(2)
+        else:
+            top, left = (height - self.crop) // 2, (width - self.crop) // 2
+            x = x[:, top : top + self.crop, left : left + self.crop]
+        return x.contiguous(), int(self.labels[index])
+
+
+class DataLoaderPath(_EpochLoader):
+    """The standard ``torch.utils.data.DataLoader`` path, for comparison and for data that does not fit on the device.
+
+    Same arguments, length and :meth:`epoch` as :class:`BatchLoader`, plus ``num_workers`` and ``pin_memory``.
+    Samples come in the same order as BatchLoader's; the augmentation (same kind) is applied per sample on the
+    CPU in the workers, its random crop and flip drawn from ``(seed, epoch, index)``, so the batches depend
+    on ``(seed, epoch)`` only, not on the number of workers or their scheduling (they differ from
+    BatchLoader's). Batches are moved to ``device`` (non-blocking when pinned).
+    """
+
+    def __init__(
+        self,
+        dataset: ImageDataset,
+        batch_size: int,
+        *,
+        train: bool,
+        num_workers: int = 2,
+        pin_memory: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(dataset, batch_size, train=train, **options)
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.pin_memory = bool(pin_memory)
+        self._samples = _AugmentedImages(self)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``."""
+        plan = self.plan(epoch)
+        loader = torch.utils.data.DataLoader(
+            self._samples,
+            batch_size=self.batch_size,
+            sampler=[(epoch, index) for index in plan.indices.tolist()],
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            # the loader draws its worker base seed from this generator, not from (and advancing) the global RNG
+            generator=epoch_generator(self.seed, epoch),
+        )
+        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device)) for x, y in loader)
+
+
+def make_loaders(
+    train: ImageDataset,
+    test: ImageDataset,
+    batch_size: int,
+    *,
+    device: str | torch.device,
+    seed: int = 0,
+    path: str = "auto",
+    eval_batch_size: int | None = None,
+    **options: Any,
+) -> tuple[BatchLoader | DataLoaderPath, BatchLoader | DataLoaderPath]:
+    """The train and test loaders.
+
+    Args:
+        path: ``"auto"``: :class:`BatchLoader` (GPU-resident on CUDA; also used on CPU, CIFAR fits in memory);
+            ``"dataloader"``: :class:`DataLoaderPath`.
+        eval_batch_size: the test loader's batch size; default ``batch_size``.
+        **options: further loader arguments (``rank``, ``world_size``, ``channels_last``, ``pad``, ``crop``,
+            and for ``"dataloader"`` ``num_workers``, ``pin_memory``), given to both loaders; ``drop_last`` and
+            ``shuffle`` apply to the train loader only.
+
+    The test loader subtracts the train set's pixel mean (unless ``mean`` is given), is not augmented,
+    keeps the last partial batch, and in DDP gives each rank ``len(test) // world_size`` samples.
+    """
+    if path not in LOADER_PATHS:
+        raise unknown_name("loader path", path, LOADER_PATHS)
+    loader_class = BatchLoader if path == "auto" else DataLoaderPath
+    if path == "auto" and {"num_workers", "pin_memory"} & options.keys():
+        raise ConfigError("num_workers and pin_memory apply to path='dataloader' only; drop them or set that path")
+    if "mean" not in options:
+        options["mean"] = pixel_mean(train)
+    train_only = {key: options.pop(key) for key in ("drop_last", "shuffle") if key in options}
+    train_loader = loader_class(train, batch_size, train=True, device=device, seed=seed, **train_only, **options)
+    test_batch_size = batch_size if eval_batch_size is None else eval_batch_size
+    test_loader = loader_class(test, test_batch_size, train=False, device=device, seed=seed, **options)
+    return train_loader, test_loader
