@@ -134,21 +134,38 @@ class ImageDataset:
         Raises:
             ConfigError: if ``n < num_classes`` or some class has fewer than ``n // num_classes`` images.
         """
+        keep = self._rank_in_class(n, "subset") < n // self.num_classes
+        return self._take(keep)
+
+    def split(self, n: int) -> tuple[ImageDataset, ImageDataset]:
+        """``(rest, held_out)``: a class-balanced hold-out of the LAST ``n // num_classes`` images of each
+        class (e.g. a validation split of the training set), and the remaining images, both in order."""
+        counts = np.bincount(self.labels, minlength=self.num_classes)
+        from_end = counts[self.labels] - 1 - self._rank_in_class(n, "split")
+        held = from_end < n // self.num_classes
+        if held.all():
+            raise ConfigError(f"split({n}) would hold out every image; use n < {len(self)}")
+        return self._take(~held), self._take(held)
+
+    def _take(self, keep: np.ndarray) -> ImageDataset:
+        return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
+
+    def _rank_in_class(self, n: int, what: str) -> np.ndarray:
+        """Each image's position among the images of its class; checks that every class has n // C of them."""
         n = check_int("n", n, minimum=self.num_classes)
         per_class = n // self.num_classes
         counts = np.bincount(self.labels, minlength=self.num_classes)
         if counts.min() < per_class:
             short = int(counts.argmin())
             raise ConfigError(
-                f"subset({n}) needs {per_class} images of each class but class {short} "
+                f"{what}({n}) needs {per_class} images of each class but class {short} "
                 f"({self.class_names[short]!r}) has only {counts[short]}; use n <= {counts.min() * self.num_classes}"
             )
         by_class = np.argsort(self.labels, kind="stable")
         first_of_class = np.concatenate([[0], np.cumsum(counts)[:-1]])
         rank_in_class = np.empty(len(self), dtype=np.int64)
         rank_in_class[by_class] = np.arange(len(self)) - first_of_class[self.labels[by_class]]
-        keep = rank_in_class < per_class
-        return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
+        return rank_in_class
 
 
 def pixel_mean(dataset: ImageDataset) -> torch.Tensor:

@@ -147,6 +147,7 @@ class Trainer:
         snapshot_every: steps between gate snapshots (0: none).
         tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: show a tqdm progress bar.
+        verbose: print one summary line per epoch.
         meta: free-form JSON-able facts stored in checkpoints (dataset, preset, ...).
     """
 
@@ -166,6 +167,7 @@ class Trainer:
         snapshot_every: int = 100,
         tensorboard: bool = False,
         progress: bool = True,
+        verbose: bool = True,
         meta: dict[str, Any] | None = None,
     ) -> None:
         if amp not in AMP_MODES:
@@ -179,6 +181,7 @@ class Trainer:
         self.gate_grad = gate_grad
         self.snapshot_every = int(snapshot_every)
         self.progress = progress
+        self.verbose = verbose
         self.tensorboard = tensorboard
         self.meta = dict(meta or {})
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
@@ -305,12 +308,15 @@ class Trainer:
             save_atomic(state, self.out_dir / "best.pt")
 
     # ------------------------------------------------------------------ training
-    def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None) -> list[dict[str, Any]]:
+    def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,
+            time_limit: float | None = None) -> list[dict[str, Any]]:
         """Train to the end of the recipe (or ``max_epochs`` more epochs); returns the epoch log.
 
         ``resume``: ``"auto"`` continues from ``out_dir/last.pt`` when it exists, ``True`` requires it,
-        ``False`` starts afresh, a path resumes from that checkpoint.
+        ``False`` starts afresh, a path resumes from that checkpoint. ``time_limit`` (seconds): start no new
+        epoch once this much time has passed (each epoch ends with a checkpoint, so a later call resumes).
         """
+        started = time.perf_counter()
         path = self._resume_path(resume)
         if path is not None:
             self.load(path)
@@ -325,7 +331,7 @@ class Trainer:
         if self.step == 0 and self.snapshot_every:
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
-        while self.epoch < end:
+        while self.epoch < end and (time_limit is None or time.perf_counter() - started < time_limit):
             self._run_epoch(self.epoch)
         if self._tb is not None:
             self._tb.flush()
@@ -360,6 +366,8 @@ class Trainer:
         self.history.append(record)
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
+            if self.verbose:
+                tqdm.write(_summary_line(record, self.recipe.total_epochs))
             if self._tb is not None:
                 for k, v in record.items():
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -417,6 +425,14 @@ class Trainer:
             return
         with open(self.out_dir / "gates.jsonl", "a") as f:
             f.write(json.dumps({"step": self.step, "epoch": epoch, "gates": gates}) + "\n")
+
+
+def _summary_line(r: dict[str, Any], total: int) -> str:
+    line = (f"epoch {r['epoch']}/{total} (phase {r['phase']}, lr {r['lr']:g}): train loss {r['train_loss']:.3f} "
+            f"top-1 {r['train_top1']:.1f}%")
+    if r.get("test_top1") is not None:
+        line += f" | eval loss {r['test_loss']:.3f} top-1 {r['test_top1']:.2f}% (best {r['best_top1']:.2f}%)"
+    return line + f" | {r['epoch_time']:.0f}s, {r['images_per_s']:.0f} img/s"
 
 
 def _changed_rows(before: dict[int, torch.Tensor] | None, after: dict[int, torch.Tensor]) -> float | None:

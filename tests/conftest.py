@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -9,6 +10,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+# the benchmarks' plain ResNeXt is the independent oracle of tests/test_resnext.py
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cifar10_jpeg.npz")
 

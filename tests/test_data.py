@@ -348,3 +348,12 @@ def test_make_loaders_with_an_unknown_path_suggests_the_closest():
     train, test = synthetic(num_classes=2, n_train=20, n_test=6, size=8)
     with pytest.raises(UnknownNameError, match="did you mean 'dataloader'"):
         make_loaders(train, test, 4, device="cpu", path="data_loader")
+
+
+def test_split_holds_out_the_last_images_of_each_class_and_keeps_the_rest():
+    data = ImageDataset(np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1).repeat(3, axis=3),
+                        np.array([0, 1, 2] * 4), ("a", "b", "c"))
+    rest, held = data.split(6)
+    assert sorted(held.images[:, 0, 0, 0].tolist()) == [6, 7, 8, 9, 10, 11]
+    assert rest.images[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert np.bincount(held.labels).tolist() == [2, 2, 2]

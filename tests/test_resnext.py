@@ -1,52 +1,11 @@
 """`full` is the genuine ResNeXt, and K=C gating computes ResNeXt's function (the paper's K=C limit)."""
 
 import torch
+from plain_resnext import PlainResNeXt
 from torch import nn
 
 import connlearn
 from connlearn.compile import FusedModule
-
-
-class PlainBottleneck(nn.Module):
-    """ResNeXt CIFAR bottleneck as published: reduce, grouped conv, expand, projection shortcut."""
-
-    def __init__(self, cin, cout, stride, cardinality, width):
-        super().__init__()
-        d = cardinality * width
-        self.conv_reduce = nn.Conv2d(cin, d, 1, bias=False)
-        self.bn_reduce = nn.BatchNorm2d(d)
-        self.conv_conv = nn.Conv2d(d, d, 3, stride, 1, groups=cardinality, bias=False)
-        self.bn = nn.BatchNorm2d(d)
-        self.conv_expand = nn.Conv2d(d, cout, 1, bias=False)
-        self.bn_expand = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if cin != cout or stride != 1:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        b = torch.relu(self.bn_reduce(self.conv_reduce(x)))
-        b = torch.relu(self.bn(self.conv_conv(b)))
-        b = self.bn_expand(self.conv_expand(b))
-        return torch.relu(self.shortcut(x) + b)
-
-
-class PlainResNeXt(nn.Module):
-    def __init__(self, cardinality, width, blocks_per_stage, stem, base, classes):
-        super().__init__()
-        self.conv_1_3x3 = nn.Conv2d(3, stem, 3, 1, 1, bias=False)
-        self.bn_1 = nn.BatchNorm2d(stem)
-        layers, cin = [], stem
-        for s in range(3):
-            for p in range(blocks_per_stage):
-                layers.append(PlainBottleneck(cin, base * 2**s, 2 if s and not p else 1, cardinality, width * 2**s))
-                cin = base * 2**s
-        self.stages = nn.Sequential(*layers)
-        self.classifier = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        x = torch.relu(self.bn_1(self.conv_1_3x3(x)))
-        x = self.stages(x)
-        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
 def _plain_copy(net):

@@ -1,0 +1,150 @@
+"""Training-step speed: fused vs reference engine, topk vs random vs full, and a plain ResNeXt.
+
+A step is forward + backward + SGD step at batch 128 on random data; each configuration is timed as the
+median of ``--repeats`` steps after ``--warmup`` steps, all in one run so that ratios compare like with
+like. On CUDA it uses bf16 autocast and channels_last. It also times eval-mode inference of a K=1
+Fixed-Random {29,8,8} net before and after pruning its dead blocks.
+
+    python benchmarks/speed.py                          # CPU (or --device cuda)
+    python benchmarks/speed.py --archs cifar-20-4-8 --repeats 5 --json speed.json
+
+Targets (GPU): fused >= 4x faster than reference; topk <= 1.03x random; full <= 1.05x the plain ResNeXt.
+Results go in BENCHMARKS.md with the device, date, command and number of runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import time
+from datetime import date
+
+import torch
+from plain_resnext import PlainResNeXt
+
+import connlearn
+from connlearn.prune import prune_dead_blocks
+from connlearn.topologies import PRESETS
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int) -> float:
+    """Median seconds of a training step."""
+    memory = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    model = model.to(device, memory_format=memory).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=memory)
+    y = torch.randint(0, 100, (batch,), device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        with _autocast(device):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def time_inference(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int) -> float:
+    memory = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    model = model.to(device, memory_format=memory).eval()
+    x = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=memory)
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        with _autocast(device):
+            model(x)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def plain_for(preset: str) -> PlainResNeXt:
+    p = PRESETS[preset]
+    base, stem = (256, 64) if p["width"] >= 64 else (64, 16)
+    return PlainResNeXt(p["C"], p["width"], (p["depth"] - 2) // 9, stem, base, 100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--archs", nargs="+", default=["cifar-20-4-8", "cifar-29-8-8"])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--warmup", type=int, default=None, help="default 3 on CUDA, 1 on CPU")
+    parser.add_argument("--repeats", type=int, default=None, help="default 20 on CUDA, 3 on CPU")
+    parser.add_argument("--skip-reference", action="store_true", help="leave out the (slow) reference engine")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    warmup = args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1)
+    repeats = args.repeats if args.repeats is not None else (20 if device.type == "cuda" else 3)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    results: dict[str, dict[str, float]] = {}
+    for arch in args.archs:
+        row: dict[str, float] = {}
+        configs = {
+            "fused topk K=4": lambda a=arch: connlearn.build(preset=a, gate="topk", K=4),
+            "fused random K=4": lambda a=arch: connlearn.build(preset=a, gate="random", K=4),
+            "full (ResNeXt)": lambda a=arch: connlearn.build(preset=a, gate="full"),
+            "plain ResNeXt": lambda a=arch: plain_for(a),
+        }
+        if not args.skip_reference:
+            configs["reference topk K=4"] = lambda a=arch: connlearn.build(preset=a, gate="topk", K=4,
+                                                                          engine="reference")
+        for label, make in configs.items():
+            row[label] = time_train_step(make(), device, args.batch, warmup, repeats)
+            print(f"{arch:14s} {label:20s} {1000 * row[label]:10.1f} ms/step", flush=True)
+        results[arch] = row
+    net = connlearn.build(preset="cifar-29-8-8", gate="random", K=1, seed=0)
+    pruned, report = prune_dead_blocks(net)
+    inference = {
+        "unpruned": time_inference(net, device, args.batch, warmup, repeats),
+        "pruned": time_inference(pruned, device, args.batch, warmup, repeats),
+        "params_before": report.params_before, "params_after": report.params_after,
+    }
+    print(f"inference {{29,8,8}} K=1 random: unpruned {1000 * inference['unpruned']:.1f} ms, "
+          f"pruned {1000 * inference['pruned']:.1f} ms ({report})")
+
+    print(f"\n{name}, {date.today()}, batch {args.batch}, median of {repeats} steps after {warmup} warm-up\n")
+    print("| arch | fused topk | fused random | reference topk | full | plain ResNeXt | reference/fused | "
+          "topk/random | full/plain |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for arch, row in results.items():
+        ref = row.get("reference topk K=4")
+        cells = [row["fused topk K=4"], row["fused random K=4"], ref, row["full (ResNeXt)"], row["plain ResNeXt"]]
+        ms = " | ".join("-" if c is None else f"{1000 * c:.1f} ms" for c in cells)
+        speedup = "-" if ref is None else f"{ref / row['fused topk K=4']:.2f}x"
+        print(f"| {arch} | {ms} | {speedup} | {row['fused topk K=4'] / row['fused random K=4']:.3f} | "
+              f"{row['full (ResNeXt)'] / row['plain ResNeXt']:.3f} |")
+    speedup = inference["unpruned"] / inference["pruned"]
+    print(f"\npruned inference speed-up, {{29,8,8}} K=1 Fixed-Random: {speedup:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "date": str(date.today()), "batch": args.batch, "repeats": repeats,
+                       "warmup": warmup, "train_step_s": results, "inference_s": inference}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

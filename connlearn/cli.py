@@ -1,0 +1,348 @@
+"""The ``connlearn`` command: train, prune, render, plot, info, export, pack.
+
+Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, no traceback); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from connlearn.errors import ConfigError, ConnlearnError, DataError, closest
+
+
+def _value(text: str) -> Any:
+    """A flag value as int, float or string (``--gate-init uniform`` and ``--gate-init 0.3`` both work)."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
+    """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
+    from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
+
+    defaults = CifarRun()
+    a = parser.add_argument
+    a("--config", metavar="FILE", help="JSON (or TOML) file of the options below; flags override it")
+    if dataset is None:
+        a("--dataset", choices=sorted(DATASETS), help=f"default {defaults.dataset}")
+    a("--preset", choices=CIFAR_PRESETS, help=f"architecture {{D,w,C}} (default {defaults.preset})")
+    a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
+    a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
+    a("--epochs", type=int, help="total epochs; the paper's 120/100/50/50 schedule is scaled to it (default 320)")
+    a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (default 0)")
+    a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download)")
+    a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
+    a("--batch-size", type=int, help="default 128")
+    a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    a("--amp", choices=("auto", "bf16", "fp16", "none"), help="mixed precision (default auto: bf16 on CUDA)")
+    a("--compile", action="store_true", default=None, help="torch.compile the network")
+    a("--engine", choices=("fused", "reference", "auto"), help="default fused")
+    a("--loader", choices=("auto", "dataloader"), help="auto: device-resident batches; dataloader: torch DataLoader")
+    a("--gate-grad", choices=("plain", "centered", "normalized"), help="gate gradient rule (default plain)")
+    a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
+    a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
+    a("--train-subset", type=int, help="train on a class-balanced subset of this many images")
+    a("--test-subset", type=int, help="evaluate on a class-balanced subset of this many images")
+    a("--val-split", type=int, help="hold out this many training images and evaluate on them, not on the test set")
+    for name in ("C", "M", "width", "base-channels", "stem-channels"):
+        a(f"--{name}", type=int, help="override the preset's value")
+    a("--snapshot-every", type=int, help="steps between gate snapshots (default 100; 0: none)")
+    a("--tensorboard", action="store_true", default=None, help="also write TensorBoard scalars")
+    a("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    a("--no-fallback", dest="synthetic_fallback", action="store_false", default=None,
+      help="fail instead of using a generated dataset when no data is found")
+
+
+def run_from_args(args: argparse.Namespace, dataset: str | None = None):
+    """A :class:`CifarRun` from parsed flags, on top of ``--config``."""
+    from connlearn.experiment import CifarRun
+
+    fields = {f.name for f in attrs.fields(CifarRun)}
+    options: dict[str, Any] = {}
+    if args.config:
+        options.update(_read_config(Path(args.config), fields))
+    options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    if dataset is not None:
+        options["dataset"] = dataset
+    return CifarRun(**options)
+
+
+def _read_config(path: Path, fields: set[str]) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    options = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        hints = {u: closest(u, fields) for u in unknown}
+        detail = "; ".join(f"{u!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for u, h in hints.items())
+        raise ConfigError(f"{path} has unknown option(s): {detail}")
+    return options
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def cmd_train(args: argparse.Namespace) -> int:
+    from connlearn.experiment import run_cifar
+
+    run_cifar(run_from_args(args))
+    return 0
+
+
+def _load_net(path: str):
+    from connlearn.checkpoint import load_checkpoint, net_from_checkpoint
+
+    ckpt = load_checkpoint(path)
+    return ckpt, net_from_checkpoint(ckpt)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from connlearn.checkpoint import make_checkpoint, save_atomic
+    from connlearn.prune import prune_dead_blocks
+
+    ckpt, net = _load_net(args.checkpoint)
+    pruned, report = prune_dead_blocks(net, freeze=True)
+    save_atomic(make_checkpoint(pruned, meta={**ckpt.get("meta", {}), "prune": str(report)}), args.output)
+    print(f"{report}\nwrote {args.output}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    import warnings
+
+    from connlearn import render
+
+    _, net = _load_net(args.checkpoint)
+    graph = net.graph()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if args.side_by_side:
+            files = render.save(render.side_by_side(graph, weighted=args.weighted, dead=args.dead), args.output)
+        else:
+            files = render.save(graph, args.output, weighted=args.weighted, dead=args.dead)
+    for w in caught:
+        print(f"connlearn: {w.message}", file=sys.stderr)
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from connlearn import plots
+    from connlearn.train import read_jsonl
+
+    source, out = Path(args.source), Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    if source.suffix == ".jsonl":
+        records = _read_records(source, read_jsonl)
+        if records and "gates" in records[0]:
+            if args.K is None:
+                raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
+            files.append(plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K))
+        else:
+            files.append(plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss")))
+    else:
+        _, net = _load_net(str(source))
+        graph = net.graph()
+        files.append(plots.plot_active_branches({f"K={net.K}": graph}, out / "active_branches.png"))
+        if any(graph.candidates(m) for m in graph.modules()):
+            files.append(plots.plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
+        for name, make in (("log.jsonl", "curves"), ("gates.jsonl", "evolution")):
+            sibling = source.parent / name
+            if sibling.exists() and sibling.stat().st_size:
+                records = _read_records(sibling, read_jsonl)
+                if make == "curves":
+                    files.append(plots.plot_training_curves(records, out / "curves.png",
+                                                            keys=("test_top1", "train_loss")))
+                else:
+                    files.append(plots.plot_gate_evolution(records, out / "gate_evolution.png", K=net.K))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _read_records(path: Path, read):
+    if not path.is_file():
+        raise DataError(f"no file at {path}")
+    try:
+        return read(path)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} is not a JSONL log: {exc}") from None
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from connlearn.prune import active_branches, prune_dead_blocks
+
+    ckpt, net = _load_net(args.checkpoint)
+    graph = net.graph()
+    opts = graph.graph.get("options", {})
+    _, report = prune_dead_blocks(net, freeze=True)
+    info = {
+        "architecture": f"{graph.graph.get('topology')} {opts.get('preset') or ''} "
+                        f"{{D={opts.get('depth')}, w={opts.get('width')}, C={opts.get('C')}}}".replace("  ", " "),
+        "engine": net.engine,
+        "gate": net.gate_kind,
+        "K": net.K,
+        "classes": net.num_classes,
+        "params_train": report.params_before,
+        "params_test": report.params_after,
+        "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
+        "epochs_done": ckpt.get("epoch"),
+        "best_top1": ckpt.get("best_top1"),
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for k, v in info.items():
+            print(f"{k:15s} {v}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from connlearn.export import FORMATS, export
+    from connlearn.prune import prune_dead_blocks
+
+    _, net = _load_net(args.checkpoint)
+    if not args.no_prune:
+        net, _ = prune_dead_blocks(net, freeze=True)
+    output = args.output or str(Path(args.checkpoint).with_suffix(FORMATS[args.format]))
+    print(f"wrote {export(net, output, args.format)}")
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from connlearn.data import load_dataset, pack
+
+    source = Path(args.source)
+    if args.source in ("cifar10", "cifar100"):
+        train, test = load_dataset(args.source, args.data)
+        written = pack(args.output, train, test, format=args.format)
+    elif (source / "train").is_dir() and (source / "test").is_dir():
+        from torchvision.datasets import ImageFolder
+
+        written = pack(args.output, ImageFolder(str(source / "train")), ImageFolder(str(source / "test")),
+                       format=args.format)
+    else:
+        raise DataError(f"{args.source!r} is neither cifar10/cifar100 nor a folder with train/ and test/ image folders")
+    print(f"wrote {written}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="connlearn", description="Learn the connectivity of multi-branch networks (GateConnect)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="the paper's CIFAR protocol", description="Train, prune and draw a CIFAR run.")
+    add_train_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("prune", help="remove dead blocks", description="Prune the dead blocks of a checkpoint.")
+    p.add_argument("checkpoint")
+    p.add_argument("-o", "--output", required=True, help="where to write the pruned checkpoint")
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("render", help="draw the connectivity", description="Draw a checkpoint's connectivity.")
+    p.add_argument("checkpoint")
+    p.add_argument("-o", "--output", required=True, help=".dot, .svg, .png or .pdf (the .dot is always written)")
+    p.add_argument("--weighted", action="store_true", help="edge width follows the real gate value")
+    p.add_argument("--dead", choices=("hollow", "hide"), default="hollow", help="how to draw dead blocks")
+    p.add_argument("--side-by-side", action="store_true", help="ResNeXt's full connectivity beside the learned one")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("plot", help="plots of a checkpoint or log",
+                       description="Active branches and gate heatmaps of a checkpoint (plus its run's log and gate "
+                                   "snapshots when beside it), or the curves of a log.jsonl / gates.jsonl.")
+    p.add_argument("source", help="a checkpoint (.pt), log.jsonl or gates.jsonl")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--K", type=int, help="fan-in, for gates.jsonl")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("info", help="describe a checkpoint", description="Architecture, gates, parameters, accuracy.")
+    p.add_argument("checkpoint")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("export", help="TorchScript / ONNX / torch.export",
+                       description="Export a checkpoint's network (dead blocks pruned) for deployment.")
+    p.add_argument("checkpoint")
+    p.add_argument("--format", choices=("torchscript", "onnx", "export"), default="torchscript")
+    p.add_argument("-o", "--output", help="default: the checkpoint's name with .ts / .onnx / .pt2")
+    p.add_argument("--no-prune", action="store_true", help="keep dead blocks")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("pack", help="write a packed .npz dataset",
+                       description="Pack CIFAR (cifar10/cifar100, with --data) or an image folder with train/ and "
+                                   "test/ class folders into the offline .npz format.")
+    p.add_argument("source", help="cifar10, cifar100, or a folder with train/ and test/")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")
+    p.add_argument("--data", help="where the CIFAR files are (else $CONNLEARN_DATA, else download)")
+    p.set_defaults(func=cmd_pack)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``connlearn`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return _guarded(args.func, args)
+
+
+def train_script(dataset: str, description: str | None, argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``examples/cifar10.py`` / ``cifar100.py``: the ``train`` flags, dataset fixed."""
+    from connlearn.experiment import run_cifar
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_arguments(parser, dataset=dataset)
+    args = parser.parse_args(argv)
+
+    def train(a: argparse.Namespace) -> int:
+        run_cifar(run_from_args(a, dataset=dataset))
+        return 0
+
+    return _guarded(train, args)
+
+
+def _guarded(func, args: argparse.Namespace) -> int:
+    try:
+        return func(args)
+    except (ConnlearnError, OSError) as exc:
+        print(f"connlearn: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("connlearn: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, ConnlearnError) and exc.filename:
+        text = f"{exc.strerror or text}: {exc.filename}"
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["add_train_arguments", "build_parser", "main", "run_from_args", "train_script"]

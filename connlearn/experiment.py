@@ -1,0 +1,211 @@
+"""The paper's CIFAR protocol as one call: data, network, phased training, pruning and pictures.
+
+``run_cifar(CifarRun(...))`` is what ``connlearn train``, ``examples/cifar10.py`` and
+``examples/cifar100.py`` run. Everything lands in ``out``: ``log.jsonl``, ``gates.jsonl``, the training
+checkpoints, ``pruned.pt``, ``connectivity.dot``/``.svg``, ``resnext_vs_learned.svg``, plots and
+``summary.json``. Running the same command again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+import connlearn
+from connlearn import plots, render
+from connlearn.checkpoint import make_checkpoint, save_atomic
+from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
+from connlearn.errors import DataError, check_int, unknown_name
+from connlearn.prune import active_branches, prune_dead_blocks
+from connlearn.recipe import get_recipe
+from connlearn.topologies import PRESETS
+from connlearn.train import Trainer
+
+DATASETS = {"cifar10": 10, "cifar100": 100}
+CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
+
+
+def _optional_int(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None:
+            check_int(name, value, minimum=1)
+
+    return check
+
+
+@attrs.frozen
+class CifarRun:
+    """One CIFAR run. ``epochs`` scales the paper's 320-epoch, four-phase schedule; ``train_subset`` /
+    ``test_subset`` take class-balanced subsets for short runs; ``val_split`` holds out that many training
+    images and evaluates on them instead of the test set (for choosing settings without the test set).
+    ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset."""
+
+    dataset: str = "cifar100"
+    preset: str = "cifar-29-8-8"
+    gate: str = "topk"
+    K: int | None = attrs.field(default=None, validator=_optional_int("K"))
+    epochs: int = attrs.field(default=320, validator=_optional_int("epochs"))
+    seed: int = 0
+    data: str | None = None
+    out: str = "runs/cifar"
+    batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
+    device: str | None = None
+    amp: str = "auto"
+    compile: bool = False
+    engine: str = "fused"
+    loader: str = "auto"
+    gate_grad: str = "plain"
+    gate_init: float | str = 0.5
+    gate_lr: float | None = None
+    train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
+    test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
+    val_split: int | None = attrs.field(default=None, validator=_optional_int("val_split"))
+    C: int | None = None
+    M: int | None = None
+    width: int | None = None
+    base_channels: int | None = None
+    stem_channels: int | None = None
+    snapshot_every: int = 100
+    tensorboard: bool = False
+    progress: bool = True
+    synthetic_fallback: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise unknown_name("dataset", self.dataset, DATASETS)
+        if self.preset not in CIFAR_PRESETS:
+            raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def load_data(run: CifarRun) -> tuple[ImageDataset, ImageDataset, str]:
+    """Train and evaluation sets of ``run``, and a description of where they came from."""
+    classes = DATASETS[run.dataset]
+    try:
+        train, test = load_dataset(run.dataset, run.data)
+        source = run.dataset
+    except DataError as exc:
+        # a location the user named is never silently replaced
+        if not run.synthetic_fallback or run.data is not None or os.environ.get(DATA_ENV):
+            raise
+        _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
+        train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
+                                seed=run.seed)
+        source = "generated"
+    if train.num_classes != classes:
+        raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
+    if run.val_split:
+        train, test = train.split(run.val_split)
+        source += f" (validation split of {len(test)} training images)"
+    if run.train_subset and run.train_subset < len(train):
+        train = train.subset(run.train_subset)
+    if run.test_subset and run.test_subset < len(test):
+        test = test.subset(run.test_subset)
+    return train, test, source
+
+
+def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
+    overrides = {k: getattr(run, k) for k in ("C", "M", "width", "base_channels", "stem_channels")
+                 if getattr(run, k) is not None}
+    if "M" in overrides:
+        overrides["depth"] = None
+    return connlearn.build(
+        "resnext", preset=run.preset, gate=run.gate, K=run.K, num_classes=num_classes, seed=run.seed,
+        gate_init=run.gate_init, engine=run.engine, **overrides,
+    )
+
+
+def make_recipe(run: CifarRun):
+    recipe = get_recipe("cifar").scaled(run.epochs)
+    if run.batch_size is not None:
+        recipe = attrs.evolve(recipe, batch_size=run.batch_size)
+    if run.gate_lr is not None:
+        first = attrs.evolve(recipe.phases[0], gate_lr=run.gate_lr)
+        recipe = attrs.evolve(recipe, phases=(first, *recipe.phases[1:]))
+    return recipe
+
+
+def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] | None:
+    """Train, prune and draw one CIFAR run; returns (and writes to ``out/summary.json``) its results.
+
+    With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
+    is not finished; calling it again resumes."""
+    out = Path(run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, test, source = load_data(run)
+    net = build_net(run, train.num_classes)
+    recipe = make_recipe(run)
+    device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    train_loader, test_loader = make_loaders(
+        train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
+        eval_batch_size=max(recipe.batch_size, 256), channels_last=device.type == "cuda",
+    )
+    _say(f"connlearn: {run.preset} gate={run.gate} K={net.K} on {source}: {len(train)} train / {len(test)} eval "
+         f"images, {recipe.total_epochs} epochs ({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
+    trainer = Trainer(
+        net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
+        gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
+        progress=run.progress, meta={"run": run.to_dict(), "source": source},
+    )
+    history = trainer.fit(time_limit=time_limit)
+    if trainer.epoch < recipe.total_epochs:
+        _say(f"connlearn: stopped after epoch {trainer.epoch} of {recipe.total_epochs} (time limit); "
+             "run again to resume")
+        return None
+    trained = trainer.net
+    pruned, report = prune_dead_blocks(trained, freeze=True)
+    save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
+    graph = trained.graph()
+    pictures = _draw(out, graph, history, trained.K)
+    last = history[-1]
+    summary = {
+        "dataset": source, "preset": run.preset, "gate": run.gate, "K": trained.K, "epochs": recipe.total_epochs,
+        "test_top1": last.get("test_top1"), "best_top1": trainer.best_top1,
+        "params_train": report.params_before, "params_test": report.params_after,
+        "active_branches": {str(m): n for m, n in active_branches(graph).items()},
+        "wall_time_s": sum(r["epoch_time"] + r.get("eval_time", 0.0) for r in history),
+        "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
+        "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
+                                           "gate_at_1", "connectivity_changed")} for r in history],
+        "files": [str(p) for p in pictures],
+        "run": run.to_dict(),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%")
+    _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after pruning "
+         f"dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks removed)")
+    _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
+    _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
+    return summary
+
+
+def _draw(out: Path, graph, history: list[dict[str, Any]], K: int) -> list[Path]:
+    """Diagrams and plots of a finished run; a missing Graphviz only costs the SVGs (one message)."""
+    files: list[Path] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files += render.save(graph, out / "connectivity.svg")
+        files += render.save(render.side_by_side(graph), out / "resnext_vs_learned.svg")
+    for message in {str(w.message) for w in caught}:
+        _say(f"connlearn: {message}")
+    files.append(plots.plot_active_branches({f"K={K}": graph}, out / "active_branches.png"))
+    if graph.candidates(graph.modules()[-1]):
+        files.append(plots.plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
+    files.append(plots.plot_training_curves(history, out / "curves.png", keys=("test_top1", "train_loss")))
+    snapshots = out / "gates.jsonl"
+    if snapshots.exists() and snapshots.stat().st_size:
+        files.append(plots.plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
+    return files
+

@@ -1,0 +1,16 @@
+"""The paper's CIFAR-100 protocol: train GateConnect (or a baseline), prune dead blocks, draw the result.
+
+    python examples/cifar100.py --preset cifar-29-8-8 --gate topk --K 4            # the full 320 epochs
+    python examples/cifar100.py --epochs 30 --out runs/cifar100-short                   # the schedule scaled to 30
+    python examples/cifar100.py --gate full --out runs/cifar100-resnext                 # Fixed-Full (ResNeXt)
+
+Data: --data PATH, else $CONNLEARN_DATA, else torchvision's download; with none of these (offline) it says
+so and runs the same flow on a small generated dataset. Running the same command again resumes.
+"""
+
+import sys
+
+from connlearn.cli import train_script
+
+if __name__ == "__main__":
+    sys.exit(train_script("cifar100", __doc__))

@@ -1,0 +1,143 @@
+"""The connlearn command: every subcommand works and fails with one clear line and a non-zero exit code."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny
+
+import connlearn
+from connlearn.checkpoint import make_checkpoint, save_atomic
+from connlearn.cli import build_parser, main
+
+COMMANDS = ["train", "prune", "render", "plot", "info", "export", "pack"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    net = connlearn.build(**tiny(gate="random", K=1, M=6))
+    path = tmp_path_factory.mktemp("ckpt") / "net.pt"
+    save_atomic(make_checkpoint(net, best_top1=12.5, epoch=3), path)
+    return path
+
+
+def _run(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: connlearn " + command in capsys.readouterr().out
+
+
+def test_the_console_script_module_runs():
+    done = subprocess.run([sys.executable, "-m", "connlearn.cli", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and all(c in done.stdout for c in COMMANDS)
+
+
+def test_info_describes_the_checkpoint(ckpt, capsys):
+    code, out, _ = _run(["info", ckpt, "--json"], capsys)
+    info = json.loads(out)
+    assert code == 0
+    assert info["gate"] == "random" and info["K"] == 1 and info["best_top1"] == 12.5
+    assert info["params_test"] < info["params_train"]
+
+
+def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, capsys):
+    code, out, _ = _run(["prune", ckpt, "-o", tmp_path / "pruned.pt"], capsys)
+    assert code == 0 and "fewer" in out
+    net = connlearn.checkpoint.net_from_checkpoint(ckpt).eval()
+    pruned = connlearn.checkpoint.net_from_checkpoint(tmp_path / "pruned.pt").eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(pruned(x), net(x))
+    assert pruned.num_parameters() < net.num_parameters()
+
+
+def test_render_writes_dot_and_svg(ckpt, tmp_path, capsys):
+    code, _, _ = _run(["render", ckpt, "-o", tmp_path / "fig.svg", "--side-by-side"], capsys)
+    assert code == 0 and (tmp_path / "fig.dot").exists() and (tmp_path / "fig.svg").exists()
+
+
+def test_plot_writes_pictures(ckpt, tmp_path, capsys):
+    code, _, _ = _run(["plot", ckpt, "-o", tmp_path], capsys)
+    assert code == 0 and (tmp_path / "active_branches.png").exists()
+
+
+def test_export_writes_torchscript(ckpt, tmp_path, capsys):
+    code, _, _ = _run(["export", ckpt, "--format", "torchscript", "-o", tmp_path / "net.ts"], capsys)
+    assert code == 0 and (tmp_path / "net.ts").exists()
+
+
+def test_pack_an_image_folder(tmp_path, capsys):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp_path / "src" / split / cls).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (10, 200, 30)).save(tmp_path / "src" / split / cls / "0.png")
+    code, _, _ = _run(["pack", tmp_path / "src", "-o", tmp_path / "packed.npz"], capsys)
+    assert code == 0
+    train, _ = connlearn.data.load_packed(tmp_path / "packed.npz")
+    assert len(train) == 2 and train.class_names == ("a", "b")
+
+
+def _one_line_error(code, err):
+    lines = err.strip().splitlines()
+    return code == 1 and len(lines) == 1 and lines[0].startswith("connlearn: error:") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["info", "prune", "render", "plot", "export"])
+def test_a_missing_file_is_one_line_and_exit_1(command, tmp_path, capsys):
+    extra = [] if command in ("info", "export") else ["-o", tmp_path / "out"]
+    code, _, err = _run([command, tmp_path / "nope.pt", *extra], capsys)
+    assert _one_line_error(code, err) and "nope.pt" in err
+
+
+def test_a_truncated_checkpoint_is_one_line_and_exit_1(ckpt, tmp_path, capsys):
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(ckpt.read_bytes()[:100])
+    code, _, err = _run(["info", cut], capsys)
+    assert _one_line_error(code, err) and "truncated or corrupt" in err
+
+
+def test_a_foreign_checkpoint_is_one_line_and_exit_1(tmp_path, capsys):
+    torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
+    code, _, err = _run(["render", tmp_path / "foreign.pt", "-o", tmp_path / "x.svg"], capsys)
+    assert _one_line_error(code, err) and "not a connlearn checkpoint" in err
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_one_line_and_exit_1(tmp_path, capsys):
+    net = connlearn.build(**tiny())
+    ckpt = make_checkpoint(net)
+    ckpt["graph"] = connlearn.build(**tiny(C=3)).graph().to_json()
+    torch.save(ckpt, tmp_path / "mixed.pt")
+    code, _, err = _run(["info", tmp_path / "mixed.pt"], capsys)
+    assert _one_line_error(code, err) and "do not fit" in err
+
+
+def test_resuming_a_run_of_another_architecture_is_one_line_and_exit_1(tmp_path, capsys):
+    data = tmp_path / "data.npz"
+    connlearn.data.pack(data, *connlearn.data.synthetic(num_classes=10, n_train=100, n_test=50))
+
+    def train(modules):
+        return _run(["train", "--dataset", "cifar10", "--data", data, "--epochs", "1", "--out", tmp_path / "run",
+                     "--M", modules, "--C", "2", "--K", "1", "--width", "1", "--base-channels", "4",
+                     "--stem-channels", "4", "--batch-size", "25", "--no-progress"], capsys)
+
+    assert train(3)[0] == 0
+    code, _, err = train(6)
+    assert _one_line_error(code, err) and "another architecture" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["render"])
+    assert exit_.value.code == 2

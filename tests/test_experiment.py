@@ -1,0 +1,83 @@
+"""The CIFAR protocol end to end: examples, the generated-data fallback, real CIFAR-10 learning."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA
+
+from connlearn import experiment
+from connlearn.cli import train_script
+from connlearn.data import DATA_ENV
+from connlearn.errors import DataError
+from connlearn.experiment import CifarRun, run_cifar
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--M", "3", "--C", "2", "--K", "1", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
+        "--batch-size", "32", "--no-progress", "--snapshot-every", "5"]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No dataset anywhere: neither --data, nor the variable, nor a download."""
+    monkeypatch.delenv(DATA_ENV, raising=False)
+
+    def nothing(name, data=None, **kw):
+        raise DataError(f"no {name} data found: pass --data PATH or set {DATA_ENV}")
+
+    monkeypatch.setattr(experiment, "load_dataset", nothing)
+
+
+@pytest.mark.parametrize("script", ["cifar100.py", "cifar10.py"])
+def test_example_help(script):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0
+    assert "--gate" in done.stdout and "--epochs" in done.stdout and "--data" in done.stdout
+
+
+def test_a_one_epoch_run_falls_back_to_generated_data_and_writes_everything(offline, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = train_script("cifar100", None, ["--epochs", "1", "--out", str(out), "--train-subset", "400",
+                                           "--test-subset", "200", *TINY])
+    assert code == 0
+    printed = capsys.readouterr().out
+    fallback = [line for line in printed.splitlines() if "generated dataset" in line]
+    assert len(fallback) == 1 and "--data" in fallback[0] and DATA_ENV in fallback[0]
+    assert "top-1:" in printed and "parameters:" in printed and "connectivity:" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "generated" and summary["epochs"] == 1
+    assert summary["params_test"] <= summary["params_train"]
+    for name in ("log.jsonl", "last.pt", "pruned.pt", "connectivity.dot", "active_branches.png", "curves.png"):
+        assert (out / name).exists(), name
+
+
+def test_a_data_location_the_user_names_is_never_replaced_by_generated_data(tmp_path, capsys):
+    code = train_script("cifar10", None, ["--epochs", "1", "--data", str(tmp_path / "missing.npz"),
+                                          "--out", str(tmp_path / "run"), *TINY])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.npz" in err[0]
+
+
+def test_running_again_resumes_instead_of_starting_over(offline, tmp_path):
+    args = ["--epochs", "2", "--out", str(tmp_path), "--train-subset", "200", "--test-subset", "100", *TINY]
+    assert train_script("cifar10", None, args) == 0
+    log = (tmp_path / "log.jsonl").read_text()
+    assert train_script("cifar10", None, args) == 0
+    assert (tmp_path / "log.jsonl").read_text() == log
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(SHARED_DATA), reason=f"the real CIFAR-10 file is absent ({SHARED_DATA})")
+def test_a_small_gated_net_learns_real_cifar10(tmp_path):
+    """5,000 class-balanced training images, 3 epochs (phases 1/1/1 at lr 0.1/0.1/0.01), K=2 of C=4."""
+    run = CifarRun(dataset="cifar10", preset="cifar-20-4-8", M=3, C=4, K=2, width=4, base_channels=32,
+                   stem_channels=16, epochs=3, train_subset=5000, test_subset=2000, data=SHARED_DATA,
+                   out=str(tmp_path), progress=False, snapshot_every=0)
+    summary = run_cifar(run)
+    assert summary["dataset"] == "cifar10"
+    assert summary["test_top1"] >= 30.0, summary["test_top1"]

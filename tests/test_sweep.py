@@ -1,0 +1,54 @@
+"""The accuracy sweep (benchmarks/accuracy.py) on a tiny budget: results written, interruptions resumed."""
+
+import json
+
+import pytest
+from accuracy import main
+
+from connlearn.data import pack, synthetic
+from connlearn.train import Trainer, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "tiny.npz"
+    pack(path, *synthetic(num_classes=10, n_train=300, n_test=100, seed=0))
+    return path
+
+
+def _args(out, data, *extra):
+    return ["--budget", "2", "--arms", "full", "topk4", "--seeds", "0", "--out", str(out), "--data", str(data),
+            "--M", "3", "--C", "4", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
+            "--batch-size", "50", "--no-progress", *extra]
+
+
+def test_the_sweep_writes_every_run_and_the_table(tmp_path, data):
+    state = main(_args(tmp_path, data))
+    assert set(state["runs"]) == {"full-s0", "topk4-s0"}
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["runs"]["topk4-s0"]["params_test"] <= saved["runs"]["topk4-s0"]["params_train"]
+    table = (tmp_path / "results.md").read_text()
+    assert "| Fixed-Full (ResNeXt) | 4 | 1 |" in table and "| Learned, K=4 | 4 | 1 |" in table
+    assert (tmp_path / "accuracy_curves.png").exists()
+
+
+def test_an_interrupted_sweep_resumes_the_unfinished_run_and_skips_finished_ones(tmp_path, data, monkeypatch):
+    original = Trainer._run_epoch
+
+    def interrupt_in_second_run(self, epoch):
+        if "topk4" in str(self.out_dir) and epoch == 1:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "_run_epoch", interrupt_in_second_run)
+    with pytest.raises(KeyboardInterrupt):
+        main(_args(tmp_path, data))
+    first_epoch = read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")
+    assert [r["epoch"] for r in first_epoch] == [1]
+    done = (tmp_path / "full-s0" / "summary.json").stat().st_mtime_ns
+    monkeypatch.setattr(Trainer, "_run_epoch", original)
+    state = main(_args(tmp_path, data))
+    assert set(state["runs"]) == {"full-s0", "topk4-s0"}
+    assert (tmp_path / "full-s0" / "summary.json").stat().st_mtime_ns == done  # not run again
+    log = read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")
+    assert [r["epoch"] for r in log] == [1, 2] and log[0] == first_epoch[0]  # resumed, not restarted
