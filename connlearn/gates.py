@@ -127,13 +127,10 @@ class Gate(nn.Module):
         raise NotImplementedError
 
 
-@GATES.register("topk")
-class TopKGate(Gate):
-    """GateConnect: K inputs per block drawn from the normalised real gates; top-K in eval mode."""
+class _LearnableGate(Gate):
+    """Real gates held as an ``nn.Parameter`` ``real``; the evaluation connectivity is their top-K."""
 
-    kind = "topk"
     learnable = True
-    stochastic = True
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)
@@ -145,13 +142,21 @@ class TopKGate(Gate):
     def active(self) -> torch.Tensor:
         return topk_mask(self.real, self.K)
 
+    def real_parameters(self) -> list[nn.Parameter]:
+        return [self.real]
+
+
+@GATES.register("topk")
+class TopKGate(_LearnableGate):
+    """GateConnect: K inputs per block drawn from the normalised real gates; top-K in eval mode."""
+
+    kind = "topk"
+    stochastic = True
+
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         hard = drawn if drawn is not None else self.active().to(self.real.dtype)
         # forward value exactly `hard`; gradient flows to every real gate (straight-through)
         return hard + (self.real - self.real.detach())
-
-    def real_parameters(self) -> list[nn.Parameter]:
-        return [self.real]
 
     @classmethod
     def draw(cls, gates: Sequence[Gate], generator: torch.Generator) -> list[torch.Tensor]:
@@ -159,27 +164,13 @@ class TopKGate(Gate):
 
 
 @GATES.register("real")
-class RealGate(Gate):
+class RealGate(_LearnableGate):
     """Ablation: the real gates themselves weight the inputs, in training and evaluation."""
 
     kind = "real"
-    learnable = True
-
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
-        super().__init__(values, active, K)
-        self.real = nn.Parameter(values.detach().clone().float())
-
-    def values(self) -> torch.Tensor:
-        return self.real.detach()
-
-    def active(self) -> torch.Tensor:
-        return topk_mask(self.real, self.K)
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         return self.real
-
-    def real_parameters(self) -> list[nn.Parameter]:
-        return [self.real]
 
 
 class _FixedGate(Gate):
