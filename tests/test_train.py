@@ -145,3 +145,10 @@ def test_a_checkpoint_rebuilds_the_trained_network(uninterrupted):
     net = connlearn.checkpoint.net_from_checkpoint(uninterrupted.out_dir / "last.pt").eval()
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(net(x), uninterrupted.net.eval()(x))
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    pytest.importorskip("tensorboard")
+    t = _trainer(tmp_path, tensorboard=True, recipe=get_recipe("cifar").scaled(1))
+    t.fit()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
