@@ -141,3 +141,23 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["render"])
     assert exit_.value.code == 2
+
+
+def test_train_options_come_from_a_config_file_and_flags_override_it(tmp_path):
+    import argparse
+
+    from connlearn.cli import add_train_arguments, run_from_args
+
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"preset": "cifar-20-4-8", "gate": "random", "K": 2, "train-subset": 500}))
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3"]))
+    assert (run.preset, run.gate, run.K, run.train_subset) == ("cifar-20-4-8", "random", 3, 500)
+
+
+def test_an_unknown_config_key_is_one_line_with_the_closest_option(tmp_path, capsys):
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"epoch": 3}))
+    code, _, err = _run(["train", "--config", config], capsys)
+    assert _one_line_error(code, err) and "did you mean 'epochs'" in err
