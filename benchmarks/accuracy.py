@@ -45,6 +45,7 @@ PAPER_CIFAR10 = {
     "cifar-29-64-8": {"full": "96.35 (96.23±0.12)", "topk4": "96.83 (96.73±0.11)"},
 }
 
+ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
              "batch_size", "gate_grad", "gate_lr", "gate_init", "device", "amp", "compile", "data")
 
@@ -93,8 +94,11 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     for summary in state["runs"].values():
         by_arm.setdefault(summary["arm"], []).append(summary)
     evaluated_on = "validation split" if config.get("val_split") else "test set"
+    changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
+    arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
+    data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
     lines = [
-        f"{preset}, budget {config.get('budget')} epochs, {evaluated_on}; top-1 = best (mean ± std) over seeds",
+        f"{arch}, budget {config.get('budget')} epochs{data}, {evaluated_on}; top-1 = best (mean ± std) over seeds",
         "",
         "| method | K | seeds | Params-Train | Params-Test | top-1 (%) | paper, 320 epochs | epoch time | wall time |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -102,7 +106,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     for arm in [a for a in ARMS if a in by_arm]:
         runs = by_arm[arm]
         top1 = [r["test_top1"] for r in runs]
-        paper = PAPER_CIFAR10.get(preset, {}).get(arm, "")
+        paper = "" if changed else PAPER_CIFAR10.get(preset, {}).get(arm, "")
         lines.append(
             f"| {ARMS[arm]['label']} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
             f"{statistics.mean(r['params_test'] for r in runs) / 1e6:.3f}M | {_mean_std(top1)} | {paper} | "
