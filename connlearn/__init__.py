@@ -107,6 +107,18 @@ def list_presets(pattern: str = "*") -> list[str]:
     return sorted(p for p in PRESETS if fnmatch.fnmatchcase(p, pattern))
 
 
+_SUBMODULES = ("checkpoint", "data", "experiment", "export", "plots", "prune", "recipe", "render", "train", "updater")
+
+
+def __getattr__(name: str) -> Any:
+    # submodules load on first use (``connlearn.prune.prune_dead_blocks``), keeping ``import connlearn`` light
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"connlearn.{name}")
+    raise AttributeError(f"module 'connlearn' has no attribute {name!r}")
+
+
 __all__ = [
     "BranchGraph", "ConfigError", "ConnectivityNet", "ConnlearnError", "Gate", "Looped", "__version__", "build",
     "from_graph", "list_blocks", "list_gates", "list_presets", "list_topologies", "register_block",
