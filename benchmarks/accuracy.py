@@ -28,6 +28,7 @@ from typing import Any
 from connlearn import plots
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.train import read_jsonl
+from connlearn.updater import GRAD_MODES
 
 ARMS: dict[str, dict[str, Any]] = {
     "full": {"gate": "full", "K": None, "label": "Fixed-Full (ResNeXt)"},
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("M", "C", "width", "base-channels", "stem-channels", "train-subset", "test-subset", "val-split",
                  "batch-size"):
         parser.add_argument(f"--{name}", type=int)
-    parser.add_argument("--gate-grad", choices=("plain", "centered", "normalized"))
+    parser.add_argument("--gate-grad", choices=GRAD_MODES)
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
     parser.add_argument("--device")

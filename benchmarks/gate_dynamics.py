@@ -25,14 +25,13 @@ from connlearn.data import load_dataset, make_loaders
 from connlearn.plots import gate_statistics
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer, read_jsonl
-
-RULES = ("plain", "centered", "normalized")
+from connlearn.updater import GRAD_MODES
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
-    parser.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
+    parser.add_argument("--rules", nargs="+", default=list(GRAD_MODES), choices=GRAD_MODES)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--train-subset", type=int, default=5000)
     parser.add_argument("--val-split", type=int, default=5000)

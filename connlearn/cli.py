@@ -30,6 +30,7 @@ def _value(text: str) -> Any:
 def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
     """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
     from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
+    from connlearn.updater import GRAD_MODES
 
     defaults = CifarRun()
     a = parser.add_argument
@@ -49,7 +50,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--compile", action="store_true", default=None, help="torch.compile the network")
     a("--engine", choices=("fused", "reference", "auto"), help="default fused")
     a("--loader", choices=("auto", "dataloader"), help="auto: device-resident batches; dataloader: torch DataLoader")
-    a("--gate-grad", choices=("plain", "centered", "normalized"), help="gate gradient rule (default plain)")
+    a("--gate-grad", choices=GRAD_MODES, help="gate gradient rule (default plain, the paper's)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
     a("--train-subset", type=int, help="train on a class-balanced subset of this many images")

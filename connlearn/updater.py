@@ -11,7 +11,10 @@ observation that sampling depends only on the ratios within a row of gates:
 - ``"centered"``: subtract each row's mean gradient, so that a row cannot drift up or down as a whole
   (drift towards the clip bound flattens the sampling distribution);
 - ``"normalized"``: treat the straight-through gradient as the gradient with respect to the normalised
-  probabilities p = ĝ / Σĝ and take it back to ĝ by the chain rule: (g − ⟨p, g⟩) / Σĝ.
+  probabilities p = ĝ / Σĝ and take it back to ĝ by the chain rule: (g − ⟨p, g⟩) / Σĝ;
+- ``"double-centered"``: subtract each row's and each column's mean (adding back the grand mean), so that
+  neither a row nor a source branch as a whole moves: only a block's preference among its inputs is
+  learned (against the column effect seen in BENCHMARKS.md, where every block prefers the same inputs).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 
 from connlearn.errors import ConfigError, check_float, unknown_name
 
-GRAD_MODES = ("plain", "centered", "normalized")
+GRAD_MODES = ("plain", "centered", "normalized", "double-centered")
 
 
 class GateUpdater:
@@ -80,6 +83,8 @@ class GateUpdater:
             g = gate.grad
             if self.grad_mode == "centered":
                 g.sub_(g.mean(dim=-1, keepdim=True))
+            elif self.grad_mode == "double-centered":
+                g.sub_(g.mean(dim=-1, keepdim=True) + g.mean(dim=-2, keepdim=True) - g.mean(dim=(-2, -1), keepdim=True))
             elif self.grad_mode == "normalized":
                 w = gate.clamp(min=0)
                 total = w.sum(dim=-1, keepdim=True).clamp(min=1e-12)

@@ -111,3 +111,14 @@ def test_normalized_gradients_are_orthogonal_to_the_row_sum():
 def test_unknown_grad_mode():
     with pytest.raises(connlearn.ConnlearnError, match="did you mean 'centered'"):
         GateUpdater(connlearn.build(**tiny()), grad_mode="centred")
+
+
+def test_double_centered_gradients_keep_every_row_and_column_sum():
+    net = connlearn.build(**tiny(gate_init="uniform")).train()
+    opt = torch.optim.SGD(param_groups(net, lr=0.0, weight_decay=0.0, gate_lr=0.05))
+    GateUpdater(net, grad_mode="double-centered", low=-10, high=10).attach(opt)
+    before = [(p.detach().sum(-1).clone(), p.detach().sum(-2).clone()) for p in net.gate_parameters()]
+    _steps(net, opt, n=2)
+    for (rows, cols), p in zip(before, net.gate_parameters(), strict=True):
+        torch.testing.assert_close(p.detach().sum(-1), rows, atol=1e-4, rtol=0)
+        torch.testing.assert_close(p.detach().sum(-2), cols, atol=1e-4, rtol=0)
