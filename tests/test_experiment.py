@@ -81,3 +81,12 @@ def test_a_small_gated_net_learns_real_cifar10(tmp_path):
     summary = run_cifar(run)
     assert summary["dataset"] == "cifar10"
     assert summary["test_top1"] >= 30.0, summary["test_top1"]
+
+
+def test_unknown_dataset_and_preset_names_suggest_the_closest():
+    from connlearn.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="did you mean 'cifar100'"):
+        CifarRun(dataset="cifar1000")
+    with pytest.raises(UnknownNameError, match="did you mean 'cifar-29-8-8'"):
+        CifarRun(preset="cifar-29-8-9")

@@ -152,3 +152,8 @@ def test_tensorboard_scalars_are_written(tmp_path):
     t = _trainer(tmp_path, tensorboard=True, recipe=get_recipe("cifar").scaled(1))
     t.fit()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_an_unknown_amp_mode_names_the_allowed_ones(tmp_path):
+    with pytest.raises(connlearn.ConnlearnError, match="did you mean 'bf16'"):
+        _trainer(tmp_path, amp="bf61")

@@ -122,3 +122,8 @@ def test_double_centered_gradients_keep_every_row_and_column_sum():
     for (rows, cols), p in zip(before, net.gate_parameters(), strict=True):
         torch.testing.assert_close(p.detach().sum(-1), rows, atol=1e-4, rtol=0)
         torch.testing.assert_close(p.detach().sum(-2), cols, atol=1e-4, rtol=0)
+
+
+def test_clip_bounds_must_be_ordered():
+    with pytest.raises(connlearn.ConnlearnError, match="low must be below high"):
+        GateUpdater(connlearn.build(**tiny()), low=1.0, high=0.0)
