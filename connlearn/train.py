@@ -75,7 +75,9 @@ def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
     gates = [p.detach().float() for p in net.gate_parameters()]
     if not gates:
         return {"gate_mean": None, "gate_row_std": None, "gate_at_0": None, "gate_at_1": None, "gate_entropy": None}
-    rows = torch.cat([g.reshape(-1, g.shape[-1]) for g in gates if g.shape[-1] == gates[0].shape[-1]])
+    # per-row std of every gate matrix (modules of the dense topology differ in width); 0 for one-entry rows
+    row_std = torch.cat([g.reshape(-1, g.shape[-1]).std(dim=-1) if g.shape[-1] > 1
+                         else g.new_zeros(g.numel()) for g in gates])
     flat = torch.cat([g.flatten() for g in gates])
     entropies = []
     for g in gates:
@@ -85,7 +87,7 @@ def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
         entropies.append(-(p * p.clamp(min=1e-12).log()).sum(-1))
     return {
         "gate_mean": flat.mean().item(),
-        "gate_row_std": rows.std(dim=-1).mean().item() if rows.shape[-1] > 1 else 0.0,
+        "gate_row_std": row_std.mean().item(),
         "gate_at_0": (flat <= 0).float().mean().item(),
         "gate_at_1": (flat >= 1).float().mean().item(),
         "gate_entropy": torch.cat(entropies).mean().item(),

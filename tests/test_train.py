@@ -157,3 +157,18 @@ def test_tensorboard_scalars_are_written(tmp_path):
 def test_an_unknown_amp_mode_names_the_allowed_ones(tmp_path):
     with pytest.raises(connlearn.ConnlearnError, match="did you mean 'bf16'"):
         _trainer(tmp_path, amp="bf61")
+
+
+def test_gate_row_std_counts_gate_matrices_of_every_width():
+    from connlearn.train import gate_statistics
+
+    net = connlearn.build("dense", **tiny(M=9, C=3, K=2))  # the third module of a stage reads 6 inputs
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p.copy_(torch.tensor([0.0, 1.0]).repeat(p.shape[-1])[: p.shape[-1]].expand_as(p) if p.shape[-1] == 6
+                    else torch.full_like(p, 0.5))
+    rows = [p.shape[0] for p in net.gate_parameters()]
+    wide = [p.shape[-1] == 6 for p in net.gate_parameters()]
+    assert any(wide) and not all(wide)
+    expected = sum(r for r, w in zip(rows, wide, strict=True) if w) * torch.tensor([0.0, 1.0] * 3).std() / sum(rows)
+    assert gate_statistics(net)["gate_row_std"] == pytest.approx(expected.item())
