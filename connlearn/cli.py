@@ -29,7 +29,10 @@ def _value(text: str) -> Any:
 
 def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
     """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
+    from connlearn.compile import ENGINES
+    from connlearn.data import LOADER_PATHS
     from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
+    from connlearn.train import AMP_MODES
     from connlearn.updater import GRAD_MODES
 
     defaults = CifarRun()
@@ -46,10 +49,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
     a("--batch-size", type=int, help="default 128")
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    a("--amp", choices=("auto", "bf16", "fp16", "none"), help="mixed precision (default auto: bf16 on CUDA)")
+    a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
     a("--compile", action="store_true", default=None, help="torch.compile the network")
-    a("--engine", choices=("fused", "reference", "auto"), help="default fused")
-    a("--loader", choices=("auto", "dataloader"), help="auto: device-resident batches; dataloader: torch DataLoader")
+    a("--engine", choices=ENGINES, help="default fused")
+    a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches; dataloader: torch DataLoader")
     a("--gate-grad", choices=GRAD_MODES, help="gate gradient rule (default plain, the paper's)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
@@ -148,43 +151,33 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
-    from connlearn.train import read_jsonl
 
     source, out = Path(args.source), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    files = []
     if source.suffix == ".jsonl":
-        records = _read_records(source, read_jsonl)
+        records = _read_records(source)
         if records and "gates" in records[0]:
             if args.K is None:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
-            files.append(plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K))
+            files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
-            files.append(plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss")))
+            files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"))]
     else:
         _, net = _load_net(str(source))
-        graph = net.graph()
-        files.append(plots.plot_active_branches({f"K={net.K}": graph}, out / "active_branches.png"))
-        if any(graph.candidates(m) for m in graph.modules()):
-            files.append(plots.plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
-        for name, make in (("log.jsonl", "curves"), ("gates.jsonl", "evolution")):
-            sibling = source.parent / name
-            if sibling.exists() and sibling.stat().st_size:
-                records = _read_records(sibling, read_jsonl)
-                if make == "curves":
-                    files.append(plots.plot_training_curves(records, out / "curves.png",
-                                                            keys=("test_top1", "train_loss")))
-                else:
-                    files.append(plots.plot_gate_evolution(records, out / "gate_evolution.png", K=net.K))
+        log = source.parent / "log.jsonl"
+        log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
+        files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
-def _read_records(path: Path, read):
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    from connlearn.train import read_jsonl
+
     if not path.is_file():
         raise DataError(f"no file at {path}")
     try:
-        return read(path)
+        return read_jsonl(path)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path} is not a JSONL log: {exc}") from None
 
@@ -249,6 +242,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    from connlearn.export import FORMATS
+
     parser = argparse.ArgumentParser(
         prog="connlearn", description="Learn the connectivity of multi-branch networks (GateConnect)."
     )
@@ -287,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="TorchScript / ONNX / torch.export",
                        description="Export a checkpoint's network (dead blocks pruned) for deployment.")
     p.add_argument("checkpoint")
-    p.add_argument("--format", choices=("torchscript", "onnx", "export"), default="torchscript")
+    p.add_argument("--format", choices=list(FORMATS), default="torchscript")
     p.add_argument("-o", "--output", help="default: the checkpoint's name with .ts / .onnx / .pt2")
     p.add_argument("--no-prune", action="store_true", help="keep dead blocks")
     p.set_defaults(func=cmd_export)

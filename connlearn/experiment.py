@@ -200,12 +200,6 @@ def _draw(out: Path, graph, history: list[dict[str, Any]], K: int) -> list[Path]
         files += render.save(render.side_by_side(graph), out / "resnext_vs_learned.svg")
     for message in {str(w.message) for w in caught}:
         _say(f"connlearn: {message}")
-    files.append(plots.plot_active_branches({f"K={K}": graph}, out / "active_branches.png"))
-    if graph.candidates(graph.modules()[-1]):
-        files.append(plots.plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
-    files.append(plots.plot_training_curves(history, out / "curves.png", keys=("test_top1", "train_loss")))
-    snapshots = out / "gates.jsonl"
-    if snapshots.exists() and snapshots.stat().st_size:
-        files.append(plots.plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
+    files += plots.plot_run(graph, out, K, log=history, snapshots=out / "gates.jsonl")
     return files
 

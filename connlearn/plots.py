@@ -113,6 +113,22 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
     return _save(fig, path)
 
 
+def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Records | None = None,
+             snapshots: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The standard pictures of a run in folder ``out``: active branches, gate heatmaps (when the graph has
+    gates), test top-1 and train loss over epochs (when ``log`` is given) and the gate evolution (when a
+    non-empty ``snapshots`` file is given). Returns the files written."""
+    out = Path(out)
+    files = [plot_active_branches({f"K={K}": graph}, out / "active_branches.png")]
+    if any(graph.candidates(m) for m in graph.modules()):
+        files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
+    if log is not None:
+        files.append(plot_training_curves(log, out / "curves.png", keys=("test_top1", "train_loss")))
+    if snapshots is not None and Path(snapshots).is_file() and Path(snapshots).stat().st_size:
+        files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
+    return files
+
+
 # ---------------------------------------------------------------------------- gate evolution
 def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     """Summary numbers of each gate snapshot, in order; what :func:`plot_gate_evolution` draws.
