@@ -100,7 +100,7 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None 
     """Test loss, top-1 and top-5 accuracy (in %) of ``model`` in eval mode over ``loader.epoch(0)``."""
     was_training = model.training
     model.eval()
-    totals = None
+    totals, seen = None, 0
     for x, y in loader.epoch(0):
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -109,16 +109,13 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None 
         loss = F.cross_entropy(out.float(), y, reduction="sum")
         k = min(5, out.shape[1])
         top = out.topk(k, dim=1).indices
-        batch = torch.stack([
-            loss, (top[:, 0] == y).sum().float(), (top == y[:, None]).any(1).sum().float(),
-            torch.tensor(float(len(y)), device=y.device),
-        ])
+        batch = torch.stack([loss, (top[:, 0] == y).sum().float(), (top == y[:, None]).any(1).sum().float()])
         totals = batch if totals is None else totals + batch
+        seen += len(y)
     model.train(was_training)
     if totals is None:
         raise ConfigError("the evaluation loader yielded no batch")
-    totals = _all_reduce(totals)
-    loss, top1, top5, n = totals.tolist()
+    loss, top1, top5, n = _all_reduce(torch.cat([totals, totals.new_tensor([seen])])).tolist()
     return {"test_loss": loss / n, "test_top1": 100 * top1 / n, "test_top5": 100 * top5 / n}
 
 
@@ -382,7 +379,7 @@ class Trainer:
         n_batches = len(loader)
         bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {phase_index + 1})",
                    disable=not (self.progress and self.is_main), leave=False, dynamic_ncols=True)
-        totals = torch.zeros(3, device=self.device)
+        totals, seen = torch.zeros(2, device=self.device), 0  # loss sum, correct (on the device); images (host)
         lr = self.optimizer.param_groups[0]["lr"]
         t0 = time.perf_counter()
         for i, (x, y) in enumerate(loader.epoch(epoch)):
@@ -400,12 +397,12 @@ class Trainer:
                 loss.backward()
                 self.optimizer.step()
             self.step += 1
-            totals += torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
-                                   torch.tensor(float(len(y)), device=self.device)])
+            totals += torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float()])
+            seen += len(y)
             if self.snapshot_every and self.step % self.snapshot_every == 0:
                 self._snapshot(epoch + (i + 1) / n_batches)
             if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
-                loss_sum, correct, seen = totals.tolist()
+                loss_sum, correct = totals.tolist()
                 bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
                                 img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
             bar.update(1)
@@ -413,7 +410,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
-        loss_sum, correct, seen = _all_reduce(totals).tolist()
+        loss_sum, correct, seen = _all_reduce(torch.cat([totals, totals.new_tensor([seen])])).tolist()
         if not seen:
             raise ConfigError("the training loader yielded no batch")
         return {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
