@@ -119,8 +119,6 @@ def load_data(run: CifarRun) -> tuple[ImageDataset, ImageDataset, str]:
 def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
     overrides = {k: getattr(run, k) for k in ("C", "M", "width", "base_channels", "stem_channels")
                  if getattr(run, k) is not None}
-    if "M" in overrides:
-        overrides["depth"] = None
     return connlearn.build(
         "resnext", preset=run.preset, gate=run.gate, K=run.K, num_classes=num_classes, seed=run.seed,
         gate_init=run.gate_init, engine=run.engine, **overrides,

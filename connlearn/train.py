@@ -264,7 +264,7 @@ class Trainer:
             raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
         if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
             raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
-        self._set_net(net_from_checkpoint(ckpt, engine=self.net.engine if self.net.engine != "single-stream" else None))
+        self._set_net(net_from_checkpoint(ckpt))
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler is not None and ckpt.get("scaler"):
