@@ -10,6 +10,7 @@ again skips finished runs and resumes an unfinished one from its last checkpoint
 be split into pieces with ``--time-limit``.
 
     python benchmarks/accuracy.py --preset cifar-20-4-8 --budget 30 --seeds 0 1 --out runs/sweep
+    python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
     python benchmarks/accuracy.py --budget 320 --arms full topk4 --seeds 0 --time-limit 540   # repeat
     python benchmarks/accuracy.py ... --val-split 5000      # choose settings on a validation split
 
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,39 +50,110 @@ PAPER_CIFAR10 = {
     "cifar-29-64-8": {"full": "96.35 (96.23±0.12)", "topk4": "96.83 (96.73±0.11)"},
 }
 
+RUN_NAME = re.compile(r"(?P<arm>[a-z0-9]+)-s(?P<seed>\d+)")
+
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
              "batch_size", "gate_grad", "gate_lr", "gate_init", "device", "amp", "compile", "data")
 
 
-def sweep(args: argparse.Namespace) -> dict[str, Any]:
+def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Add every finished run under ``out`` (a ``<arm>-s<seed>`` folder holding ``summary.json``) to ``state``."""
+    for folder in sorted(out.iterdir()):
+        match = RUN_NAME.fullmatch(folder.name)
+        if match and match["arm"] in ARMS and (folder / "summary.json").exists():
+            summary = json.loads((folder / "summary.json").read_text())
+            summary["arm"], summary["seed"] = match["arm"], int(match["seed"])
+            state["runs"][folder.name] = summary
+    return state
+
+
+def _save(out: Path, state: dict[str, Any]) -> None:
+    (out / "sweep.json").write_text(json.dumps(state, indent=2))
+    if state["runs"]:
+        write_table(out, state)
+
+
+def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | None) -> dict[str, Any] | None:
+    """Train (or resume) one run of the sweep; ``None`` when the time limit stopped it."""
+    options = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
+    spec = ARMS[arm]
+    run = CifarRun(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
+                   seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress, **options)
+    return run_cifar(run, time_limit=time_limit)
+
+
+def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
-    started = time.perf_counter()
     options = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
-    for seed in args.seeds:
-        for arm in args.arms:
-            name = f"{arm}-s{seed}"
-            if name in state["runs"]:
-                continue
-            left = None if args.time_limit is None else args.time_limit - (time.perf_counter() - started)
-            if left is not None and left <= 0:
-                print(f"time limit reached before {name}; run the same command again to continue", flush=True)
-                return state
-            spec = ARMS[arm]
-            run = CifarRun(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
-                           seed=seed, out=str(out / name), progress=not args.no_progress, **options)
-            summary = run_cifar(run, time_limit=left)
-            if summary is None:
-                return state
-            summary["arm"], summary["seed"] = arm, seed
-            state["runs"][name] = summary
-            state["config"] = {"preset": args.preset, "budget": args.budget, **options}
-            state_path.write_text(json.dumps(state, indent=2))
-            write_table(out, state)
+    state["config"] = {"preset": args.preset, "budget": args.budget, **options, "parallel": args.parallel}
+    collect(out, state)
+    todo = [(arm, seed) for seed in args.seeds for arm in args.arms if f"{arm}-s{seed}" not in state["runs"]]
+    started = time.perf_counter()
+
+    def left() -> float | None:
+        return None if args.time_limit is None else args.time_limit - (time.perf_counter() - started)
+
+    failed: list[str] = []
+    if args.parallel > 1 and len(todo) > 1:
+        failed = run_parallel(args, argv, todo, left)
+        collect(out, state)
+    else:
+        for arm, seed in todo:
+            remaining = left()
+            if remaining is not None and remaining <= 0:
+                print(f"time limit reached before {arm}-s{seed}; run the same command again to continue", flush=True)
+                break
+            if run_one(args, arm, seed, remaining) is None:
+                break
+            collect(out, state)
+            _save(out, state)
+    _save(out, state)
+    if failed:
+        raise SystemExit(f"runs failed: {', '.join(failed)} (see output.log in their folders)")
     return state
+
+
+def run_parallel(args: argparse.Namespace, argv: list[str], todo: list[tuple[str, int]], left) -> list[str]:
+    """Run ``todo`` as up to ``args.parallel`` child processes at once (small CIFAR networks leave most of a
+    large GPU idle); each child trains one run and writes its ``summary.json``. Returns the failed runs."""
+    queue, running, failed = list(todo), {}, []
+    while queue or running:
+        while queue and len(running) < args.parallel:
+            remaining = left()
+            if remaining is not None and remaining <= 0:
+                print(f"time limit reached before {', '.join(f'{a}-s{s}' for a, s in queue)}; "
+                      "run the same command again to continue", flush=True)
+                queue.clear()
+                break
+            arm, seed = queue.pop(0)
+            name = f"{arm}-s{seed}"
+            folder = Path(args.out) / name
+            folder.mkdir(parents=True, exist_ok=True)
+            child = [sys.executable, str(Path(__file__).resolve()), *argv, "--only", name, "--parallel", "1",
+                     "--no-progress"]
+            if remaining is not None:
+                child += ["--time-limit", f"{remaining:.0f}"]
+            log = open(folder / "output.log", "a")  # noqa: SIM115 (closed when the child ends)
+            running[name] = (subprocess.Popen(child, stdout=log, stderr=subprocess.STDOUT), log)
+            print(f"started {name}", flush=True)
+        time.sleep(1.0)
+        for name, (proc, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            if proc.returncode:
+                failed.append(name)
+                print(f"{name} failed (exit {proc.returncode}); see {Path(args.out) / name / 'output.log'}", flush=True)
+            elif (Path(args.out) / name / "summary.json").exists():
+                print(f"{name} finished", flush=True)
+            else:
+                print(f"{name} stopped at the time limit; run the same command again to resume it", flush=True)
+    return failed
 
 
 def _mean_std(values: list[float]) -> str:
@@ -98,8 +173,11 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
+    shared = config.get("parallel", 1)
+    shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
     lines = [
-        f"{arch}, budget {config.get('budget')} epochs{data}, {evaluated_on}; top-1 = best (mean ± std) over seeds",
+        f"{arch}, budget {config.get('budget')} epochs{data}, {evaluated_on}; top-1 = best (mean ± std) over seeds"
+        + shared,
         "",
         "| method | K | seeds | Params-Train | Params-Test | top-1 (%) | paper, 320 epochs | epoch time | wall time |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -142,8 +220,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
     parser.add_argument("--compile", action="store_true", default=None)
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="train this many runs at once, as separate processes (one GPU runs several small nets)")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # a child of --parallel: this one run, no table
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    state = sweep(args)
+    if args.parallel < 1:
+        parser.error(f"--parallel must be at least 1, got {args.parallel}")
+    if args.only is not None:
+        match = RUN_NAME.fullmatch(args.only)
+        run_one(args, match["arm"], int(match["seed"]), args.time_limit)
+        return {}
+    state = sweep(args, argv)
     if (Path(args.out) / "results.md").exists():
         print((Path(args.out) / "results.md").read_text())
     return state

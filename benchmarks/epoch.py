@@ -1,12 +1,14 @@
-"""Epoch time on CIFAR-10: the device-resident BatchLoader vs the torch DataLoader path.
+"""Epoch time on CIFAR-10 per arm: the device-resident BatchLoader vs the torch DataLoader path.
 
-For each architecture (K=4, batch 128) it times one training epoch through the trainer (bf16 and
-channels_last on CUDA, optionally ``torch.compile``), once per loader path, plus the loaders alone
-(images/s without a model). ``--train-subset N`` times an epoch of N images and scales the time to the
-full 50,000 (reported as extrapolated) for machines where a full epoch takes too long.
+For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times one
+training epoch through the trainer (bf16 and channels_last on CUDA, optionally ``torch.compile``), once
+per loader path, plus the loaders alone (images/s without a model). ``--train-subset N`` times an epoch
+of N images and scales the time to the full 50,000 (reported as extrapolated) for machines where a full
+epoch takes too long.
 
     python benchmarks/epoch.py --data ../shared/data/cifar10_jpeg.npz                 # full epochs
     python benchmarks/epoch.py --data ... --train-subset 2560 --archs cifar-20-4-8     # CPU: part of one
+    python benchmarks/epoch.py --data ... --archs cifar-20-4-8 --arms full topk4 random4 real4 --paths resident
 
 Target (H100): one epoch of {29,8,8} K=4 in at most 6 s.
 """
@@ -21,6 +23,7 @@ import time
 from datetime import date
 
 import torch
+from accuracy import ARMS
 
 import connlearn
 from connlearn.data import load_dataset, make_loaders
@@ -40,10 +43,10 @@ def loader_throughput(loader) -> float:
     return seen / (time.perf_counter() - t0)
 
 
-def epoch_time(arch: str, loader, device: torch.device, compile: bool) -> float:
-    """Seconds of one phase-1 training epoch (gates learning) of ``arch`` with ``loader``; with ``compile``,
-    of the second epoch (the first pays for compilation)."""
-    net = connlearn.build(preset=arch, gate="topk", K=4, num_classes=10)
+def epoch_time(arch: str, arm: str, loader, device: torch.device, compile: bool) -> float:
+    """Seconds of one phase-1 training epoch (gates learning) of ``arm`` on ``arch`` with ``loader``; with
+    ``compile``, of the second epoch (the first pays for compilation)."""
+    net = connlearn.build(preset=arch, gate=ARMS[arm]["gate"], K=ARMS[arm]["K"], num_classes=10)
     recipe = Recipe("bench", [Phase(2 if compile else 1, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile,
@@ -55,6 +58,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
     parser.add_argument("--archs", nargs="+", default=["cifar-20-4-8", "cifar-29-8-8"])
+    parser.add_argument("--arms", nargs="+", default=["topk4"], choices=list(ARMS))
+    parser.add_argument("--paths", nargs="+", default=["resident", "dataloader"], choices=("resident", "dataloader"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--train-subset", type=int, help="time an epoch of this many images and scale it")
     parser.add_argument("--workers", type=int, default=4, help="DataLoader workers")
@@ -67,27 +72,33 @@ def main() -> None:
         train = train.subset(args.train_subset)
     scale = FULL_EPOCH / len(train)
     cuda = device.type == "cuda"
-    paths = {
-        "resident": make_loaders(train, test, 128, device=device, channels_last=cuda)[0],
-        "dataloader": make_loaders(train, test, 128, device=device, path="dataloader", num_workers=args.workers,
-                                   pin_memory=cuda, channels_last=cuda)[0],
+    makers = {
+        "resident": lambda: make_loaders(train, test, 128, device=device, channels_last=cuda)[0],
+        "dataloader": lambda: make_loaders(train, test, 128, device=device, path="dataloader",
+                                           num_workers=args.workers, pin_memory=cuda, channels_last=cuda)[0],
     }
+    paths = {k: makers[k]() for k in args.paths}
     threads = torch.get_num_threads()
     name = torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.machine()}, {threads} threads)"
     results = {"device": name, "date": str(date.today()), "images": len(train), "extrapolated": scale != 1,
                "loader_images_per_s": {k: loader_throughput(v) for k, v in paths.items()}, "epoch_s": {}}
     for arch in args.archs:
-        results["epoch_s"][arch] = {k: epoch_time(arch, v, device, args.compile) * scale for k, v in paths.items()}
-        print(arch, results["epoch_s"][arch], flush=True)
+        for arm in args.arms:
+            row = {k: epoch_time(arch, arm, v, device, args.compile) * scale for k, v in paths.items()}
+            results["epoch_s"].setdefault(arch, {})[arm] = row
+            print(arch, arm, row, flush=True)
     note = f" (timed on {len(train)} images, scaled to 50,000)" if scale != 1 else ""
-    print(f"\n{name}, {date.today()}, batch 128, K=4{', torch.compile' if args.compile else ''}{note}\n")
-    print("| arch | resident loader | DataLoader | DataLoader / resident |")
-    print("| --- | --- | --- | --- |")
-    for arch, row in results["epoch_s"].items():
-        print(f"| {arch} | {row['resident']:.1f} s | {row['dataloader']:.1f} s | "
-              f"{row['dataloader'] / row['resident']:.2f} |")
-    rates = results["loader_images_per_s"]
-    print(f"\nloaders alone: resident {rates['resident']:.0f} img/s, DataLoader {rates['dataloader']:.0f} img/s")
+    print(f"\n{name}, {date.today()}, batch 128{', torch.compile' if args.compile else ''}{note}\n")
+    both = len(paths) == 2
+    header = " | ".join(f"{k} loader" for k in paths) + (" | DataLoader / resident |" if both else " |")
+    print("| arch | arm | " + header)
+    print("| --- | --- | " + " | ".join("---" for _ in paths) + (" | --- |" if both else " |"))
+    for arch, arms in results["epoch_s"].items():
+        for arm, row in arms.items():
+            ratio = f" {row['dataloader'] / row['resident']:.2f} |" if both else ""
+            print(f"| {arch} | {arm} | " + " | ".join(f"{t:.1f} s" for t in row.values()) + " |" + ratio)
+    rates = ", ".join(f"{k} {v:.0f} img/s" for k, v in results["loader_images_per_s"].items())
+    print(f"\nloaders alone: {rates}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

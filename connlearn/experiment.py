@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
     is not finished; calling it again resumes."""
+    started = time.perf_counter()
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     train, test, source = load_data(run)
@@ -157,7 +159,8 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
         progress=run.progress, meta={"run": run.to_dict(), "source": source},
     )
-    history = trainer.fit(time_limit=time_limit)
+    # the time limit counts from this call: loading the data is part of it
+    history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))
     if trainer.epoch < recipe.total_epochs:
         _say(f"connlearn: stopped after epoch {trainer.epoch} of {recipe.total_epochs} (time limit); "
              "run again to resume")

@@ -72,7 +72,10 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
     empty = weights.sum(dim=1, keepdim=True) <= 0
     weights = torch.where(empty & valid, torch.ones_like(weights), weights)
     logw = torch.where(weights > 0, weights.clamp(min=1e-30).log(), torch.full_like(weights, _ZERO_KEY))
-    noise = torch.rand(weights.shape, generator=generator).to(device, non_blocking=True)
+    noise = torch.rand(weights.shape, generator=generator)
+    if device.type == "cuda":
+        noise = noise.pin_memory()  # an asynchronous copy: no host-device synchronisation per step
+    noise = noise.to(device, non_blocking=True)
     gumbel = -(-noise.clamp(1e-20, 1.0 - 1e-7).log()).log()
     keys = torch.where(valid, logw + gumbel, torch.full_like(weights, float("-inf")))
     idx = keys.topk(K, dim=1).indices

@@ -52,3 +52,20 @@ def test_an_interrupted_sweep_resumes_the_unfinished_run_and_skips_finished_ones
     assert (tmp_path / "full-s0" / "summary.json").stat().st_mtime_ns == done  # not run again
     log = read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")
     assert [r["epoch"] for r in log] == [1, 2] and log[0] == first_epoch[0]  # resumed, not restarted
+
+
+def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, data):
+    state = main(_args(tmp_path, data, "--parallel", "2"))
+    assert set(state["runs"]) == {"full-s0", "topk4-s0"}
+    for name in state["runs"]:
+        assert (tmp_path / name / "output.log").exists()
+        assert [r["epoch"] for r in read_jsonl(tmp_path / name / "log.jsonl")] == [1, 2]
+    assert json.loads((tmp_path / "sweep.json").read_text())["config"]["parallel"] == 2
+    assert "2 runs at a time on one device" in (tmp_path / "results.md").read_text()
+    again = main(_args(tmp_path, data, "--parallel", "2"))  # nothing left to do: no child starts
+    assert again["runs"].keys() == state["runs"].keys()
+
+
+def test_parallel_must_be_positive(tmp_path, data):
+    with pytest.raises(SystemExit):
+        main(_args(tmp_path, data, "--parallel", "0"))
