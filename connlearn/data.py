@@ -193,7 +193,41 @@ def _run_in_chunks(count: int, work: Callable[[int, int], None]) -> None:
         list(pool.map(work, bounds[:-1], bounds[1:]))
 
 
+def _decode_jpeg_fast(buffer: bytes, offsets: list[int]) -> np.ndarray | None:
+    """All images of a JPEG split decoded by torchvision's batched decoder (the same libjpeg-turbo pixels as
+    Pillow, several times faster on small images, without the GIL); ``None`` if anything is off, so that the
+    Pillow path decodes and reports the faulty image."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        return None
+    data = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+    shapes: list[tuple[int, ...]] = []
+    images: list[np.ndarray] = []
+
+    def decode_range(lo: int, hi: int) -> None:
+        decoded = decode_jpeg([data[offsets[i] : offsets[i + 1]] for i in range(lo, hi)], mode=ImageReadMode.RGB)
+        shapes.extend({tuple(t.shape) for t in decoded})
+        images.append((lo, decoded))
+
+    try:
+        _run_in_chunks(len(offsets) - 1, decode_range)
+    except RuntimeError:
+        return None
+    if len(set(shapes)) != 1:
+        return None
+    c, h, w = shapes[0]
+    out = np.empty((len(offsets) - 1, h, w, c), dtype=np.uint8)
+    for lo, decoded in images:
+        out[lo : lo + len(decoded)] = torch.stack(decoded).permute(0, 2, 3, 1).numpy()
+    return out
+
+
 def _decode_split(buffer: bytes, offsets: list[int], encoding: str, where: str) -> np.ndarray:
+    if encoding == "jpeg":
+        fast = _decode_jpeg_fast(buffer, offsets)
+        if fast is not None:
+            return fast
     pillow_format = encoding.upper()
 
     def decode(i: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Datasets, the packed file format and the loaders: lossless packing, clear errors for bad files, the real
 CIFAR-10 copy, class-balanced subsets, and loaders whose batches depend on (seed, epoch) only."""
 
+import io
 import os
 
 import numpy as np
@@ -119,6 +120,28 @@ def test_jpeg_pack_round_trip_keeps_labels_and_is_close(tmp_path):
         assert loaded.images.shape == original.images.shape
         assert np.array_equal(loaded.labels, original.labels) and loaded.class_names == original.class_names
         assert np.abs(loaded.images.astype(float) - original.images).mean() < 5.0
+
+
+def test_jpeg_splits_decode_to_exactly_the_pixels_pillow_gives(tmp_path):
+    train, test = synthetic(num_classes=3, n_train=40, n_test=9, size=16)
+    path = pack(tmp_path / "data.npz", train, test, format="jpeg", quality=90)
+    loaded, _ = load_packed(path)
+    with np.load(path) as archive:
+        buffer, offsets = archive["train_jpeg"].tobytes(), archive["train_offsets"]
+    for i in range(len(loaded)):
+        with Image.open(io.BytesIO(buffer[offsets[i] : offsets[i + 1]])) as image:
+            assert np.array_equal(loaded.images[i], np.asarray(image.convert("RGB")))
+
+
+def test_a_corrupt_jpeg_is_a_data_error_naming_the_image(tmp_path):
+    path = pack(tmp_path / "d.npz", *synthetic(num_classes=2, n_train=6, n_test=2, size=8), format="jpeg")
+    with np.load(path) as archive:
+        arrays = dict(archive)
+    start = arrays["train_offsets"][3]
+    arrays["train_jpeg"][start : start + 4] = 0  # image 3 loses its JPEG header
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match=r"train split\): image 3 is not a readable JPEG"):
+        load_packed(path)
 
 
 def test_pack_accepts_a_torchvision_style_dataset_of_pil_images(tmp_path):
