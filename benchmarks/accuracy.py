@@ -31,7 +31,7 @@ from typing import Any
 
 from connlearn import plots
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
-from connlearn.train import read_jsonl
+from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
     parser.add_argument("--device")
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
-    parser.add_argument("--compile", action="store_true", default=None)
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
     parser.add_argument("--parallel", type=int, default=1,
                         help="train this many runs at once, as separate processes (one GPU runs several small nets)")

@@ -1,7 +1,7 @@
 """Epoch time on CIFAR-10 per arm: the device-resident BatchLoader vs the torch DataLoader path.
 
 For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times one
-training epoch through the trainer (bf16 and channels_last on CUDA, optionally ``torch.compile``), once
+training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), once
 per loader path, plus the loaders alone (images/s without a model). ``--train-subset N`` times an epoch
 of N images and scales the time to the full 50,000 (reported as extrapolated) for machines where a full
 epoch takes too long.
@@ -28,7 +28,7 @@ from accuracy import ARMS
 import connlearn
 from connlearn.data import load_dataset, make_loaders
 from connlearn.recipe import Phase, Recipe
-from connlearn.train import Trainer
+from connlearn.train import COMPILE_MODES, Trainer
 
 FULL_EPOCH = 50_000
 
@@ -43,14 +43,14 @@ def loader_throughput(loader) -> float:
     return seen / (time.perf_counter() - t0)
 
 
-def epoch_time(arch: str, arm: str, loader, device: torch.device, compile: bool) -> float:
+def epoch_time(arch: str, arm: str, loader, device: torch.device, compile: str | None, channels_last: bool) -> float:
     """Seconds of one phase-1 training epoch (gates learning) of ``arm`` on ``arch`` with ``loader``; with
     ``compile``, of the second epoch (the first pays for compilation)."""
     net = connlearn.build(preset=arch, gate=ARMS[arm]["gate"], K=ARMS[arm]["K"], num_classes=10)
     recipe = Recipe("bench", [Phase(2 if compile else 1, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile,
-                          snapshot_every=0, progress=False, verbose=False)
+        trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
+                          channels_last=channels_last, snapshot_every=0, progress=False, verbose=False)
         return trainer.fit()[-1]["epoch_time"]
 
 
@@ -63,7 +63,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--train-subset", type=int, help="time an epoch of this many images and scale it")
     parser.add_argument("--workers", type=int, default=4, help="DataLoader workers")
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")
+    parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -73,9 +74,10 @@ def main() -> None:
     scale = FULL_EPOCH / len(train)
     cuda = device.type == "cuda"
     makers = {
-        "resident": lambda: make_loaders(train, test, 128, device=device, channels_last=cuda)[0],
+        "resident": lambda: make_loaders(train, test, 128, device=device, channels_last=args.channels_last)[0],
         "dataloader": lambda: make_loaders(train, test, 128, device=device, path="dataloader",
-                                           num_workers=args.workers, pin_memory=cuda, channels_last=cuda)[0],
+                                           num_workers=args.workers, pin_memory=cuda,
+                                           channels_last=args.channels_last)[0],
     }
     paths = {k: makers[k]() for k in args.paths}
     threads = torch.get_num_threads()
@@ -84,11 +86,14 @@ def main() -> None:
                "loader_images_per_s": {k: loader_throughput(v) for k, v in paths.items()}, "epoch_s": {}}
     for arch in args.archs:
         for arm in args.arms:
-            row = {k: epoch_time(arch, arm, v, device, args.compile) * scale for k, v in paths.items()}
+            row = {k: epoch_time(arch, arm, v, device, args.compile, args.channels_last) * scale
+                   for k, v in paths.items()}
             results["epoch_s"].setdefault(arch, {})[arm] = row
             print(arch, arm, row, flush=True)
     note = f" (timed on {len(train)} images, scaled to 50,000)" if scale != 1 else ""
-    print(f"\n{name}, {date.today()}, batch 128{', torch.compile' if args.compile else ''}{note}\n")
+    options = f", torch.compile ({args.compile})" if args.compile else ""
+    options += ", channels-last" if args.channels_last else ""
+    print(f"\n{name}, {date.today()}, batch 128{options}{note}\n")
     both = len(paths) == 2
     header = " | ".join(f"{k} loader" for k in paths) + (" | DataLoader / resident |" if both else " |")
     print("| arch | arm | " + header)

@@ -2,7 +2,8 @@
 
 A step is forward + backward + SGD step at batch 128 on random data; each configuration is timed as the
 median of ``--repeats`` steps after ``--warmup`` steps, all in one run so that ratios compare like with
-like. On CUDA it uses bf16 autocast and channels_last. It also times eval-mode inference of a K=1
+like. On CUDA it uses bf16 autocast and cuDNN autotuning (``cudnn.benchmark``, as the Trainer does), in
+contiguous memory format unless ``--channels-last``. It also times eval-mode inference of a K=1
 Fixed-Random {29,8,8} net before and after pruning its dead blocks.
 
     python benchmarks/speed.py                          # CPU (or --device cuda)
@@ -39,9 +40,9 @@ def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int) -> float:
+def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int,
+                    memory: torch.memory_format = torch.contiguous_format) -> float:
     """Median seconds of a training step."""
-    memory = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     model = model.to(device, memory_format=memory).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=memory)
@@ -62,8 +63,8 @@ def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, wa
 
 
 @torch.no_grad()
-def time_inference(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int) -> float:
-    memory = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+def time_inference(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int,
+                   memory: torch.memory_format = torch.contiguous_format) -> float:
     model = model.to(device, memory_format=memory).eval()
     x = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=memory)
     times = []
@@ -92,9 +93,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="default 3 on CUDA, 1 on CPU")
     parser.add_argument("--repeats", type=int, default=None, help="default 20 on CUDA, 3 on CPU")
     parser.add_argument("--skip-reference", action="store_true", help="leave out the (slow) reference engine")
+    parser.add_argument("--channels-last", action="store_true", help="time in channels-last memory format")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
+    memory = torch.channels_last if args.channels_last else torch.contiguous_format
+    torch.backends.cudnn.benchmark = True
     warmup = args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1)
     repeats = args.repeats if args.repeats is not None else (20 if device.type == "cuda" else 3)
     if device.type == "cuda":
@@ -114,20 +118,21 @@ def main() -> None:
             configs["reference topk K=4"] = lambda a=arch: connlearn.build(preset=a, gate="topk", K=4,
                                                                           engine="reference")
         for label, make in configs.items():
-            row[label] = time_train_step(make(), device, args.batch, warmup, repeats)
+            row[label] = time_train_step(make(), device, args.batch, warmup, repeats, memory)
             print(f"{arch:14s} {label:20s} {1000 * row[label]:10.1f} ms/step", flush=True)
         results[arch] = row
     net = connlearn.build(preset="cifar-29-8-8", gate="random", K=1, seed=0)
     pruned, report = prune_dead_blocks(net)
     inference = {
-        "unpruned": time_inference(net, device, args.batch, warmup, repeats),
-        "pruned": time_inference(pruned, device, args.batch, warmup, repeats),
+        "unpruned": time_inference(net, device, args.batch, warmup, repeats, memory),
+        "pruned": time_inference(pruned, device, args.batch, warmup, repeats, memory),
         "params_before": report.params_before, "params_after": report.params_after,
     }
     print(f"inference {{29,8,8}} K=1 random: unpruned {1000 * inference['unpruned']:.1f} ms, "
           f"pruned {1000 * inference['pruned']:.1f} ms ({report})")
 
-    print(f"\n{name}, {date.today()}, batch {args.batch}, median of {repeats} steps after {warmup} warm-up\n")
+    layout = "channels-last" if args.channels_last else "contiguous"
+    print(f"\n{name}, {date.today()}, batch {args.batch}, {layout}, median of {repeats} steps after {warmup} warm-up\n")
     print("| arch | fused topk | fused random | reference topk | full | plain ResNeXt | reference/fused | "
           "topk/random | full/plain |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -142,8 +147,9 @@ def main() -> None:
     print(f"\npruned inference speed-up, {{29,8,8}} K=1 Fixed-Random: {speedup:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "date": str(date.today()), "batch": args.batch, "repeats": repeats,
-                       "warmup": warmup, "train_step_s": results, "inference_s": inference}, f, indent=2)
+            json.dump({"device": name, "date": str(date.today()), "batch": args.batch,
+                       "channels_last": args.channels_last, "repeats": repeats, "warmup": warmup,
+                       "train_step_s": results, "inference_s": inference}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     from connlearn.compile import ENGINES
     from connlearn.data import LOADER_PATHS
     from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
-    from connlearn.train import AMP_MODES
+    from connlearn.train import AMP_MODES, COMPILE_MODES
     from connlearn.updater import GRAD_MODES
 
     defaults = CifarRun()
@@ -50,7 +50,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--batch-size", type=int, help="default 128")
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
-    a("--compile", action="store_true", default=None, help="torch.compile the network")
+    a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+      help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default)")
     a("--engine", choices=ENGINES, help="default fused")
     a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches; dataloader: torch DataLoader")
     a("--gate-grad", choices=GRAD_MODES, help="gate gradient rule (default plain, the paper's)")

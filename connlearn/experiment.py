@@ -58,7 +58,7 @@ class CifarRun:
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
     device: str | None = None
     amp: str = "auto"
-    compile: bool = False
+    compile: bool | str = False
     engine: str = "fused"
     loader: str = "auto"
     gate_grad: str = "plain"
@@ -150,7 +150,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
-        eval_batch_size=max(recipe.batch_size, 256), channels_last=device.type == "cuda",
+        eval_batch_size=max(recipe.batch_size, 256),
     )
     _say(f"connlearn: {run.preset} gate={run.gate} K={net.K} on {source}: {len(train)} train / {len(test)} eval "
          f"images, {recipe.total_epochs} epochs ({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")

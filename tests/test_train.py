@@ -159,6 +159,21 @@ def test_an_unknown_amp_mode_names_the_allowed_ones(tmp_path):
         _trainer(tmp_path, amp="bf61")
 
 
+def test_an_unknown_compile_mode_names_the_allowed_ones(tmp_path):
+    with pytest.raises(connlearn.ConnlearnError, match="did you mean 'reduce-overhead'"):
+        _trainer(tmp_path, compile="reduce-overhed")
+
+
+@pytest.mark.slow
+def test_a_compiled_trainer_follows_the_eager_one(tmp_path):
+    recipe = Recipe("short", [Phase(1, 0.1, gate_lr=0.2), Phase(1, 0.01, frozen=True)])
+    eager = _trainer(tmp_path / "eager", recipe=recipe).fit()
+    compiled = _trainer(tmp_path / "compiled", recipe=recipe, compile="default").fit()
+    for a, b in zip(eager, compiled, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-3)
+        assert a["active_branches"] == b["active_branches"]
+
+
 def test_gate_row_std_counts_gate_matrices_of_every_width():
     from connlearn.train import gate_statistics
 
