@@ -7,6 +7,7 @@ set). Writes ``OUT/<rule>/`` (log, snapshots, checkpoints), ``OUT/dynamics.md`` 
 statistics at the end of phase 1 and the validation top-1) and ``OUT/gate_dynamics.png``.
 
     python benchmarks/gate_dynamics.py --epochs 6 --train-subset 5000 --out runs/gates
+    python benchmarks/gate_dynamics.py --runs runs/sweep30/topk4-s0 runs/sweep30/topk1-s0 --out runs/dyn
 
 Questions it answers: do the gates of a row drift together towards the clip bound (a flat sampling
 distribution), how far does the within-row spread grow, how many blocks still change their top-K?
@@ -21,11 +22,57 @@ import torch
 from matplotlib.figure import Figure
 
 import connlearn
+from connlearn.checkpoint import net_from_checkpoint
 from connlearn.data import load_dataset, make_loaders
 from connlearn.plots import gate_statistics
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer, read_jsonl
 from connlearn.updater import GRAD_MODES
+
+
+def _row(label: str, stats: list[dict], last: dict) -> str:
+    end = stats[-1]
+    changed = [s["topk_changed"] for s in stats[-5:] if s["topk_changed"] is not None]
+    changed_share = sum(changed) / len(changed) if changed else float("nan")
+    return (f"| {label} | {end['epoch']:.1f} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
+            f"{end['frac_at_0']:.3f} | {last['gate_entropy']:.3f} | {changed_share:.3f} | {last['test_top1']:.2f} |")
+
+
+def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], logs: dict[str, list[dict]]) -> None:
+    """``out/dynamics.md`` (the gate statistics at the last snapshot, one row per run) and
+    ``out/gate_dynamics.png`` (their course over training)."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [header, "",
+             f"| run | epoch | gate mean | within-row std | at 1 | at 0 | sampling entropy (uniform: "
+             f"{torch.log(torch.tensor(float(C))).item():.3f}) | top-K changed (last 5 snapshots) | eval top-1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             *(_row(label, stats[label], logs[label][-1]) for label in stats)]
+    (out / "dynamics.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2)
+    for label, series in stats.items():
+        epochs = [s["epoch"] for s in series]
+        for ax, key, title in zip(axes.flat, ("mean", "row_std", "frac_at_1", "topk_changed"),
+                                  ("mean real gate", "mean within-row std", "share of gates at 1",
+                                   "share of blocks whose top-K changed"), strict=True):
+            ax.plot(epochs, [s[key] for s in series], label=label)
+            ax.set_title(title)
+            ax.set_xlabel("epoch")
+    axes.flat[0].legend()
+    fig.savefig(out / "gate_dynamics.png", dpi=110)
+
+
+def from_runs(folders: list[str], out: Path) -> None:
+    """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K."""
+    stats, logs, widths = {}, {}, set()
+    for folder in map(Path, folders):
+        net = net_from_checkpoint(folder / "last.pt")
+        stats[folder.name] = gate_statistics(read_jsonl(folder / "gates.jsonl"), net.K)
+        logs[folder.name] = read_jsonl(folder / "log.jsonl")
+        widths.add(max(g.shape[1] for _, g in net.gates()))
+    header = f"gate snapshots of {', '.join(folders)}; eval top-1 on each run's own evaluation set"
+    write_report(out, header, max(widths), stats, logs)
 
 
 def main() -> None:
@@ -41,7 +88,12 @@ def main() -> None:
     parser.add_argument("--net", default="M=3,C=8,K=4,width=2,base_channels=16,stem_channels=16",
                         help="build() options of the network (default: a small {C=8, K=4} CPU-sized net)")
     parser.add_argument("--out", default="runs/gates")
+    parser.add_argument("--runs", nargs="+", metavar="RUN_DIR",
+                        help="train nothing: report the gate dynamics of these finished or partial runs")
     args = parser.parse_args()
+    if args.runs:
+        from_runs(args.runs, Path(args.out))
+        return
     options = {k: int(v) for k, v in (kv.split("=") for kv in args.net.split(","))}
     train, _ = load_dataset("cifar10", args.data)
     train, val = train.split(args.val_split)
@@ -49,39 +101,17 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)])
     out = Path(args.out)
-    rows, stats = [], {}
+    stats, logs = {}, {}
     for rule in args.rules:
         loaders = make_loaders(train, val, recipe.batch_size, device=device, seed=args.seed)
         net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, **options)
         trainer = Trainer(net, *loaders, recipe, out_dir=out / rule, device=device, gate_grad=rule,
                           snapshot_every=args.snapshot_every, progress=False)
-        history = trainer.fit()
+        logs[rule] = trainer.fit()
         stats[rule] = gate_statistics(read_jsonl(out / rule / "gates.jsonl"), net.K)
-        last, end = history[-1], stats[rule][-1]
-        changed = [s["topk_changed"] for s in stats[rule][-5:] if s["topk_changed"] is not None]
-        changed_share = sum(changed) / len(changed) if changed else float("nan")
-        rows.append(f"| {rule} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
-                    f"{end['frac_at_0']:.3f} | {last['gate_entropy']:.3f} | {changed_share:.3f} | "
-                    f"{last['test_top1']:.2f} |")
-    lines = [f"phase 1 only, {args.epochs} epochs of {len(train)} images, gate lr {args.gate_lr}, seed {args.seed}, "
-             f"net {args.net}; validation split of {len(val)} training images; {device}", "",
-             "| rule | gate mean | within-row std | at 1 | at 0 | sampling entropy (uniform: "
-             f"{torch.log(torch.tensor(float(options.get('C', 8)))).item():.3f}) | top-K changed (last 5 snapshots) "
-             "| val top-1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows]
-    (out / "dynamics.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    fig = Figure(figsize=(10, 7), layout="constrained")
-    axes = fig.subplots(2, 2)
-    for rule, series in stats.items():
-        epochs = [s["epoch"] for s in series]
-        for ax, key, title in zip(axes.flat, ("mean", "row_std", "frac_at_1", "topk_changed"),
-                                  ("mean real gate", "mean within-row std", "share of gates at 1",
-                                   "share of blocks whose top-K changed"), strict=True):
-            ax.plot(epochs, [s[key] for s in series], label=rule)
-            ax.set_title(title)
-            ax.set_xlabel("epoch")
-    axes.flat[0].legend()
-    fig.savefig(out / "gate_dynamics.png", dpi=110)
+    header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images, gate lr {args.gate_lr}, seed {args.seed}, "
+              f"net {args.net}; validation split of {len(val)} training images; {device}")
+    write_report(out, header, options.get("C", 8), stats, logs)
 
 
 if __name__ == "__main__":

@@ -1,45 +1,75 @@
 #!/usr/bin/env bash
-# The GPU measurements of BENCHMARKS.md as one run bounded in time, from the repository root:
+# The GPU measurements of BENCHMARKS.md as runs bounded in time, from the repository root:
 #
-#   benchmarks/gpu_suite.sh DATA RESULTS [SECONDS]
+#   benchmarks/gpu_suite.sh MODE DATA RESULTS [SECONDS]
 #
-# 1. speed.py and epoch.py (per-arm epoch time of {20,4,8}), each alone on the device;
-# 2. the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
-#    (seed 0 first), in runs/sweep30, with the device's utilisation sampled every 5 s;
-# 3. with time left, the 320-epoch protocol (full vs topk4, seed 0) in runs/sweep320.
-# Whatever the time limit stops resumes when the same command runs again with runs/ kept.
-# DEVICE (default cuda) and EXTRA (options for every accuracy.py call) are for trying it on a CPU.
+# MODE
+#   measure   speed.py (contiguous, and channels-last in the same call), epoch.py per arm (eager), epoch.py
+#             for topk4 under torch.compile (default and reduce-overhead), and the gate rules (plain,
+#             centered, double-centered) over 5 epochs of phase 1 on a 5,000-image validation split
+#   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
+#             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
+#   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
+# Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
+# command runs again with runs/ kept. EXTRA holds further accuracy.py options (e.g. "--compile"); DEVICE
+# (default cuda) lets the suite run on a CPU for a trial.
 set -u
-data=$1 results=$2 total=${3:-540}
+mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-}
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 left() { echo $((total - SECONDS)); }
+# step CAP LOG COMMAND...: run COMMAND for at most CAP seconds (less if less is left), output to LOG too
+step() {
+  local cap=$1 log=$2 t
+  shift 2
+  t=$(left)
+  [ "$t" -gt "$cap" ] && t=$cap
+  if [ "$t" -lt 20 ]; then echo "skipped (time): $*"; return; fi
+  timeout "$t" "$@" 2>&1 | tee -a "$results/$log"
+}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'; } |
   tee "$results/device.txt"
 if [ "$device" = cuda ]; then
-  timeout 100 python3 benchmarks/speed.py --device cuda --json "$results/speed_gpu.json" 2>&1 | tee "$results/speed.log"
-  timeout 100 python3 benchmarks/epoch.py --device cuda --data "$data" --archs cifar-20-4-8 \
-    --arms full topk4 random4 real4 topk1 --paths resident --json "$results/epoch_gpu.json" 2>&1 |
-    tee "$results/epoch.log"
   nvidia-smi dmon -s u -d 5 >"$results/dmon.txt" 2>&1 &
   dmon=$!
 fi
 
-limit=$(($(left) - 45))
-# shellcheck disable=SC2086
-OMP_NUM_THREADS=2 timeout $((limit + 40)) python3 benchmarks/accuracy.py --data "$data" --budget 30 --seeds 0 1 \
-  --arms full topk4 random4 real4 topk1 --parallel 5 --out runs/sweep30 --time-limit "$limit" --no-progress \
-  --device "$device" $extra 2>&1 | tee "$results/sweep30.log"
-
-if [ "$(left)" -gt 100 ]; then
-  limit=$(($(left) - 40))
+sweep() {  # budget, arms, seeds, parallel, out
+  local limit=$(($(left) - 45))
+  [ "$limit" -lt 60 ] && return
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=2 timeout $((limit + 35)) python3 benchmarks/accuracy.py --data "$data" --budget 320 --seeds 0 \
-    --arms full topk4 --parallel 2 --out runs/sweep320 --time-limit "$limit" --no-progress \
-    --device "$device" $extra 2>&1 | tee "$results/sweep320.log"
-fi
+  step $((limit + 40)) "sweep$1.log" env OMP_NUM_THREADS=2 python3 benchmarks/accuracy.py --data "$data" --budget "$1" \
+    --arms $2 --seeds $3 --parallel "$4" --out "$5" --time-limit "$limit" --no-progress --device "$device" $extra
+}
+
+case $mode in
+measure)
+  step 100 speed.log python3 benchmarks/speed.py --device "$device" --json "$results/speed.json"
+  step 40 speed.log python3 benchmarks/speed.py --device "$device" --archs cifar-20-4-8 --skip-reference --channels-last \
+    --json "$results/speed_channels_last.json"
+  step 90 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 \
+    --arms full topk4 random4 real4 topk1 --paths resident --json "$results/epoch.json"
+  step 150 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
+    --paths resident --compile --json "$results/epoch_compile.json"
+  step 150 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
+    --paths resident --compile reduce-overhead --json "$results/epoch_compile_ro.json"
+  step 300 gates.log python3 benchmarks/gate_dynamics.py --data "$data" --net K=4 --train-subset 45000 \
+    --epochs 5 --snapshot-every 50 --rules plain centered double-centered --out runs/gates
+  ;;
+sweep)
+  sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
+  [ "$(left)" -gt 100 ] && sweep 320 "full topk4" 0 2 runs/sweep320
+  ;;
+protocol)
+  sweep 320 "full topk4" 0 2 runs/sweep320
+  ;;
+*)
+  echo "unknown mode $mode: measure, sweep or protocol" >&2
+  exit 2
+  ;;
+esac
 [ -n "${dmon:-}" ] && kill "$dmon"
 echo "suite ended after ${SECONDS}s"
