@@ -47,7 +47,7 @@ sweep() {  # budget, arms, seeds, parallel, out
 
 case $mode in
 measure)
-  step 100 speed.log python3 benchmarks/speed.py --device "$device" --json "$results/speed.json"
+  step 120 speed.log python3 benchmarks/speed.py --device "$device" --profile --json "$results/speed.json"
   step 40 speed.log python3 benchmarks/speed.py --device "$device" --archs cifar-20-4-8 --skip-reference --channels-last \
     --json "$results/speed_channels_last.json"
   step 90 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 \

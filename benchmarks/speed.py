@@ -40,6 +40,19 @@ def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def profile_train_step(model: torch.nn.Module, device: torch.device, batch: int,
+                       memory: torch.memory_format = torch.contiguous_format, steps: int = 5) -> str:
+    """torch.profiler's table of ``steps`` training steps (after 3 warm-up steps), by self device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    time_train_step(model, device, batch, 3, 1, memory)  # builds the optimizer state, autotunes
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        time_train_step(model, device, batch, 0, steps, memory)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=16, max_name_column_width=60)
+
+
 def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int,
                     memory: torch.memory_format = torch.contiguous_format) -> float:
     """Median seconds of a training step."""
@@ -94,6 +107,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="default 20 on CUDA, 3 on CPU")
     parser.add_argument("--skip-reference", action="store_true", help="leave out the (slow) reference engine")
     parser.add_argument("--channels-last", action="store_true", help="time in channels-last memory format")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print torch.profiler's table of 5 steps of fused topk K=4 on the first arch")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -121,6 +136,9 @@ def main() -> None:
             row[label] = time_train_step(make(), device, args.batch, warmup, repeats, memory)
             print(f"{arch:14s} {label:20s} {1000 * row[label]:10.1f} ms/step", flush=True)
         results[arch] = row
+    if args.profile:
+        print(f"\nprofile of 5 steps, fused topk K=4, {args.archs[0]}:")
+        print(profile_train_step(connlearn.build(preset=args.archs[0], gate="topk", K=4), device, args.batch, memory))
     net = connlearn.build(preset="cifar-29-8-8", gate="random", K=1, seed=0)
     pruned, report = prune_dead_blocks(net)
     inference = {
