@@ -226,6 +226,7 @@ class ConnectivityNet(nn.Module):
         self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
+        self._draws: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
 
     def _make_module(self, graph: BranchGraph, module: int, info: dict[str, Any], gate_cls: type) -> nn.Module:
         needs_proj = info["in_channels"] != info["out_channels"] or info["stride"] != 1
@@ -301,7 +302,42 @@ class ConnectivityNet(nn.Module):
         for cls in dict.fromkeys(type(g) for g in gates):
             group = [g for g in gates if type(g) is cls]
             drawn.update(zip((id(g) for g in group), cls.draw(group, self.generator), strict=True))
+        if self._draws is not None:
+            for index, g in enumerate(gates):
+                mask = drawn[id(g)].detach().bool()
+                self._draws.append((index, mask, (mask == g.active()).all(dim=1)))
         return drawn
+
+    # ------------------------------------------------------------------ draw statistics
+    def record_draws(self, on: bool = True) -> None:
+        """Start (or stop, with ``on=False``) recording the connectivities that stochastic gates draw in
+        training; :meth:`draw_statistics` summarises them. Recording keeps every draw on the device
+        (no synchronisation per step) until the statistics are taken."""
+        self._draws = [] if on else None
+
+    def draw_statistics(self) -> dict[str, float | None]:
+        """What the stochastic gates drew since :meth:`record_draws` (and restart the record):
+
+        - ``drawn_distinct``: the number of distinct input sets a block drew, averaged over blocks;
+        - ``drawn_topk_share``: the share of draws equal to the block's top-K at that moment (near 1 when
+          sampling follows the gates; ``1 / binom(N, K)`` when it is uniform over N candidates).
+
+        Both are ``None`` when nothing was drawn (no stochastic gates, eval mode, or not recording).
+        """
+        draws, self._draws = self._draws, ([] if self._draws is not None else None)
+        if not draws:
+            return {"drawn_distinct": None, "drawn_topk_share": None}
+        by_gate: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for index, mask, agree in draws:
+            by_gate.setdefault(index, []).append((mask, agree))
+        distinct, agreement, rows = 0, 0.0, 0
+        for pairs in by_gate.values():
+            masks = torch.stack([m for m, _ in pairs]).cpu()  # [draws, rows, cols]
+            agree = torch.stack([a for _, a in pairs]).float()
+            distinct += sum(torch.unique(masks[:, r], dim=0).shape[0] for r in range(masks.shape[1]))
+            agreement += agree.mean(dim=0).sum().item()
+            rows += masks.shape[1]
+        return {"drawn_distinct": distinct / rows, "drawn_topk_share": agreement / rows}
 
     # ------------------------------------------------------------------ queries
     def gates(self) -> Iterator[tuple[int, Gate]]:

@@ -113,17 +113,25 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
     return _save(fig, path)
 
 
+#: Per-epoch gate numbers of the trainer's log that :func:`plot_run` draws in ``draws.png``.
+GATE_LOG_KEYS = ("gate_mean", "gate_at_1", "gate_entropy", "drawn_distinct", "drawn_topk_share")
+
+
 def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Records | None = None,
              snapshots: str | os.PathLike[str] | None = None) -> list[Path]:
     """The standard pictures of a run in folder ``out``: active branches, gate heatmaps (when the graph has
-    gates), test top-1 and train loss over epochs (when ``log`` is given) and the gate evolution (when a
-    non-empty ``snapshots`` file is given). Returns the files written."""
+    gates), test top-1 and train loss over epochs (when ``log`` is given), the per-epoch gate numbers and
+    draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a non-empty
+    ``snapshots`` file is given). Returns the files written."""
     out = Path(out)
     files = [plot_active_branches({f"K={K}": graph}, out / "active_branches.png")]
     if any(graph.candidates(m) for m in graph.modules()):
         files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
     if log is not None:
-        files.append(plot_training_curves(log, out / "curves.png", keys=("test_top1", "train_loss")))
+        records = _records(log, "log")
+        files.append(plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss")))
+        if any(r.get("drawn_distinct") is not None for r in records):
+            files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
     if snapshots is not None and Path(snapshots).is_file() and Path(snapshots).stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
     return files

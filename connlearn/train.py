@@ -1,7 +1,8 @@
 """The GateConnect trainer: runs a :class:`~connlearn.recipe.Recipe` on a network, in plain PyTorch.
 
 Per epoch it writes one JSON line to ``log.jsonl`` (train/test loss, top-1/top-5, learning rates, epoch
-time, images/s, active branches per module, gate statistics) and a checkpoint (``last.pt``, the one before
+time, images/s, active branches per module, gate statistics, and for sampled gates how many distinct
+connectivities each block drew and how often a draw was its top-K) and a checkpoint (``last.pt``, the one before
 it as ``previous.pt``, and ``best.pt``), written atomically. Every ``snapshot_every`` steps of a network
 with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots).
 
@@ -394,6 +395,7 @@ class Trainer:
                    disable=not (self.progress and self.is_main), leave=False, dynamic_ncols=True)
         totals, seen = torch.zeros(2, device=self.device), 0  # loss sum, correct (on the device); images (host)
         lr = self.optimizer.param_groups[0]["lr"]
+        self.net.record_draws(True)
         t0 = time.perf_counter()
         for i, (x, y) in enumerate(loader.epoch(epoch)):
             if self.channels_last:
@@ -423,11 +425,13 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
+        draws = self.net.draw_statistics()
+        self.net.record_draws(False)
         loss_sum, correct, seen = _all_reduce(torch.cat([totals, totals.new_tensor([seen])])).tolist()
         if not seen:
             raise ConfigError("the training loader yielded no batch")
         return {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
-                "images_per_s": seen / elapsed, "step": self.step}
+                "images_per_s": seen / elapsed, "step": self.step, **draws}
 
     def _snapshot(self, epoch: float) -> None:
         if not self.is_main:

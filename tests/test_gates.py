@@ -127,6 +127,31 @@ def test_a_step_draws_all_modules_at_once_from_the_generator():
     assert torch.equal(net.generator.get_state(), after_one)
 
 
+def test_draw_statistics_of_uniform_gates_follow_uniform_sampling():
+    net = connlearn.build(**tiny()).train()  # equal gates, C=4, K=2: binom(4, 2) = 6 input sets
+    net.record_draws()
+    for _ in range(600):
+        net.gate_matrices()
+    stats = net.draw_statistics()
+    assert stats["drawn_distinct"] == 6  # every set is drawn
+    assert stats["drawn_topk_share"] == pytest.approx(1 / 6, abs=0.03)
+
+
+def test_draw_statistics_of_peaked_gates_show_sampling_follows_the_gates():
+    net = connlearn.build(**tiny()).train()
+    with torch.no_grad():
+        for _, g in net.gates():
+            g.real.copy_(torch.tensor([0.9, 0.0, 0.8, 0.0]).expand_as(g.real))
+    net.record_draws()
+    for _ in range(20):
+        net.gate_matrices()
+    assert net.draw_statistics() == {"drawn_distinct": 1.0, "drawn_topk_share": 1.0}
+    assert net.draw_statistics() == {"drawn_distinct": None, "drawn_topk_share": None}  # restarted
+    net.record_draws(False)
+    net.gate_matrices()
+    assert net.draw_statistics()["drawn_distinct"] is None
+
+
 @pytest.mark.parametrize("gate", ["random", "full", "frozen"])
 def test_fixed_kinds_have_no_learnable_gates(gate):
     if gate == "frozen":

@@ -119,9 +119,13 @@ def test_gate_kinds_that_learn_nothing_run_the_same_schedule(tmp_path):
 def test_the_log_has_the_documented_fields(uninterrupted):
     record = uninterrupted.history[0]
     for key in ("epoch", "phase", "lr", "train_loss", "train_top1", "test_loss", "test_top1", "test_top5",
-                "epoch_time", "images_per_s", "active_branches", "gate_entropy", "gate_mean", "best_top1"):
+                "epoch_time", "images_per_s", "active_branches", "gate_entropy", "gate_mean", "best_top1",
+                "drawn_distinct", "drawn_topk_share"):
         assert key in record, key
     assert record["gate_entropy"] > 0
+    assert record["drawn_distinct"] >= 1 and 0 <= record["drawn_topk_share"] <= 1
+    frozen = uninterrupted.history[-1]  # phase 4: nothing is drawn any more
+    assert frozen["drawn_distinct"] is None and frozen["drawn_topk_share"] is None
     snaps = read_jsonl(uninterrupted.out_dir / "gates.jsonl")
     assert snaps[0]["step"] == 0 and set(snaps[0]["gates"]) == {"2", "3"}
 
