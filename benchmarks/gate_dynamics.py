@@ -35,7 +35,12 @@ def _row(label: str, stats: list[dict], last: dict) -> str:
     changed = [s["topk_changed"] for s in stats[-5:] if s["topk_changed"] is not None]
     changed_share = sum(changed) / len(changed) if changed else float("nan")
     return (f"| {label} | {end['epoch']:.1f} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
-            f"{end['frac_at_0']:.3f} | {last['gate_entropy']:.3f} | {changed_share:.3f} | {last['test_top1']:.2f} |")
+            f"{end['frac_at_0']:.3f} | {last['gate_entropy']:.3f} | {_share(last.get('drawn_topk_share'))} | "
+            f"{changed_share:.3f} | {last['test_top1']:.2f} |")
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], logs: dict[str, list[dict]]) -> None:
@@ -44,8 +49,9 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
     out.mkdir(parents=True, exist_ok=True)
     lines = [header, "",
              f"| run | epoch | gate mean | within-row std | at 1 | at 0 | sampling entropy (uniform: "
-             f"{torch.log(torch.tensor(float(C))).item():.3f}) | top-K changed (last 5 snapshots) | eval top-1 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"{torch.log(torch.tensor(float(C))).item():.3f}) | draws equal to the top-K (last epoch) | "
+             "top-K changed (last 5 snapshots) | eval top-1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              *(_row(label, stats[label], logs[label][-1]) for label in stats)]
     (out / "dynamics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
