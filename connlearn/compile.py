@@ -20,6 +20,7 @@ Engines (same function from the same weights):
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from connlearn.blocks import BLOCKS
-from connlearn.errors import ConfigError, ShapeError, unknown_name
+from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
 
@@ -226,7 +227,7 @@ class ConnectivityNet(nn.Module):
         self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
-        self._draws: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+        self._draws: collections.deque | None = None
 
     def _make_module(self, graph: BranchGraph, module: int, info: dict[str, Any], gate_cls: type) -> nn.Module:
         needs_proj = info["in_channels"] != info["out_channels"] or info["stride"] != 1
@@ -303,20 +304,23 @@ class ConnectivityNet(nn.Module):
             group = [g for g in gates if type(g) is cls]
             drawn.update(zip((id(g) for g in group), cls.draw(group, self.generator), strict=True))
         if self._draws is not None:
+            step = []
             for index, g in enumerate(gates):
                 mask = drawn[id(g)].detach().bool()
-                self._draws.append((index, mask, (mask == g.active()).all(dim=1)))
+                step.append((index, mask, (mask == g.active()).all(dim=1)))
+            self._draws.append(step)
         return drawn
 
     # ------------------------------------------------------------------ draw statistics
-    def record_draws(self, on: bool = True) -> None:
+    def record_draws(self, on: bool = True, limit: int = 2000) -> None:
         """Start (or stop, with ``on=False``) recording the connectivities that stochastic gates draw in
-        training; :meth:`draw_statistics` summarises them. Recording keeps every draw on the device
-        (no synchronisation per step) until the statistics are taken."""
-        self._draws = [] if on else None
+        training; :meth:`draw_statistics` summarises them. The draws of the last ``limit`` steps stay on
+        the device (no synchronisation per step) until the statistics are taken."""
+        self._draws = collections.deque(maxlen=check_int("limit", limit, minimum=1)) if on else None
 
     def draw_statistics(self) -> dict[str, float | None]:
-        """What the stochastic gates drew since :meth:`record_draws` (and restart the record):
+        """What the stochastic gates drew since :meth:`record_draws` (at most its ``limit`` last steps), and
+        restart the record:
 
         - ``drawn_distinct``: the number of distinct input sets a block drew, averaged over blocks;
         - ``drawn_topk_share``: the share of draws equal to the block's top-K at that moment (near 1 when
@@ -324,12 +328,15 @@ class ConnectivityNet(nn.Module):
 
         Both are ``None`` when nothing was drawn (no stochastic gates, eval mode, or not recording).
         """
-        draws, self._draws = self._draws, ([] if self._draws is not None else None)
+        draws = self._draws
+        if draws is not None:
+            self._draws = collections.deque(maxlen=draws.maxlen)
         if not draws:
             return {"drawn_distinct": None, "drawn_topk_share": None}
         by_gate: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for index, mask, agree in draws:
-            by_gate.setdefault(index, []).append((mask, agree))
+        for step in draws:
+            for index, mask, agree in step:
+                by_gate.setdefault(index, []).append((mask, agree))
         distinct, agreement, rows = 0, 0.0, 0
         for pairs in by_gate.values():
             masks = torch.stack([m for m, _ in pairs]).cpu()  # [draws, rows, cols]

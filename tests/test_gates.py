@@ -152,6 +152,20 @@ def test_draw_statistics_of_peaked_gates_show_sampling_follows_the_gates():
     assert net.draw_statistics()["drawn_distinct"] is None
 
 
+def test_draw_statistics_cover_the_last_limit_steps():
+    net = connlearn.build(**tiny()).train()
+    net.record_draws(limit=3)
+    net.gate_matrices()  # equal gates: a uniform draw, rarely the top-K
+    with torch.no_grad():
+        for _, g in net.gates():
+            g.real.copy_(torch.tensor([0.9, 0.0, 0.8, 0.0]).expand_as(g.real))
+    for _ in range(3):
+        net.gate_matrices()  # peaked gates: always the top-K
+    assert net.draw_statistics() == {"drawn_distinct": 1.0, "drawn_topk_share": 1.0}
+    with pytest.raises(connlearn.ConnlearnError, match="limit"):
+        net.record_draws(limit=0)
+
+
 @pytest.mark.parametrize("gate", ["random", "full", "frozen"])
 def test_fixed_kinds_have_no_learnable_gates(gate):
     if gate == "frozen":
