@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--train-subset", type=int, default=5000)
     parser.add_argument("--val-split", type=int, default=5000)
     parser.add_argument("--gate-lr", type=float, default=0.2)
+    parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--snapshot-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--net", default="M=3,C=8,K=4,width=2,base_channels=16,stem_channels=16",
@@ -105,18 +107,20 @@ def main() -> None:
     train, val = train.split(args.val_split)
     train = train.subset(args.train_subset)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)])
+    recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)], batch_size=args.batch_size)
     out = Path(args.out)
     stats, logs = {}, {}
     for rule in args.rules:
         loaders = make_loaders(train, val, recipe.batch_size, device=device, seed=args.seed)
-        net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, **options)
+        net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, gate_init=args.gate_init,
+                              **options)
         trainer = Trainer(net, *loaders, recipe, out_dir=out / rule, device=device, gate_grad=rule,
                           snapshot_every=args.snapshot_every, progress=False)
         logs[rule] = trainer.fit()
         stats[rule] = gate_statistics(read_jsonl(out / rule / "gates.jsonl"), net.K)
-    header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images, gate lr {args.gate_lr}, seed {args.seed}, "
-              f"net {args.net}; validation split of {len(val)} training images; {device}")
+    header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images at batch {args.batch_size}, gate lr "
+              f"{args.gate_lr}, gate init {args.gate_init}, seed {args.seed}, net {args.net}; validation split of "
+              f"{len(val)} training images; {device}")
     write_report(out, header, options.get("C", 8), stats, logs)
 
 
