@@ -55,16 +55,23 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
              *(_row(label, stats[label], logs[label][-1]) for label in stats)]
     (out / "dynamics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    fig = Figure(figsize=(10, 7), layout="constrained")
-    axes = fig.subplots(2, 2)
+    fig = Figure(figsize=(10, 10), layout="constrained")
+    axes = fig.subplots(3, 2)
     for label, series in stats.items():
         epochs = [s["epoch"] for s in series]
-        for ax, key, title in zip(axes.flat, ("mean", "row_std", "frac_at_1", "topk_changed"),
+        for ax, key, title in zip(axes.flat[:4], ("mean", "row_std", "frac_at_1", "topk_changed"),
                                   ("mean real gate", "mean within-row std", "share of gates at 1",
                                    "share of blocks whose top-K changed"), strict=True):
             ax.plot(epochs, [s[key] for s in series], label=label)
             ax.set_title(title)
-            ax.set_xlabel("epoch")
+        for ax, key, title in zip(axes.flat[4:], ("gate_entropy", "drawn_topk_share"),
+                                  (f"sampling entropy (uniform {torch.log(torch.tensor(float(C))).item():.3f})",
+                                   "share of draws equal to the top-K (per epoch)"), strict=True):
+            points = [(r["epoch"], r[key]) for r in logs[label] if r.get(key) is not None]
+            ax.plot([e for e, _ in points], [v for _, v in points], marker=".", label=label)
+            ax.set_title(title)
+    for ax in axes.flat:
+        ax.set_xlabel("epoch")
     axes.flat[0].legend()
     fig.savefig(out / "gate_dynamics.png", dpi=110)
 
@@ -72,10 +79,13 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
 def from_runs(folders: list[str], out: Path) -> None:
     """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K."""
     stats, logs, widths = {}, {}, set()
-    for folder in map(Path, folders):
+    paths = [Path(f) for f in folders]
+    unique = len({p.name for p in paths}) == len(paths)
+    for folder in paths:
+        label = folder.name if unique else f"{folder.parent.name}/{folder.name}"
         net = net_from_checkpoint(folder / "last.pt")
-        stats[folder.name] = gate_statistics(read_jsonl(folder / "gates.jsonl"), net.K)
-        logs[folder.name] = read_jsonl(folder / "log.jsonl")
+        stats[label] = gate_statistics(read_jsonl(folder / "gates.jsonl"), net.K)
+        logs[label] = read_jsonl(folder / "log.jsonl")
         widths.add(max(g.shape[1] for _, g in net.gates()))
     header = f"gate snapshots of {', '.join(folders)}; eval top-1 on each run's own evaluation set"
     write_report(out, header, max(widths), stats, logs)
