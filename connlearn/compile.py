@@ -303,7 +303,7 @@ class ConnectivityNet(nn.Module):
         for cls in dict.fromkeys(type(g) for g in gates):
             group = [g for g in gates if type(g) is cls]
             drawn.update(zip((id(g) for g in group), cls.draw(group, self.generator), strict=True))
-        if self._draws is not None:
+        if self._draws is not None and gates:
             step = []
             for index, g in enumerate(gates):
                 mask = drawn[id(g)].detach().bool()
@@ -344,6 +344,8 @@ class ConnectivityNet(nn.Module):
             distinct += sum(torch.unique(masks[:, r], dim=0).shape[0] for r in range(masks.shape[1]))
             agreement += agree.mean(dim=0).sum().item()
             rows += masks.shape[1]
+        if not rows:
+            return {"drawn_distinct": None, "drawn_topk_share": None}
         return {"drawn_distinct": distinct / rows, "drawn_topk_share": agreement / rows}
 
     # ------------------------------------------------------------------ queries

@@ -166,6 +166,14 @@ def test_draw_statistics_cover_the_last_limit_steps():
         net.record_draws(limit=0)
 
 
+def test_a_frozen_net_records_no_draws():
+    net = connlearn.build(**tiny()).train()
+    net.freeze()
+    net.record_draws()
+    net.gate_matrices()
+    assert net.draw_statistics() == {"drawn_distinct": None, "drawn_topk_share": None}
+
+
 @pytest.mark.parametrize("gate", ["random", "full", "frozen"])
 def test_fixed_kinds_have_no_learnable_gates(gate):
     if gate == "frozen":
