@@ -344,8 +344,6 @@ class ConnectivityNet(nn.Module):
             distinct += sum(torch.unique(masks[:, r], dim=0).shape[0] for r in range(masks.shape[1]))
             agreement += agree.mean(dim=0).sum().item()
             rows += masks.shape[1]
-        if not rows:
-            return {"drawn_distinct": None, "drawn_topk_share": None}
         return {"drawn_distinct": distinct / rows, "drawn_topk_share": agreement / rows}
 
     # ------------------------------------------------------------------ queries
