@@ -74,12 +74,17 @@ def _save(out: Path, state: dict[str, Any]) -> None:
         write_table(out, state)
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The CifarRun options given on the command line."""
+    return {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
+
+
 def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | None) -> dict[str, Any] | None:
     """Train (or resume) one run of the sweep; ``None`` when the time limit stopped it."""
-    options = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
     spec = ARMS[arm]
     run = CifarRun(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
-                   seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress, **options)
+                   seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress,
+                   **_options(args))
     return run_cifar(run, time_limit=time_limit)
 
 
@@ -88,8 +93,7 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
-    options = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
-    state["config"] = {"preset": args.preset, "budget": args.budget, **options, "parallel": args.parallel}
+    state["config"] = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
     collect(out, state)
     todo = [(arm, seed) for seed in args.seeds for arm in args.arms if f"{arm}-s{seed}" not in state["runs"]]
     started = time.perf_counter()
