@@ -16,6 +16,7 @@ distribution), how far does the within-row spread grow, how many blocks still ch
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -47,9 +48,10 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
     """``out/dynamics.md`` (the gate statistics at the last snapshot, one row per run) and
     ``out/gate_dynamics.png`` (their course over training)."""
     out.mkdir(parents=True, exist_ok=True)
+    uniform = math.log(C)  # entropy of a uniform choice among C inputs
     lines = [header, "",
              f"| run | epoch | gate mean | within-row std | at 1 | at 0 | sampling entropy (uniform: "
-             f"{torch.log(torch.tensor(float(C))).item():.3f}) | draws equal to the top-K (last epoch) | "
+             f"{uniform:.3f}) | draws equal to the top-K (last epoch) | "
              "top-K changed (last 5 snapshots) | eval top-1 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              *(_row(label, stats[label], logs[label][-1]) for label in stats)]
@@ -65,7 +67,7 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
             ax.plot(epochs, [s[key] for s in series], label=label)
             ax.set_title(title)
         for ax, key, title in zip(axes.flat[4:], ("gate_entropy", "drawn_topk_share"),
-                                  (f"sampling entropy (uniform {torch.log(torch.tensor(float(C))).item():.3f})",
+                                  (f"sampling entropy (uniform {uniform:.3f})",
                                    "share of draws equal to the top-K (per epoch)"), strict=True):
             points = [(r["epoch"], r[key]) for r in logs[label] if r.get(key) is not None]
             ax.plot([e for e, _ in points], [v for _, v in points], marker=".", label=label)
