@@ -203,7 +203,7 @@ def _decode_jpeg_fast(buffer: bytes, offsets: list[int]) -> np.ndarray | None:
         return None
     data = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
     shapes: list[tuple[int, ...]] = []
-    images: list[np.ndarray] = []
+    images: list[tuple[int, list[torch.Tensor]]] = []  # (first index, decoded [3, H, W] images) per chunk
 
     def decode_range(lo: int, hi: int) -> None:
         decoded = decode_jpeg([data[offsets[i] : offsets[i + 1]] for i in range(lo, hi)], mode=ImageReadMode.RGB)
