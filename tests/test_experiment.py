@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,20 @@ def test_running_again_resumes_instead_of_starting_over(offline, tmp_path):
     log = (tmp_path / "log.jsonl").read_text()
     assert train_script("cifar10", None, args) == 0
     assert (tmp_path / "log.jsonl").read_text() == log
+
+
+def test_the_time_limit_counts_the_data_loading(offline, tmp_path, monkeypatch):
+    slow_load = experiment.load_data
+
+    def load_data(run):
+        time.sleep(1.0)
+        return slow_load(run)
+
+    monkeypatch.setattr(experiment, "load_data", load_data)
+    run = CifarRun(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=2,
+                   train_subset=200, test_subset=100, batch_size=32, out=str(tmp_path), progress=False)
+    assert run_cifar(run, time_limit=0.5) is None  # the limit passed while loading: no epoch starts
+    assert not (tmp_path / "log.jsonl").exists()
 
 
 @pytest.mark.slow
