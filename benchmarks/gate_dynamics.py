@@ -40,6 +40,12 @@ def _row(label: str, stats: list[dict], last: dict) -> str:
             f"{changed_share:.3f} | {last['test_top1']:.2f} |")
 
 
+def _last_learning(log: list[dict]) -> dict:
+    """The last epoch of ``log`` in which the gates still learned (phase 1; later the connectivity is frozen
+    and the log has no gate statistics), the epoch that the last gate snapshot belongs to."""
+    return [r for r in log if r.get("gate_entropy") is not None][-1]
+
+
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -54,7 +60,7 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
              f"{uniform:.3f}) | draws equal to the top-K (last epoch) | "
              "top-K changed (last 5 snapshots) | eval top-1 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-             *(_row(label, stats[label], logs[label][-1]) for label in stats)]
+             *(_row(label, stats[label], _last_learning(logs[label])) for label in stats)]
     (out / "dynamics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig = Figure(figsize=(10, 10), layout="constrained")

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from accuracy import main
+from gate_dynamics import from_runs
 
 from connlearn.data import pack, synthetic
 from connlearn.train import Trainer, read_jsonl
@@ -69,3 +70,11 @@ def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, 
 def test_parallel_must_be_positive(tmp_path, data):
     with pytest.raises(SystemExit):
         main(_args(tmp_path, data, "--parallel", "0"))
+
+
+def test_the_gate_dynamics_of_sweep_runs_are_reported(tmp_path, data):
+    main(_args(tmp_path / "sweep", data))
+    from_runs([str(tmp_path / "sweep" / "topk4-s0")], tmp_path / "report")
+    table = (tmp_path / "report" / "dynamics.md").read_text()
+    assert "| topk4-s0 | 0.0 | 0.500 |" in table and "sampling entropy (uniform: 1.386)" in table  # one snapshot
+    assert (tmp_path / "report" / "gate_dynamics.png").exists()
