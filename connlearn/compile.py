@@ -255,8 +255,10 @@ class ConnectivityNet(nn.Module):
             raise ShapeError(
                 f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
             )
+        # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
+        # the forward pass, so the rest compiles to a single graph.
+        mixes = self._scaled(self._draw() if self.training else {})
         h = self.stem(x)
-        mixes = self.gate_matrices()
         outputs: list[Any] = []
         for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
             if not plan:
@@ -291,14 +293,15 @@ class ConnectivityNet(nn.Module):
 
         In training mode, stochastic gate kinds draw a new connectivity (one batched draw per kind).
         """
+        return self._scaled(self._draw() if self.training else {})
+
+    def _scaled(self, drawn: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
         gates = [stage.gate for stage in self.stages]
-        drawn: dict[int, torch.Tensor] = {}
-        if self.training:
-            drawn = self._draw([g for g in gates if g is not None and g.stochastic])
         return [None if g is None else g.matrix(drawn.get(id(g))) / self.K for g in gates]
 
     @torch.compiler.disable
-    def _draw(self, gates: list[Gate]) -> dict[int, torch.Tensor]:
+    def _draw(self) -> dict[int, torch.Tensor]:
+        gates = [s.gate for s in self.stages if s.gate is not None and s.gate.stochastic]
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in gates):
             group = [g for g in gates if type(g) is cls]

@@ -55,3 +55,12 @@ def test_torch_compile_matches_eager(images):
     torch.testing.assert_close(compiled(images), eager(images), atol=1e-4, rtol=1e-4)
     compiled(images).sum().backward()
     assert all(p.grad is not None for p in net.gate_parameters())
+
+
+@pytest.mark.parametrize("gate", ["topk", "random"])
+def test_a_training_forward_is_one_graph_for_torch_compile(images, gate):
+    # The draw of the connectivity runs eagerly, before the stem: the rest of the network is one graph, so
+    # CUDA graphs (mode="reduce-overhead") capture the whole forward pass instead of pieces of it.
+    net = connlearn.build(**tiny(gate=gate)).train()
+    explained = torch._dynamo.explain(net)(images)
+    assert explained.graph_count == 1
