@@ -19,6 +19,7 @@ import argparse
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from matplotlib.figure import Figure
 
@@ -31,13 +32,44 @@ from connlearn.train import Trainer, read_jsonl
 from connlearn.updater import GRAD_MODES
 
 
-def _row(label: str, stats: list[dict], last: dict) -> str:
+def movement(snapshots: list[dict]) -> dict[str, float]:
+    """How the gates moved from the first snapshot to the last, split into the mean of each row (a block's
+    gates rising or falling together, which sampling ignores) and the deviations from it (the within-row
+    structure that sampling follows).
+
+    ``drift`` and ``structure`` are the mean absolute net moves per gate entry of the two parts;
+    ``drift_persistence`` and ``structure_persistence`` divide a net move by the path travelled between
+    consecutive snapshots: 1 when every step went the same way, near 0 for a random walk (NaN when nothing
+    moved).
+    """
+    parts: dict[str, list[np.ndarray]] = {"drift": [], "structure": []}
+    for r in snapshots:
+        mean_parts, dev_parts = [], []
+        for m in sorted(r["gates"], key=int):
+            a = np.asarray(r["gates"][m], dtype=float)
+            row_mean = np.broadcast_to(a.mean(axis=1, keepdims=True), a.shape)
+            mean_parts.append(row_mean.ravel())
+            dev_parts.append((a - row_mean).ravel())
+        parts["drift"].append(np.concatenate(mean_parts))
+        parts["structure"].append(np.concatenate(dev_parts))
+    result = {}
+    for name, values in parts.items():
+        path = np.stack(values)
+        net = np.abs(path[-1] - path[0])
+        travelled = np.abs(np.diff(path, axis=0)).sum()
+        result[name] = float(net.mean())
+        result[f"{name}_persistence"] = float(net.sum() / travelled) if travelled > 0 else float("nan")
+    return result
+
+
+def _row(label: str, stats: list[dict], last: dict, moved: dict[str, float]) -> str:
     end = stats[-1]
     changed = [s["topk_changed"] for s in stats[-5:] if s["topk_changed"] is not None]
     changed_share = sum(changed) / len(changed) if changed else float("nan")
     return (f"| {label} | {end['epoch']:.1f} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
-            f"{end['frac_at_0']:.3f} | {last['gate_entropy']:.3f} | {_share(last.get('drawn_topk_share'))} | "
-            f"{changed_share:.3f} | {last['test_top1']:.2f} |")
+            f"{end['frac_at_0']:.3f} | {moved['drift']:.3f} ({moved['drift_persistence']:.2f}) | "
+            f"{moved['structure']:.3f} ({moved['structure_persistence']:.2f}) | {last['gate_entropy']:.3f} | "
+            f"{_share(last.get('drawn_topk_share'))} | {changed_share:.3f} | {last['test_top1']:.2f} |")
 
 
 def _last_learning(log: list[dict]) -> dict:
@@ -50,17 +82,19 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], logs: dict[str, list[dict]]) -> None:
-    """``out/dynamics.md`` (the gate statistics at the last snapshot, one row per run) and
-    ``out/gate_dynamics.png`` (their course over training)."""
+def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], logs: dict[str, list[dict]],
+                 moves: dict[str, dict[str, float]]) -> None:
+    """``out/dynamics.md`` (the gate statistics at the last snapshot and the :func:`movement` of the gates,
+    one row per run) and ``out/gate_dynamics.png`` (their course over training)."""
     out.mkdir(parents=True, exist_ok=True)
     uniform = math.log(C)  # entropy of a uniform choice among C inputs
     lines = [header, "",
-             f"| run | epoch | gate mean | within-row std | at 1 | at 0 | sampling entropy (uniform: "
+             f"| run | epoch | gate mean | within-row std | at 1 | at 0 | row-mean move (persistence) | "
+             f"within-row move (persistence) | sampling entropy (uniform: "
              f"{uniform:.3f}) | draws equal to the top-K (last epoch) | "
              "top-K changed (last 5 snapshots) | eval top-1 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-             *(_row(label, stats[label], _last_learning(logs[label])) for label in stats)]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             *(_row(label, stats[label], _last_learning(logs[label]), moves[label]) for label in stats)]
     (out / "dynamics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig = Figure(figsize=(10, 10), layout="constrained")
@@ -86,17 +120,18 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
 
 def from_runs(folders: list[str], out: Path) -> None:
     """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K."""
-    stats, logs, widths = {}, {}, set()
+    stats, logs, moves, widths = {}, {}, {}, set()
     paths = [Path(f) for f in folders]
     unique = len({p.name for p in paths}) == len(paths)
     for folder in paths:
         label = folder.name if unique else f"{folder.parent.name}/{folder.name}"
         net = net_from_checkpoint(folder / "last.pt")
-        stats[label] = gate_statistics(read_jsonl(folder / "gates.jsonl"), net.K)
+        snapshots = read_jsonl(folder / "gates.jsonl")
+        stats[label], moves[label] = gate_statistics(snapshots, net.K), movement(snapshots)
         logs[label] = read_jsonl(folder / "log.jsonl")
         widths.add(max(g.shape[1] for _, g in net.gates()))
     header = f"gate snapshots of {', '.join(folders)}; eval top-1 on each run's own evaluation set"
-    write_report(out, header, max(widths), stats, logs)
+    write_report(out, header, max(widths), stats, logs, moves)
 
 
 def main() -> None:
@@ -108,6 +143,7 @@ def main() -> None:
     parser.add_argument("--val-split", type=int, default=5000)
     parser.add_argument("--gate-lr", type=float, default=0.2)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="of the weights (gates never decay)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--snapshot-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -125,9 +161,10 @@ def main() -> None:
     train, val = train.split(args.val_split)
     train = train.subset(args.train_subset)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)], batch_size=args.batch_size)
+    recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)], batch_size=args.batch_size,
+                    weight_decay=args.weight_decay)
     out = Path(args.out)
-    stats, logs = {}, {}
+    stats, logs, moves = {}, {}, {}
     for rule in args.rules:
         loaders = make_loaders(train, val, recipe.batch_size, device=device, seed=args.seed)
         net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, gate_init=args.gate_init,
@@ -135,11 +172,12 @@ def main() -> None:
         trainer = Trainer(net, *loaders, recipe, out_dir=out / rule, device=device, gate_grad=rule,
                           snapshot_every=args.snapshot_every, progress=False)
         logs[rule] = trainer.fit()
-        stats[rule] = gate_statistics(read_jsonl(out / rule / "gates.jsonl"), net.K)
+        snapshots = read_jsonl(out / rule / "gates.jsonl")
+        stats[rule], moves[rule] = gate_statistics(snapshots, net.K), movement(snapshots)
     header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images at batch {args.batch_size}, gate lr "
-              f"{args.gate_lr}, gate init {args.gate_init}, seed {args.seed}, net {args.net}; validation split of "
-              f"{len(val)} training images; {device}")
-    write_report(out, header, options.get("C", 8), stats, logs)
+              f"{args.gate_lr}, gate init {args.gate_init}, weight decay {args.weight_decay}, seed {args.seed}, "
+              f"net {args.net}; validation split of {len(val)} training images; {device}")
+    write_report(out, header, options.get("C", 8), stats, logs, moves)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from accuracy import main
-from gate_dynamics import from_runs
+from gate_dynamics import from_runs, movement
 
 from connlearn.data import pack, synthetic
 from connlearn.train import Trainer, read_jsonl
@@ -78,3 +78,19 @@ def test_the_gate_dynamics_of_sweep_runs_are_reported(tmp_path, data):
     table = (tmp_path / "report" / "dynamics.md").read_text()
     assert "| topk4-s0 | 0.0 | 0.500 |" in table and "sampling entropy (uniform: 1.386)" in table  # one snapshot
     assert (tmp_path / "report" / "gate_dynamics.png").exists()
+
+
+def _snapshots(*matrices):
+    return [{"step": i, "epoch": float(i), "gates": {"2": m}} for i, m in enumerate(matrices)]
+
+
+def test_a_common_drift_moves_the_row_means_only():
+    moved = movement(_snapshots([[0.5, 0.5]], [[0.6, 0.6]], [[0.8, 0.8]]))
+    assert moved["drift"] == pytest.approx(0.3) and moved["drift_persistence"] == pytest.approx(1.0)
+    assert moved["structure"] == 0.0 and moved["structure_persistence"] != moved["structure_persistence"]  # NaN
+
+
+def test_a_structure_that_goes_back_and_forth_has_low_persistence():
+    moved = movement(_snapshots([[0.4, 0.6]], [[0.6, 0.4]], [[0.4, 0.6]], [[0.5, 0.5]]))
+    assert moved["drift"] == pytest.approx(0.0)
+    assert moved["structure"] == pytest.approx(0.1) and moved["structure_persistence"] == pytest.approx(0.2)
