@@ -16,6 +16,7 @@ distribution), how far does the within-row spread grow, how many blocks still ch
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from matplotlib.figure import Figure
 
 import connlearn
 from connlearn.checkpoint import net_from_checkpoint
-from connlearn.data import load_dataset, make_loaders
+from connlearn.data import BatchLoader, load_dataset, make_loaders
 from connlearn.plots import gate_statistics
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer, read_jsonl
@@ -134,6 +135,57 @@ def from_runs(folders: list[str], out: Path) -> None:
     write_report(out, header, max(widths), stats, logs, moves)
 
 
+def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, float | int | str]]:
+    """The raw gradient of the real gates (the paper's rule, before any remedy) of each sampled module of
+    ``net``, summed per row over the entries drawn in that step and over those not drawn, averaged over the
+    rows of the module and over ``batches`` (``(images, labels)`` pairs); also the mean within-row std.
+
+    Gradient descent moves a row's gates by minus these sums: a negative ``undrawn`` raises the gates of the
+    inputs a block did not use. Behind a projection shortcut ``drawn`` vanishes (scale invariance, see the
+    tests), so a common drift there comes from the undrawn entries only. The weights are not updated.
+    """
+    net.train()
+    gated = [(i, stage) for i, stage in enumerate(net.stages) if stage.gate is not None and stage.gate.stochastic]
+    if not gated:
+        raise SystemExit("the checkpoint's network has no sampled gates (a finished run's connectivity is frozen: "
+                         "use a checkpoint from phase 1)")
+    sums = {i: torch.zeros(3) for i, _ in gated}
+    count = 0
+    for images, labels in batches:
+        state = net.generator.get_state()
+        matrices = net.gate_matrices()
+        net.generator.set_state(state)  # the forward pass draws the same connectivity again
+        net.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(net(images), labels).backward()
+        for i, stage in gated:
+            grad, drawn = stage.gate.real.grad.detach().float().cpu(), (matrices[i] != 0).cpu()
+            sums[i] += torch.stack([(grad * drawn).sum(1).mean(), (grad * ~drawn).sum(1).mean(),
+                                    grad.std(1).mean()])
+        count += 1
+    return [{"module": net.module_ids[i], "shortcut": "projection" if stage.proj is not None else "identity",
+             "drawn": float(sums[i][0] / count), "undrawn": float(sums[i][1] / count),
+             "within_row_std": float(sums[i][2] / count)} for i, stage in gated]
+
+
+def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: Path) -> None:
+    """:func:`gradient_split` of each run's ``last.pt`` on ``batches`` training batches, as ``out/gradients.md``."""
+    train, _ = load_dataset("cifar10", data)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    lines = [f"raw gate gradients, mean over {batches} augmented training batches of 128 (the sum over a row's "
+             f"drawn / undrawn entries, mean over a module's rows); {device}",
+             "", "| run | module | shortcut | drawn | undrawn | within-row std |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for folder in folders:
+        net = net_from_checkpoint(Path(folder) / "last.pt").to(device)
+        loader = BatchLoader(train, 128, train=True, device=device, seed=0)
+        rows = gradient_split(net, itertools.islice(loader.epoch(0), batches))
+        lines += [f"| {folder} | {r['module']} | {r['shortcut']} | {r['drawn']:+.2e} | {r['undrawn']:+.2e} | "
+                  f"{r['within_row_std']:.2e} |" for r in rows]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gradients.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
@@ -152,7 +204,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/gates")
     parser.add_argument("--runs", nargs="+", metavar="RUN_DIR",
                         help="train nothing: report the gate dynamics of these finished or partial runs")
+    parser.add_argument("--gradients", nargs="+", metavar="RUN_DIR",
+                        help="train nothing: split the raw gate gradients of these runs' last.pt (in phase 1) into "
+                             "drawn and undrawn entries, over --batches training batches")
+    parser.add_argument("--batches", type=int, default=50)
     args = parser.parse_args()
+    if args.gradients:
+        gradients_of_runs(args.gradients, args.data, args.batches, Path(args.out))
+        return
     if args.runs:
         from_runs(args.runs, Path(args.out))
         return

@@ -99,6 +99,25 @@ def test_straight_through_gradient_is_the_gated_sum_gradient_times_input_over_k(
     torch.testing.assert_close(dgate, expected, atol=1e-5, rtol=1e-4)
 
 
+def test_behind_a_projection_the_drawn_gate_gradients_sum_to_zero():
+    """Where a module's shortcut is the projection (conv + BN), its training-mode output does not change when
+    all of its blocks' inputs are scaled together (every path starts with conv + BN; ReLU is positively
+    homogeneous), so the gradients of the drawn gates sum to zero over the module: a common drift of the real
+    gates can only come from the straight-through gradients of the entries that were not drawn."""
+    net = connlearn.build(**tiny(C=4, K=2)).double().train()
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    state = net.generator.get_state()
+    drawn = [m != 0 for m in net.gate_matrices() if m is not None]
+    net.generator.set_state(state)  # the forward pass draws the same connectivity
+    torch.nn.functional.cross_entropy(net(images), torch.arange(8) % 10).backward()
+    gated = [stage for stage in net.stages if stage.gate is not None]
+    assert all(stage.proj is not None for stage in gated)  # tiny(): every gated module changes the shape
+    for stage, mask in zip(gated, drawn, strict=True):
+        grad = stage.gate.real.grad
+        assert grad[mask].sum().abs() < 1e-3 * grad[mask].abs().sum()  # not exactly 0: the eps of BN
+        assert grad[~mask].abs().sum() > 0
+
+
 def test_eval_mode_is_deterministic_and_uses_top_k(images):
     net = connlearn.build(**tiny(gate_init="uniform")).eval()
     state = net.generator.get_state()

@@ -3,9 +3,12 @@
 import json
 
 import pytest
+import torch
 from accuracy import main
-from gate_dynamics import from_runs, movement
+from conftest import tiny
+from gate_dynamics import from_runs, gradient_split, movement
 
+import connlearn
 from connlearn.data import pack, synthetic
 from connlearn.train import Trainer, read_jsonl
 
@@ -94,3 +97,14 @@ def test_a_structure_that_goes_back_and_forth_has_low_persistence():
     moved = movement(_snapshots([[0.4, 0.6]], [[0.6, 0.4]], [[0.4, 0.6]], [[0.5, 0.5]]))
     assert moved["drift"] == pytest.approx(0.0)
     assert moved["structure"] == pytest.approx(0.1) and moved["structure_persistence"] == pytest.approx(0.2)
+
+
+def test_the_gradient_split_separates_drawn_and_undrawn_gates():
+    net = connlearn.build(**tiny(C=4, K=2)).double()
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, 32, 32, generator=g, dtype=torch.float64), torch.arange(8) % 10) for _ in range(2)]
+    rows = gradient_split(net, batches)
+    assert [r["module"] for r in rows] == net.module_ids[1:] and {r["shortcut"] for r in rows} == {"projection"}
+    assert all(abs(r["drawn"]) < 1e-3 * abs(r["undrawn"]) for r in rows)  # the invariance behind a projection
+    with pytest.raises(SystemExit, match="phase 1"):
+        gradient_split(net.freeze(), batches)
