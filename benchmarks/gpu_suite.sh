@@ -5,13 +5,16 @@
 #
 # MODE
 #   measure   speed.py (contiguous, and channels-last in the same call), epoch.py per arm (eager), epoch.py
-#             for topk4 under torch.compile (default and reduce-overhead), and the gate rules (plain,
-#             centered, double-centered) over 5 epochs of phase 1 on a 5,000-image validation split
+#             for topk4 under torch.compile (default and reduce-overhead)
+#   rules     the gate rules (plain, centered, double-centered) over 5 epochs of phase 1 on a 5,000-image
+#             validation split, then the drawn / undrawn split of their raw gate gradients
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
-# command runs again with runs/ kept. EXTRA holds further accuracy.py options (e.g. "--compile"); DEVICE
+# command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
+# (runs/sweep30, runs/sweep320, runs/gates without the previous.pt/best.pt copies): unpack it in the
+# repository root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile"); DEVICE
 # (default cuda) lets the suite run on a CPU for a trial.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
@@ -56,8 +59,12 @@ measure)
     --paths resident --compile --json "$results/epoch_compile.json"
   step 150 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
     --paths resident --compile reduce-overhead --json "$results/epoch_compile_ro.json"
-  step 300 gates.log python3 benchmarks/gate_dynamics.py --data "$data" --net K=4 --train-subset 45000 \
+  ;;
+rules)
+  step $(($(left) - 60)) gates.log python3 benchmarks/gate_dynamics.py --data "$data" --net K=4 --train-subset 45000 \
     --epochs 5 --snapshot-every 50 --rules plain centered double-centered --out runs/gates
+  step 60 gates.log python3 benchmarks/gate_dynamics.py --data "$data" --gradients runs/gates/plain \
+    runs/gates/centered runs/gates/double-centered --out runs/gates
   ;;
 sweep)
   sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
@@ -67,9 +74,12 @@ protocol)
   sweep 320 "full topk4" 0 2 runs/sweep320
   ;;
 *)
-  echo "unknown mode $mode: measure, sweep or protocol" >&2
+  echo "unknown mode $mode: measure, rules, sweep or protocol" >&2
   exit 2
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
+state=$(ls -d runs/sweep30 runs/sweep320 runs/gates 2>/dev/null)
+# shellcheck disable=SC2086
+[ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt $state
 echo "suite ended after ${SECONDS}s"
