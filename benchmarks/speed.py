@@ -8,6 +8,7 @@ Fixed-Random {29,8,8} net before and after pruning its dead blocks.
 
     python benchmarks/speed.py                          # CPU (or --device cuda)
     python benchmarks/speed.py --archs cifar-20-4-8 --repeats 5 --json speed.json
+    python benchmarks/speed.py --archs cifar-20-4-8 --skip-reference --compile reduce-overhead
 
 Targets (GPU): fused >= 4x faster than reference; topk <= 1.03x random; full <= 1.05x the plain ResNeXt.
 Results go in BENCHMARKS.md with the device, date, command and number of runs.
@@ -109,6 +110,9 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="time in channels-last memory format")
     parser.add_argument("--profile", action="store_true",
                         help="also print torch.profiler's table of 5 steps of fused topk K=4 on the first arch")
+    parser.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                        help="also time fused topk K=4 and full under torch.compile (the warm-up compiles)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -132,8 +136,12 @@ def main() -> None:
         if not args.skip_reference:
             configs["reference topk K=4"] = lambda a=arch: connlearn.build(preset=a, gate="topk", K=4,
                                                                           engine="reference")
+        if args.compile:
+            for label in ("fused topk K=4", "full (ResNeXt)"):
+                configs[f"{label}, compiled"] = lambda make=configs[label]: torch.compile(make(), mode=args.compile)
         for label, make in configs.items():
-            row[label] = time_train_step(make(), device, args.batch, warmup, repeats, memory)
+            steps = max(warmup, 2) if label.endswith("compiled") else warmup
+            row[label] = time_train_step(make(), device, args.batch, steps, repeats, memory)
             print(f"{arch:14s} {label:20s} {1000 * row[label]:10.1f} ms/step", flush=True)
         results[arch] = row
     if args.profile:
@@ -161,12 +169,18 @@ def main() -> None:
         speedup = "-" if ref is None else f"{ref / row['fused topk K=4']:.2f}x"
         print(f"| {arch} | {ms} | {speedup} | {row['fused topk K=4'] / row['fused random K=4']:.3f} | "
               f"{row['full (ResNeXt)'] / row['plain ResNeXt']:.3f} |")
+    if args.compile:
+        print(f"\ntorch.compile (mode {args.compile}), eager / compiled step time:")
+        for arch, row in results.items():
+            print(f"  {arch}: fused topk K=4 {row['fused topk K=4'] / row['fused topk K=4, compiled']:.2f}x, "
+                  f"full {row['full (ResNeXt)'] / row['full (ResNeXt), compiled']:.2f}x")
     speedup = inference["unpruned"] / inference["pruned"]
     print(f"\npruned inference speed-up, {{29,8,8}} K=1 Fixed-Random: {speedup:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "date": str(date.today()), "batch": args.batch,
-                       "channels_last": args.channels_last, "repeats": repeats, "warmup": warmup,
+                       "channels_last": args.channels_last, "compile": args.compile, "repeats": repeats,
+                       "warmup": warmup,
                        "train_step_s": results, "inference_s": inference}, f, indent=2)
 
 
