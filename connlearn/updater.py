@@ -14,7 +14,14 @@ observation that sampling depends only on the ratios within a row of gates:
   probabilities p = ĝ / Σĝ and take it back to ĝ by the chain rule: (g − ⟨p, g⟩) / Σĝ;
 - ``"double-centered"``: subtract each row's and each column's mean (adding back the grand mean), so that
   neither a row nor a source branch as a whole moves: only a block's preference among its inputs is
-  learned (against the column effect seen in BENCHMARKS.md, where every block prefers the same inputs).
+  learned (against the column effect seen in BENCHMARKS.md, where every block prefers the same inputs);
+- ``"renormalized"``: the paper's Algorithm 1 read literally. Its forward step *assigns* the normalised
+  gates, g̃ ← g̃ / Σ g̃, before the update g̃ ← clip(g̃ − η ∂ℓ/∂g): the stored gates of a row sum to 1
+  when they are updated, instead of drifting as a whole. The gradient is the plain one; before each step
+  every row of a sampled gate kind is divided by its sum (a row of zeros becomes uniform). Sampling only
+  sees the ratios within a row, so the draws are those of the same gates unnormalised, but the update
+  acts on gates of size 1/C instead of up to 1. Gate kinds whose forward pass uses the values (``real``)
+  are left as they are.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from torch import nn
 
 from connlearn.errors import ConfigError, check_float, unknown_name
 
-GRAD_MODES = ("plain", "centered", "normalized", "double-centered")
+GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
 
 
 class GateUpdater:
@@ -55,6 +62,13 @@ class GateUpdater:
     def gates(self) -> list[nn.Parameter]:
         return list(self.net.gate_parameters())
 
+    def sampled_gates(self) -> list[nn.Parameter]:
+        """The real gates of sampled gate kinds (whose forward pass depends only on the ratios in a row); all
+        gates for a network without ``gates()``."""
+        if not hasattr(self.net, "gates"):
+            return self.gates()
+        return [p for _, g in self.net.gates() if g.stochastic for p in g.real_parameters()]
+
     def attach(self, optimizer: torch.optim.Optimizer) -> GateUpdater:
         """Register the hooks on ``optimizer``; returns ``self``."""
         self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clamp()))
@@ -75,8 +89,21 @@ class GateUpdater:
             gate.clamp_(self.low, self.high)
 
     @torch.no_grad()
+    def renormalize(self) -> None:
+        """Divide every row of the sampled gates by its sum, in place; a row without a positive entry becomes
+        uniform (the distribution it samples from)."""
+        for gate in self.sampled_gates():
+            w = gate.clamp(min=0)
+            total = w.sum(dim=-1, keepdim=True)
+            gate.copy_(torch.where(total > 0, w / total.clamp(min=1e-30), torch.full_like(w, 1 / w.shape[-1])))
+
+    @torch.no_grad()
     def transform_grads(self) -> None:
-        """Rewrite the gates' gradients according to ``grad_mode`` (rows are the last dimension)."""
+        """Rewrite the gates' gradients according to ``grad_mode`` (rows are the last dimension); for
+        ``"renormalized"``, :meth:`renormalize` the gates instead."""
+        if self.grad_mode == "renormalized":
+            self.renormalize()
+            return
         for gate in self.gates():
             if gate.grad is None:
                 continue

@@ -127,3 +127,38 @@ def test_double_centered_gradients_keep_every_row_and_column_sum():
 def test_clip_bounds_must_be_ordered():
     with pytest.raises(connlearn.ConnlearnError, match="low must be below high"):
         GateUpdater(connlearn.build(**tiny()), low=1.0, high=0.0)
+
+
+def test_renormalized_updates_gates_whose_rows_sum_to_one():
+    """Algorithm 1 of the paper: g̃ ← g̃ / Σg̃, then g̃ ← clip(g̃ − η ∂ℓ/∂g) with the plain gradient."""
+    net = connlearn.build(**tiny(gate_init="uniform")).train()
+    opt = torch.optim.SGD(param_groups(net, lr=0.0, weight_decay=0.0, gate_lr=0.05))
+    GateUpdater(net, grad_mode="renormalized").attach(opt)
+    before = [p.detach().clone() for p in net.gate_parameters()]
+    net(torch.randn(2, 3, 32, 32)).square().sum().backward()
+    grads = [p.grad.clone() for p in net.gate_parameters()]
+    opt.step()
+    for old, grad, p in zip(before, grads, net.gate_parameters(), strict=True):
+        expected = (old / old.sum(-1, keepdim=True) - 0.05 * grad).clamp(0, 1)
+        torch.testing.assert_close(p.detach(), expected)
+
+
+def test_renormalizing_keeps_the_sampled_distribution_and_makes_empty_rows_uniform():
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    updater = GateUpdater(net, grad_mode="renormalized")
+    gate = net.gate_parameters()[0]
+    with torch.no_grad():
+        gate[0] = 0.0
+    ratios = gate.detach()[1:] / gate.detach()[1:].sum(-1, keepdim=True)
+    updater.renormalize()
+    torch.testing.assert_close(gate.detach()[1:], ratios)
+    torch.testing.assert_close(gate.detach()[0], torch.full((gate.shape[1],), 1 / gate.shape[1]))
+
+
+def test_renormalizing_leaves_real_valued_gates_alone():
+    # a `real` gate weights its inputs by its values: dividing them by the row sum would change the network
+    net = connlearn.build(**tiny(gate="real", gate_init="uniform"))
+    before = [p.detach().clone() for p in net.gate_parameters()]
+    GateUpdater(net, grad_mode="renormalized").renormalize()
+    for old, p in zip(before, net.gate_parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), old)
