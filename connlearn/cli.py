@@ -54,7 +54,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default)")
     a("--engine", choices=ENGINES, help="default fused")
     a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches; dataloader: torch DataLoader")
-    a("--gate-grad", choices=GRAD_MODES, help="gate gradient rule (default plain, the paper's)")
+    a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
     a("--train-subset", type=int, help="train on a class-balanced subset of this many images")

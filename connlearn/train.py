@@ -150,7 +150,8 @@ class Trainer:
             autotuned kernels are chosen once); ``False`` leaves the global setting alone.
         compile: wrap the network in ``torch.compile`` (recompiled once, when the connectivity freezes);
             ``True`` or a mode of :data:`COMPILE_MODES` (``"reduce-overhead"`` adds CUDA graphs).
-        gate_grad: the GateUpdater's gradient mode (``plain`` is the paper's rule).
+        gate_grad: the GateUpdater's gate rule: ``plain`` (the default: plain gradient, clip), ``centered``,
+            ``normalized``, ``double-centered`` or ``renormalized`` (see :mod:`connlearn.updater`).
         snapshot_every: steps between gate snapshots (0: none).
         tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: show a tqdm progress bar.

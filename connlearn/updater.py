@@ -5,8 +5,9 @@ that ``torch.amp.GradScaler`` skips (inf/NaN gradients): a skipped step leaves t
 It never touches weights.
 
 Optionally (``grad_mode``) it rewrites the gates' gradients before each step (a step pre-hook, which
-runs after GradScaler has unscaled them). The paper's rule is ``"plain"``. The alternatives act on the
-observation that sampling depends only on the ratios within a row of gates:
+runs after GradScaler has unscaled them). The default, ``"plain"``, is the paper's rule as DESIGN.md reads
+it: the plain gradient, then the clip. The alternatives act on the observation that sampling depends only
+on the ratios within a row of gates:
 
 - ``"centered"``: subtract each row's mean gradient, so that a row cannot drift up or down as a whole
   (drift towards the clip bound flattens the sampling distribution);
