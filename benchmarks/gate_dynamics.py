@@ -142,18 +142,22 @@ def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, fl
 
     Gradient descent moves a row's gates by minus these sums: a negative ``undrawn`` raises the gates of the
     inputs a block did not use. Behind a projection shortcut ``drawn`` vanishes (scale invariance, see the
-    tests), so a common drift there comes from the undrawn entries only. The weights are not updated.
+    tests), so a common drift there comes from the undrawn entries only. The weights are not updated (the
+    batch norms' running statistics are: the forward passes run in training mode).
     """
     net.train()
     gated = [(i, stage) for i, stage in enumerate(net.stages) if stage.gate is not None and stage.gate.stochastic]
     if not gated:
-        raise SystemExit("the checkpoint's network has no sampled gates (a finished run's connectivity is frozen: "
-                         "use a checkpoint from phase 1)")
+        raise SystemExit(f"the network has gate kind {net.gate_kind!r} and no sampled gates: only a topk network "
+                         "in phase 1 has them (a finished run's connectivity is frozen)")
     sums = {i: torch.zeros(3) for i, _ in gated}
     count = 0
     for images, labels in batches:
-        state = net.generator.get_state()
-        matrices = net.gate_matrices()
+        state, recorded = net.generator.get_state(), net._draws
+        net._draws = None  # this extra draw is not one of training's
+        with torch.no_grad():
+            matrices = net.gate_matrices()
+        net._draws = recorded
         net.generator.set_state(state)  # the forward pass draws the same connectivity again
         net.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(net(images), labels).backward()
@@ -162,6 +166,8 @@ def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, fl
             sums[i] += torch.stack([(grad * drawn).sum(1).mean(), (grad * ~drawn).sum(1).mean(),
                                     grad.std(1).mean()])
         count += 1
+    if not count:
+        raise SystemExit("no batches: nothing to average")
     return [{"module": net.module_ids[i], "shortcut": "projection" if stage.proj is not None else "identity",
              "drawn": float(sums[i][0] / count), "undrawn": float(sums[i][1] / count),
              "within_row_std": float(sums[i][2] / count)} for i, stage in gated]
@@ -176,6 +182,9 @@ def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: P
              "", "| run | module | shortcut | drawn | undrawn | within-row std |",
              "| --- | --- | --- | --- | --- | --- |"]
     for folder in folders:
+        if not (Path(folder) / "last.pt").is_file():
+            print(f"skipped {folder}: no last.pt")
+            continue
         net = net_from_checkpoint(Path(folder) / "last.pt").to(device)
         loader = BatchLoader(train, 128, train=True, device=device, seed=0)
         rows = gradient_split(net, itertools.islice(loader.epoch(0), batches))
@@ -209,6 +218,8 @@ def main() -> None:
                              "drawn and undrawn entries, over --batches training batches")
     parser.add_argument("--batches", type=int, default=50)
     args = parser.parse_args()
+    if args.batches < 1:
+        parser.error(f"--batches must be at least 1, got {args.batches}")
     if args.gradients:
         gradients_of_runs(args.gradients, args.data, args.batches, Path(args.out))
         return

@@ -342,6 +342,8 @@ class Trainer:
             self._tb = SummaryWriter(str(self.out_dir / "tb"))
         if self._last_connectivity is None:
             self._last_connectivity = self.net.connectivity()
+        if self.step == 0 and self.gate_grad == "renormalized":
+            self.updater.renormalize()  # Algorithm 1 normalises before the first forward pass (and snapshot)
         if self.step == 0 and self.snapshot_every:
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)

@@ -4,10 +4,10 @@ It attaches to an optimizer as a step post-hook, so it runs after every real ste
 that ``torch.amp.GradScaler`` skips (inf/NaN gradients): a skipped step leaves the gates as they were.
 It never touches weights.
 
-Optionally (``grad_mode``) it rewrites the gates' gradients before each step (a step pre-hook, which
-runs after GradScaler has unscaled them). The default, ``"plain"``, is the paper's rule as DESIGN.md reads
-it: the plain gradient, then the clip. The alternatives act on the observation that sampling depends only
-on the ratios within a row of gates:
+Optionally (``grad_mode``) it rewrites the gates' gradients, or for ``"renormalized"`` the gates, before
+each step (a step pre-hook, which runs after GradScaler has unscaled them). The default, ``"plain"``, is
+the paper's rule as DESIGN.md reads it: the plain gradient, then the clip. The alternatives act on the
+observation that sampling depends only on the ratios within a row of gates:
 
 - ``"centered"``: subtract each row's mean gradient, so that a row cannot drift up or down as a whole
   (drift towards the clip bound flattens the sampling distribution);

@@ -106,5 +106,10 @@ def test_the_gradient_split_separates_drawn_and_undrawn_gates():
     rows = gradient_split(net, batches)
     assert [r["module"] for r in rows] == net.module_ids[1:] and {r["shortcut"] for r in rows} == {"projection"}
     assert all(abs(r["drawn"]) < 1e-3 * abs(r["undrawn"]) for r in rows)  # the invariance behind a projection
+    net.record_draws()
+    gradient_split(net, batches[:1])
+    assert len(net._draws) == 1  # the forward pass's draw only (the extra draw is the same, so white-box)
     with pytest.raises(SystemExit, match="phase 1"):
         gradient_split(net.freeze(), batches)
+    with pytest.raises(SystemExit, match="no batches"):
+        gradient_split(connlearn.build(**tiny()), [])

@@ -191,3 +191,17 @@ def test_gate_row_std_counts_gate_matrices_of_every_width():
     assert any(wide) and not all(wide)
     expected = sum(r for r, w in zip(rows, wide, strict=True) if w) * torch.tensor([0.0, 1.0] * 3).std() / sum(rows)
     assert gate_statistics(net)["gate_row_std"] == pytest.approx(expected.item())
+
+
+def test_the_renormalized_rule_starts_from_normalised_gates_and_resumes_exactly(tmp_path):
+    recipe = Recipe("r", [Phase(2, 0.1, gate_lr=0.2)], batch_size=16)
+    whole = _trainer(tmp_path / "whole", recipe=recipe, gate_grad="renormalized")
+    log = whole.fit()
+    first = read_jsonl(tmp_path / "whole" / "gates.jsonl")[0]
+    for rows in first["gates"].values():  # the step-0 snapshot already holds rows that sum to 1
+        assert all(abs(sum(row) - 1) < 1e-6 for row in rows)
+    parts = _trainer(tmp_path / "parts", recipe=recipe, gate_grad="renormalized")
+    parts.fit(max_epochs=1)
+    resumed = _trainer(tmp_path / "parts", recipe=recipe, gate_grad="renormalized")
+    assert _without_timings(resumed.fit(resume=True)) == _without_timings(log)
+    _assert_same_state(resumed.net, whole.net)
