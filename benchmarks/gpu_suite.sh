@@ -6,7 +6,7 @@
 # MODE
 #   measure   speed.py (contiguous, and channels-last in the same call), epoch.py per arm (eager), epoch.py
 #             for topk4 under torch.compile (default and reduce-overhead)
-#   rules     the gate rules (plain, centered, double-centered) over 5 epochs of phase 1 on a 5,000-image
+#   rules     the gate rules (plain, centered, renormalized) over 5 epochs of phase 1 on a 5,000-image
 #             validation split, then the drawn / undrawn split of their raw gate gradients
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
@@ -62,9 +62,9 @@ measure)
   ;;
 rules)
   step $(($(left) - 60)) gates.log python3 benchmarks/gate_dynamics.py --data "$data" --net K=4 --train-subset 45000 \
-    --epochs 5 --snapshot-every 50 --rules plain centered double-centered --out runs/gates
+    --epochs 5 --snapshot-every 50 --rules plain centered renormalized --out runs/gates
   step 60 gates.log python3 benchmarks/gate_dynamics.py --data "$data" --gradients runs/gates/plain \
-    runs/gates/centered runs/gates/double-centered --out runs/gates
+    runs/gates/centered runs/gates/renormalized --out runs/gates
   ;;
 sweep)
   sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
@@ -75,11 +75,12 @@ protocol)
   ;;
 *)
   echo "unknown mode $mode: measure, rules, sweep or protocol" >&2
+  [ -n "${dmon:-}" ] && kill "$dmon"
   exit 2
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
 state=$(ls -d runs/sweep30 runs/sweep320 runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
-[ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt $state
+[ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"

@@ -30,6 +30,7 @@ from plain_resnext import PlainResNeXt
 import connlearn
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import PRESETS
+from connlearn.train import COMPILE_MODES
 
 
 def _sync(device: torch.device) -> None:
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also print torch.profiler's table of 5 steps of fused topk K=4 on the first arch")
     parser.add_argument("--compile", nargs="?", const="default", metavar="MODE",
-                        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                        choices=COMPILE_MODES,
                         help="also time fused topk K=4 and full under torch.compile (the warm-up compiles)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
