@@ -138,7 +138,8 @@ def from_runs(folders: list[str], out: Path) -> None:
 def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, float | int | str]]:
     """The raw gradient of the real gates (the paper's rule, before any remedy) of each sampled module of
     ``net``, summed per row over the entries drawn in that step and over those not drawn, averaged over the
-    rows of the module and over ``batches`` (``(images, labels)`` pairs); also the mean within-row std.
+    rows of the module and over ``batches`` (``(images, labels)`` pairs); also the mean within-row std and
+    the module's mean gate.
 
     Gradient descent moves a row's gates by minus these sums: a negative ``undrawn`` raises the gates of the
     inputs a block did not use. Behind a projection shortcut ``drawn`` vanishes (scale invariance, see the
@@ -170,7 +171,8 @@ def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, fl
         raise SystemExit("no batches: nothing to average")
     return [{"module": net.module_ids[i], "shortcut": "projection" if stage.proj is not None else "identity",
              "drawn": float(sums[i][0] / count), "undrawn": float(sums[i][1] / count),
-             "within_row_std": float(sums[i][2] / count)} for i, stage in gated]
+             "within_row_std": float(sums[i][2] / count), "gate_mean": float(stage.gate.real.detach().mean())}
+            for i, stage in gated]
 
 
 def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: Path) -> None:
@@ -179,8 +181,8 @@ def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: P
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = [f"raw gate gradients, mean over {batches} augmented training batches of 128 (the sum over a row's "
              f"drawn / undrawn entries, mean over a module's rows); {device}",
-             "", "| run | module | shortcut | drawn | undrawn | within-row std |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "", "| run | module | shortcut | gate mean | drawn | undrawn | within-row std |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for folder in folders:
         if not (Path(folder) / "last.pt").is_file():
             print(f"skipped {folder}: no last.pt")
@@ -188,8 +190,8 @@ def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: P
         net = net_from_checkpoint(Path(folder) / "last.pt").to(device)
         loader = BatchLoader(train, 128, train=True, device=device, seed=0)
         rows = gradient_split(net, itertools.islice(loader.epoch(0), batches))
-        lines += [f"| {folder} | {r['module']} | {r['shortcut']} | {r['drawn']:+.2e} | {r['undrawn']:+.2e} | "
-                  f"{r['within_row_std']:.2e} |" for r in rows]
+        lines += [f"| {folder} | {r['module']} | {r['shortcut']} | {r['gate_mean']:.3f} | {r['drawn']:+.2e} | "
+                  f"{r['undrawn']:+.2e} | {r['within_row_std']:.2e} |" for r in rows]
     out.mkdir(parents=True, exist_ok=True)
     (out / "gradients.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
