@@ -74,7 +74,8 @@ class GateUpdater:
         """Register the hooks on ``optimizer``; returns ``self``."""
         self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clamp()))
         if self.grad_mode != "plain":
-            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.transform_grads()))
+            before = self.renormalize if self.grad_mode == "renormalized" else self.transform_grads
+            self._handles.append(optimizer.register_step_pre_hook(lambda *_: before()))
         return self
 
     def detach(self) -> None:
@@ -100,11 +101,7 @@ class GateUpdater:
 
     @torch.no_grad()
     def transform_grads(self) -> None:
-        """Rewrite the gates' gradients according to ``grad_mode`` (rows are the last dimension); for
-        ``"renormalized"``, :meth:`renormalize` the gates instead."""
-        if self.grad_mode == "renormalized":
-            self.renormalize()
-            return
+        """Rewrite the gates' gradients according to ``grad_mode`` (rows are the last dimension)."""
         for gate in self.gates():
             if gate.grad is None:
                 continue
