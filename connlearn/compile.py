@@ -256,7 +256,8 @@ class ConnectivityNet(nn.Module):
                 f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
             )
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
-        # the forward pass, so the rest compiles to a single graph.
+        # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
+        # would move the break into a nested frame and split the graph again (see the one-graph test).
         mixes = self._scaled(self._draw() if self.training else {})
         h = self.stem(x)
         outputs: list[Any] = []
