@@ -13,6 +13,11 @@ be split into pieces with ``--time-limit``.
     python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
     python benchmarks/accuracy.py --budget 320 --arms full topk4 --seeds 0 --time-limit 540   # repeat
     python benchmarks/accuracy.py ... --val-split 5000      # choose settings on a validation split
+    python benchmarks/accuracy.py ... --arms random4 topk4 topk4-centered topk4-renormalized --val-split 5000
+
+An arm of learned gates (``topk4``, ``real4``, ``topk1``) takes a gate-gradient rule as a suffix
+(``topk4-centered``; the rules of ``connlearn.updater.GRAD_MODES``), so rules are compared in one sweep and
+one table; an arm without a suffix uses ``--gate-grad`` (default: the paper's plain rule).
 
 Do not tune on the test set: use ``--val-split`` for every choice, the test set for final settings only.
 """
@@ -20,6 +25,7 @@ Do not tune on the test set: use ``--val-split`` for every choice, the test set 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import statistics
@@ -50,7 +56,44 @@ PAPER_CIFAR10 = {
     "cifar-29-64-8": {"full": "96.35 (96.23±0.12)", "topk4": "96.83 (96.73±0.11)"},
 }
 
-RUN_NAME = re.compile(r"(?P<arm>[a-z0-9]+)-s(?P<seed>\d+)")
+RUN_NAME = re.compile(r"(?P<arm>[a-z0-9-]+?)-s(?P<seed>\d+)")
+LEARNED = ("topk", "real")  # the gate kinds whose gates a gate-gradient rule updates
+
+
+def parse_arm(name: str) -> tuple[str, str | None]:
+    """``"topk4-centered"`` → ``("topk4", "centered")``; ``"full"`` → ``("full", None)``. Raises
+    ``argparse.ArgumentTypeError`` naming what is allowed and the closest valid name."""
+    base, _, rule = name.partition("-")
+    if base not in ARMS:
+        raise argparse.ArgumentTypeError(f"unknown arm {base!r}; arms are {', '.join(ARMS)}{_close(base, ARMS)}")
+    if not rule:
+        return base, None
+    if ARMS[base]["gate"] not in LEARNED:
+        learned = ", ".join(a for a in ARMS if ARMS[a]["gate"] in LEARNED)
+        raise argparse.ArgumentTypeError(f"arm {name!r}: only arms with learned gates ({learned}) take a rule")
+    if rule not in GRAD_MODES:
+        raise argparse.ArgumentTypeError(f"arm {name!r}: unknown gate-gradient rule {rule!r}; rules are "
+                                         f"{', '.join(GRAD_MODES)}{_close(rule, GRAD_MODES)}")
+    return base, rule
+
+
+def _close(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _arm(name: str) -> str:
+    parse_arm(name)
+    return name
+
+
+def _known(arm: str) -> bool:
+    try:
+        parse_arm(arm)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
 
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
@@ -61,7 +104,7 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Add every finished run under ``out`` (a ``<arm>-s<seed>`` folder holding ``summary.json``) to ``state``."""
     for folder in sorted(out.iterdir()):
         match = RUN_NAME.fullmatch(folder.name)
-        if match and match["arm"] in ARMS and (folder / "summary.json").exists():
+        if match and _known(match["arm"]) and (folder / "summary.json").exists():
             summary = json.loads((folder / "summary.json").read_text())
             summary["arm"], summary["seed"] = match["arm"], int(match["seed"])
             state["runs"][folder.name] = summary
@@ -81,10 +124,13 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | None) -> dict[str, Any] | None:
     """Train (or resume) one run of the sweep; ``None`` when the time limit stopped it."""
-    spec = ARMS[arm]
+    base, rule = parse_arm(arm)
+    spec, options = ARMS[base], _options(args)
+    if rule:
+        options["gate_grad"] = rule
     run = CifarRun(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
                    seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress,
-                   **_options(args))
+                   **options)
     return run_cifar(run, time_limit=time_limit)
 
 
@@ -166,8 +212,51 @@ def _mean_std(values: list[float]) -> str:
     return f"{max(values):.2f} ({statistics.mean(values):.2f}±{statistics.stdev(values):.2f})"
 
 
+def _order(arm: str) -> tuple[int, int]:
+    base, rule = parse_arm(arm)
+    return list(ARMS).index(base), -1 if rule is None else GRAD_MODES.index(rule)
+
+
+def _rule(summary: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The gate-gradient rule a run trained with (``None`` for arms without learned gates)."""
+    base, rule = parse_arm(summary["arm"])
+    if ARMS[base]["gate"] not in LEARNED:
+        return None
+    return rule or summary.get("run", {}).get("gate_grad") or config.get("gate_grad") or "plain"
+
+
+def _phase1_topk_share(log: list[dict[str, Any]]) -> float | None:
+    """How often a draw equalled the block's top-K in the last epoch of phase 1 (``None`` without draws)."""
+    shares = [r.get("drawn_topk_share") for r in log if r.get("phase") == 1]
+    return shares[-1] if shares and shares[-1] is not None else None
+
+
+def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str]:
+    """Each arm's top-1 minus the reference arm's, paired by seed (the same data order): the seed-to-seed
+    spread that both share drops out. Empty without the reference or a common seed."""
+    if reference not in by_arm:
+        return []
+    ref = {r["seed"]: r["test_top1"] for r in by_arm[reference]}
+    rows = []
+    for arm in sorted(by_arm, key=_order):
+        diffs = [r["test_top1"] - ref[r["seed"]] for r in by_arm[arm] if r["seed"] in ref]
+        if arm == reference or not diffs:
+            continue
+        spread = f" ± {statistics.stdev(diffs):.2f}" if len(diffs) > 1 else ""
+        wins = sum(d > 0 for d in diffs)
+        rows.append(f"| {arm} | {len(diffs)} | {statistics.mean(diffs):+.2f}{spread} | {wins} of {len(diffs)} |")
+    if not rows:
+        return []
+    return ["", f"Paired by seed against {reference}: top-1 difference in points (mean ± std over seeds)", "",
+            "| arm | seeds | difference | seeds above |", "| --- | --- | --- | --- |", *rows]
+
+
 def write_table(out: Path, state: dict[str, Any]) -> Path:
-    """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs."""
+    """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs. Learned
+    arms are labelled with their gate-gradient rule unless it is the paper's (plain); the paper's numbers
+    stand beside the paper's own settings only. "draws = top-K" is how often, in the last epoch of phase 1,
+    a block's draw equalled its top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws
+    that follow nothing, near 1 for settled gates."""
     config = state.get("config", {})
     preset = config.get("preset", "")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -179,27 +268,34 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
+    logs = {name: read_jsonl(out / name / "log.jsonl") for name in state["runs"]}
     lines = [
         f"{arch}, budget {config.get('budget')} epochs{data}, {evaluated_on}; top-1 = best (mean ± std) over seeds"
         + shared,
         "",
-        "| method | K | seeds | Params-Train | Params-Test | top-1 (%) | paper, 320 epochs | epoch time | wall time |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | K | seeds | Params-Train | Params-Test | top-1 (%) | paper, 320 epochs | draws = top-K "
+        "| epoch time | wall time |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for arm in [a for a in ARMS if a in by_arm]:
+    for arm in sorted(by_arm, key=_order):
         runs = by_arm[arm]
         top1 = [r["test_top1"] for r in runs]
-        paper = "" if changed else PAPER_CIFAR10.get(preset, {}).get(arm, "")
+        base, _ = parse_arm(arm)
+        rules = {_rule(r, config) for r in runs}
+        rule = rules.pop() if len(rules) == 1 else "mixed"
+        label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
+        paper = "" if changed or rule not in (None, "plain") else PAPER_CIFAR10.get(preset, {}).get(base, "")
+        shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
+        share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""
         lines.append(
-            f"| {ARMS[arm]['label']} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
-            f"{statistics.mean(r['params_test'] for r in runs) / 1e6:.3f}M | {_mean_std(top1)} | {paper} | "
+            f"| {label} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
+            f"{statistics.mean(r['params_test'] for r in runs) / 1e6:.3f}M | {_mean_std(top1)} | {paper} | {share} | "
             f"{statistics.mean(r['epoch_time_s'] for r in runs):.1f} s | "
             f"{sum(r['wall_time_s'] for r in runs) / 60:.1f} min |"
         )
+    lines += _paired(by_arm, "random4")
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
-    logs = {f"{r['arm']}-s{r['seed']}": read_jsonl(out / f"{r['arm']}-s{r['seed']}" / "log.jsonl")
-            for r in state["runs"].values()}
     if logs:
         plots.plot_training_curves(logs, out / "accuracy_curves.png", keys=("test_top1",))
     return path
@@ -210,14 +306,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--preset", default="cifar-20-4-8", choices=CIFAR_PRESETS)
     parser.add_argument("--budget", type=int, default=30, help="total epochs of each run (paper: 320)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--arms", nargs="+", default=["full", "topk4", "random4", "real4"], choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=["full", "topk4", "random4", "real4"], type=_arm,
+                        metavar="ARM", help=f"{', '.join(ARMS)}; a learned arm may add -RULE (topk4-centered)")
     parser.add_argument("--out", default="runs/sweep")
     parser.add_argument("--time-limit", type=float, help="seconds; start no new epoch after it (resume later)")
     parser.add_argument("--no-progress", action="store_true")
     for name in ("M", "C", "width", "base-channels", "stem-channels", "train-subset", "test-subset", "val-split",
                  "batch-size"):
         parser.add_argument(f"--{name}", type=int)
-    parser.add_argument("--gate-grad", choices=GRAD_MODES)
+    parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
     parser.add_argument("--device")

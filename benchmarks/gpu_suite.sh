@@ -8,13 +8,17 @@
 #             for topk4 under torch.compile (default and reduce-overhead)
 #   rules     the gate rules (plain, centered, renormalized) over 5 epochs of phase 1 on a 5,000-image
 #             validation split, then the drawn / undrawn split of their raw gate gradients
+#   choose    the gate rules' payoff, to choose one: 30-epoch runs of random4, topk4-plain, topk4-centered and
+#             topk4-renormalized, seeds 0 and 1, four at a time, on a 5,000-image validation split in
+#             runs/choose30
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
-# (runs/sweep30, runs/sweep320, runs/gates without the previous.pt/best.pt copies): unpack it in the
-# repository root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile"); DEVICE
+# (runs/sweep30, runs/sweep320, runs/choose30, runs/gates without the previous.pt/best.pt copies): unpack it in the
+# repository root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile", or
+# "--gate-grad centered" once choose has chosen a rule for the learned arms of sweep and protocol); DEVICE
 # (default cuda) lets the suite run on a CPU for a trial.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
@@ -40,12 +44,12 @@ if [ "$device" = cuda ]; then
   dmon=$!
 fi
 
-sweep() {  # budget, arms, seeds, parallel, out
+sweep() {  # budget, arms, seeds, parallel, out, further accuracy.py options
   local limit=$(($(left) - 45))
   [ "$limit" -lt 60 ] && return
   # shellcheck disable=SC2086
   step $((limit + 40)) "sweep$1.log" env OMP_NUM_THREADS=2 python3 benchmarks/accuracy.py --data "$data" --budget "$1" \
-    --arms $2 --seeds $3 --parallel "$4" --out "$5" --time-limit "$limit" --no-progress --device "$device" $extra
+    --arms $2 --seeds $3 --parallel "$4" --out "$5" --time-limit "$limit" --no-progress --device "$device" $extra "${@:6}"
 }
 
 case $mode in
@@ -66,6 +70,9 @@ rules)
   step 60 gates.log python3 benchmarks/gate_dynamics.py --data "$data" --gradients runs/gates/plain \
     runs/gates/centered runs/gates/renormalized --out runs/gates
   ;;
+choose)
+  sweep 30 "random4 topk4-plain topk4-centered topk4-renormalized" "0 1" 4 runs/choose30 --val-split 5000
+  ;;
 sweep)
   sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
   [ "$(left)" -gt 100 ] && sweep 320 "full topk4" 0 2 runs/sweep320
@@ -74,13 +81,13 @@ protocol)
   sweep 320 "full topk4" 0 2 runs/sweep320
   ;;
 *)
-  echo "unknown mode $mode: measure, rules, sweep or protocol" >&2
+  echo "unknown mode $mode: measure, rules, choose, sweep or protocol" >&2
   [ -n "${dmon:-}" ] && kill "$dmon"
   exit 2
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
-state=$(ls -d runs/sweep30 runs/sweep320 runs/gates 2>/dev/null)
+state=$(ls -d runs/sweep30 runs/sweep320 runs/choose30 runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
 [ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"

@@ -1,10 +1,11 @@
 """The accuracy sweep (benchmarks/accuracy.py) on a tiny budget: results written, interruptions resumed."""
 
+import argparse
 import json
 
 import pytest
 import torch
-from accuracy import main
+from accuracy import _paired, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
 
@@ -68,6 +69,50 @@ def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, 
     assert "2 runs at a time on one device" in (tmp_path / "results.md").read_text()
     again = main(_args(tmp_path, data, "--parallel", "2"))  # nothing left to do: no child starts
     assert again["runs"].keys() == state["runs"].keys()
+
+
+def test_arms_with_a_rule_train_with_that_rule_and_get_their_own_rows(tmp_path, data):
+    state = main(_args(tmp_path, data, "--arms", "topk4", "topk4-centered", "--gate-grad", "plain"))
+    assert set(state["runs"]) == {"topk4-s0", "topk4-centered-s0"}
+    assert state["runs"]["topk4-centered-s0"]["run"]["gate_grad"] == "centered"
+    assert state["runs"]["topk4-s0"]["run"]["gate_grad"] == "plain"
+    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| Learned")]
+    assert [row.split(" | ")[0] for row in rows] == ["| Learned, K=4", "| Learned, K=4, centered rule"]
+    share = float(rows[1].split(" | ")[7])  # draws equal to the top-K in phase 1's last epoch
+    assert 0.0 <= share <= 1.0
+
+
+def test_a_sweep_run_with_a_default_rule_is_labelled_with_it(tmp_path, data):
+    main(_args(tmp_path, data, "--arms", "topk4", "--gate-grad", "renormalized"))
+    state = json.loads((tmp_path / "sweep.json").read_text())
+    state["config"].pop("gate_grad")  # the run's own record decides, not the last command line
+    write_table(tmp_path, state)
+    assert "| Learned, K=4, renormalized rule |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize(("arm", "message"), [
+    ("topk5", "did you mean 'topk4'"),
+    ("topk4-centred", "did you mean 'centered'"),
+    ("random4-centered", "only arms with learned gates"),
+])
+def test_bad_arms_are_named_with_what_is_allowed(arm, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        parse_arm(arm)
+
+
+def test_arms_are_paired_by_seed_against_fixed_random():
+    runs = {"random4": [{"seed": 0, "test_top1": 50.0}, {"seed": 1, "test_top1": 52.0}],
+            "topk4-centered": [{"seed": 0, "test_top1": 51.0}, {"seed": 1, "test_top1": 51.5},
+                               {"seed": 2, "test_top1": 9.0}],  # seed 2 has no partner: left out
+            "full": [{"seed": 3, "test_top1": 60.0}]}  # no common seed: no row
+    rows = _paired(runs, "random4")
+    assert rows[-1] == "| topk4-centered | 2 | +0.25 ± 1.06 | 1 of 2 |" and not any("| full |" in r for r in rows)
+    assert _paired({"topk4": runs["topk4-centered"]}, "random4") == []
+
+
+def test_rules_with_a_hyphen_parse():
+    assert parse_arm("topk4-double-centered") == ("topk4", "double-centered")
+    assert parse_arm("real4") == ("real4", None)
 
 
 def test_parallel_must_be_positive(tmp_path, data):
