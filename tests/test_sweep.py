@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from accuracy import _paired, main, parse_arm, write_table
+from accuracy import _mean_curves, _paired, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
 
@@ -108,6 +108,17 @@ def test_arms_are_paired_by_seed_against_fixed_random():
     rows = _paired(runs, "random4")
     assert rows[-1] == "| topk4-centered | 2 | +0.25 ± 1.06 | 1 of 2 |" and not any("| full |" in r for r in rows)
     assert _paired({"topk4": runs["topk4-centered"]}, "random4") == []
+
+
+def test_the_curves_are_the_mean_over_seeds_per_arm():
+    by_arm = {"random4": [{"seed": 0}, {"seed": 1}], "topk4-centered": [{"seed": 0}]}
+    logs = {"random4-s0": [{"epoch": 1, "test_top1": 10.0}, {"epoch": 2, "test_top1": 20.0}],
+            "random4-s1": [{"epoch": 1, "test_top1": 12.0}, {"epoch": 2}],  # no eval after epoch 2
+            "topk4-centered-s0": [{"epoch": 1, "test_top1": 5.0}]}
+    assert _mean_curves(by_arm, logs) == {
+        "topk4-centered": [{"epoch": 1, "test_top1": 5.0}],
+        "random4, mean of 2 seeds": [{"epoch": 1, "test_top1": 11.0}, {"epoch": 2, "test_top1": 20.0}],
+    }
 
 
 def test_rules_with_a_hyphen_parse():
