@@ -25,7 +25,6 @@ Do not tune on the test set: use ``--val-split`` for every choice, the test set 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from connlearn import plots
+from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
@@ -61,36 +61,34 @@ LEARNED = ("topk", "real")  # the gate kinds whose gates a gate-gradient rule up
 
 
 def parse_arm(name: str) -> tuple[str, str | None]:
-    """``"topk4-centered"`` → ``("topk4", "centered")``; ``"full"`` → ``("full", None)``. Raises
-    ``argparse.ArgumentTypeError`` naming what is allowed and the closest valid name."""
+    """``"topk4-centered"`` → ``("topk4", "centered")``; ``"full"`` → ``("full", None)``. Raises a
+    :class:`~connlearn.errors.ConnlearnError` naming what is allowed and the closest valid name."""
     base, _, rule = name.partition("-")
     if base not in ARMS:
-        raise argparse.ArgumentTypeError(f"unknown arm {base!r}; arms are {', '.join(ARMS)}{_close(base, ARMS)}")
+        raise unknown_name("arm", base, ARMS)
     if not rule:
         return base, None
     if ARMS[base]["gate"] not in LEARNED:
         learned = ", ".join(a for a in ARMS if ARMS[a]["gate"] in LEARNED)
-        raise argparse.ArgumentTypeError(f"arm {name!r}: only arms with learned gates ({learned}) take a rule")
+        raise ConfigError(f"arm {name!r}: only arms with learned gates ({learned}) take a gate-gradient rule")
     if rule not in GRAD_MODES:
-        raise argparse.ArgumentTypeError(f"arm {name!r}: unknown gate-gradient rule {rule!r}; rules are "
-                                         f"{', '.join(GRAD_MODES)}{_close(rule, GRAD_MODES)}")
+        raise unknown_name("gate-gradient rule", rule, GRAD_MODES)
     return base, rule
 
 
-def _close(name: str, valid) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _arm(name: str) -> str:
-    parse_arm(name)
+    """``--arms``' type: argparse shows an ``ArgumentTypeError``'s message (a ``ValueError``'s it hides)."""
+    try:
+        parse_arm(name)
+    except ConnlearnError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     return name
 
 
 def _known(arm: str) -> bool:
     try:
         parse_arm(arm)
-    except argparse.ArgumentTypeError:
+    except ConnlearnError:
         return False
     return True
 

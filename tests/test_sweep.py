@@ -1,6 +1,5 @@
 """The accuracy sweep (benchmarks/accuracy.py) on a tiny budget: results written, interruptions resumed."""
 
-import argparse
 import json
 
 import pytest
@@ -11,6 +10,7 @@ from gate_dynamics import from_runs, gradient_split, movement
 
 import connlearn
 from connlearn.data import pack, synthetic
+from connlearn.errors import ConnlearnError
 from connlearn.train import Trainer, read_jsonl
 
 
@@ -95,9 +95,12 @@ def test_a_sweep_run_with_a_default_rule_is_labelled_with_it(tmp_path, data):
     ("topk4-centred", "did you mean 'centered'"),
     ("random4-centered", "only arms with learned gates"),
 ])
-def test_bad_arms_are_named_with_what_is_allowed(arm, message):
-    with pytest.raises(argparse.ArgumentTypeError, match=message):
+def test_bad_arms_are_named_with_what_is_allowed(arm, message, capsys):
+    with pytest.raises(ConnlearnError, match=message):
         parse_arm(arm)
+    with pytest.raises(SystemExit):
+        main(["--arms", arm])
+    assert message in capsys.readouterr().err  # the command line shows the same message
 
 
 def test_arms_are_paired_by_seed_against_fixed_random():
