@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from connlearn import plots
+from connlearn.blocks import RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.train import COMPILE_MODES, read_jsonl
@@ -95,7 +96,7 @@ def _known(arm: str) -> bool:
 
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
-             "batch_size", "gate_grad", "gate_lr", "gate_init", "device", "amp", "compile", "data")
+             "batch_size", "gate_grad", "gate_lr", "gate_init", "residual_init", "device", "amp", "compile", "data")
 
 
 def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -264,6 +265,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
+    if config.get("residual_init", "one") != "one":
+        data += f", residual_init={config['residual_init']}"
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
     logs = {name: read_jsonl(out / name / "log.jsonl") for name in state["runs"]}
@@ -330,6 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
+    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, help="every arm's branches (default one)")
     parser.add_argument("--device")
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")

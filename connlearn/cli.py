@@ -29,6 +29,7 @@ def _value(text: str) -> Any:
 
 def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
     """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
+    from connlearn.blocks import RESIDUAL_INITS
     from connlearn.compile import ENGINES
     from connlearn.data import LOADER_PATHS
     from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
@@ -57,6 +58,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
+    a("--residual-init", choices=RESIDUAL_INITS,
+      help="starting scale of each branch's last BN: one, sqrt_k (the mean of K starts at unit scale), zero "
+           "(default one)")
     a("--train-subset", type=int, help="train on a class-balanced subset of this many images")
     a("--test-subset", type=int, help="evaluate on a class-balanced subset of this many images")
     a("--val-split", type=int, help="hold out this many training images and evaluate on them, not on the test set")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.blocks import BLOCKS
+from connlearn.blocks import BLOCKS, init_residual_scale, residual_scale
 from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
@@ -225,6 +225,7 @@ class ConnectivityNet(nn.Module):
             self._make_module(graph, m, info, gate_cls) for m, info in zip(self.module_ids, infos, strict=True)
         )
         self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
+        self._init_residuals(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
         self._draws: collections.deque | None = None
@@ -247,6 +248,21 @@ class ConnectivityNet(nn.Module):
             return FusedModule(_make_block(graph, nodes, info), proj, gate, info)
         blocks = [_make_block(graph, [n], info) for n in nodes]
         return ReferenceModule(blocks, proj, gate, info)
+
+    def _init_residuals(self, graph: BranchGraph) -> None:
+        """Apply the graph's ``residual_init``: each branch's output starts at ``residual_scale(init, n)``,
+        n the fan-in of the mean that reads it (K for gated readers, the head's inputs for the last module)."""
+        init = graph.graph.get("residual_init", "one")
+        residual_scale(init, 1)  # names a bad value even where nothing is scaled
+        if init == "one" or self.engine == "single-stream":
+            return
+        head_fan_in = len(graph.in_edges("output"))
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            out_edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
+            gated = any(d.get("kind") == "gate" for d in out_edges)
+            scale = residual_scale(init, graph.K if gated else max(1, head_fan_in))
+            for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
+                init_residual_scale(block, scale)
 
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:

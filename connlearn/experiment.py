@@ -64,6 +64,7 @@ class CifarRun:
     gate_grad: str = "plain"
     gate_init: float | str = 0.5
     gate_lr: float | None = None
+    residual_init: str = "one"
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
     test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
     val_split: int | None = attrs.field(default=None, validator=_optional_int("val_split"))
@@ -122,7 +123,7 @@ def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
                  if getattr(run, k) is not None}
     return connlearn.build(
         "resnext", preset=run.preset, gate=run.gate, K=run.K, num_classes=num_classes, seed=run.seed,
-        gate_init=run.gate_init, engine=run.engine, **overrides,
+        gate_init=run.gate_init, residual_init=run.residual_init, engine=run.engine, **overrides,
     )
 
 

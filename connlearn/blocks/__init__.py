@@ -7,7 +7,15 @@ or any callable with the same signature); packages can add kinds through the ent
 
 from __future__ import annotations
 
-from connlearn.blocks.base import BranchBlock, Looped, LoopedBlock, conv
+from connlearn.blocks.base import (
+    RESIDUAL_INITS,
+    BranchBlock,
+    Looped,
+    LoopedBlock,
+    conv,
+    init_residual_scale,
+    residual_scale,
+)
 from connlearn.blocks.basic import Basic
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
 from connlearn.registry import Registry
@@ -16,4 +24,7 @@ BLOCKS: Registry = Registry("block", "connlearn.blocks")
 BLOCKS.register("bottleneck", Bottleneck)
 BLOCKS.register("basic", Basic)
 
-__all__ = ["BLOCKS", "Basic", "Bottleneck", "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "conv"]
+__all__ = [
+    "BLOCKS", "RESIDUAL_INITS", "Basic", "Bottleneck", "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck",
+    "conv", "init_residual_scale", "residual_scale",
+]

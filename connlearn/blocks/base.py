@@ -5,10 +5,14 @@ that maps ``[B, branches·in_ch, H, W]`` to ``[B, branches·out_ch, H', W']`` (b
 
 - ``branches``: how many branches it holds;
 - ``select(indices)``: a new block holding only those branches, with their weights (the pruner uses it);
-- ``merge(blocks)`` (classmethod): one block holding the branches of all ``blocks``, in order.
+- ``merge(blocks)`` (classmethod): one block holding the branches of all ``blocks``, in order;
+- ``init_residual_scale(scale)`` (optional): start every branch's output at ``scale`` times its usual scale,
+  e.g. by filling the weight of its last normalisation. The network calls it when built with
+  ``residual_init`` other than ``"one"`` (see :func:`residual_scale`).
 
 :class:`BranchBlock` implements ``select`` and ``merge`` for blocks whose every parameter and buffer is
-stacked branch-major along dim 0 (grouped convolutions, batch norms), which is what the built-in blocks do.
+stacked branch-major along dim 0 (grouped convolutions, batch norms), which is what the built-in blocks do,
+and ``init_residual_scale`` for those that name their last normalisation in ``residual_norm``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,36 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, check_int
+from connlearn.errors import ConfigError, check_int, unknown_name
+
+#: How a branch's output scale starts (the ``residual_init`` option of a topology).
+RESIDUAL_INITS = ("one", "sqrt_k", "zero")
+
+
+def residual_scale(init: str, fan_in: int) -> float | None:
+    """The starting scale of a branch whose output is read through a mean of ``fan_in`` outputs.
+
+    - ``"one"``: ``None``, the block stays as built (every normalisation at scale 1).
+    - ``"sqrt_k"``: ``sqrt(fan_in)``. The mean of ``fan_in`` independent unit-scale branches has scale
+      ``1/sqrt(fan_in)``; this start gives it unit scale, as ResNeXt's one normalisation of the summed
+      branches has.
+    - ``"zero"``: 0, every residual function starts at zero (the block is the identity at first).
+    """
+    if init not in RESIDUAL_INITS:
+        raise unknown_name("residual_init", init, RESIDUAL_INITS)
+    check_int("fan_in", fan_in, minimum=1)
+    return {"one": None, "sqrt_k": math.sqrt(fan_in), "zero": 0.0}[init]
+
+
+def init_residual_scale(block: nn.Module, scale: float) -> None:
+    """Call ``block.init_residual_scale(scale)``, or explain that its kind cannot start at another scale."""
+    hook = getattr(block, "init_residual_scale", None)
+    if hook is None:
+        raise ConfigError(
+            f"block {type(block).__name__} has no init_residual_scale(scale), so residual_init can only be "
+            "'one'; give the block that method (a BranchBlock names its last norm in residual_norm)"
+        )
+    hook(scale)
 
 
 def conv(in_ch: int, out_ch: int, kernel: int, branches: int, stride: int = 1) -> nn.Conv2d:
@@ -45,6 +78,9 @@ class BranchBlock(nn.Module):
 
     #: Keyword parameters the block accepts besides (in_ch, out_ch, stride, branches).
     params: ClassVar[tuple[str, ...]] = ()
+    #: The attribute name of the normalisation whose affine weight scales every branch's output (the last
+    #: one); ``None`` if there is none, and then ``residual_init`` must stay ``"one"``.
+    residual_norm: ClassVar[str | None] = None
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> None:
         super().__init__()
@@ -59,6 +95,17 @@ class BranchBlock(nn.Module):
                 f"it takes {list(self.params) or 'none'}"
             )
         self.block_params = dict(params)
+
+    def init_residual_scale(self, scale: float) -> None:
+        """Start every branch's output at ``scale``: fill the weight of the norm named by ``residual_norm``."""
+        norm = getattr(self, self.residual_norm) if self.residual_norm else None
+        if norm is None or getattr(norm, "weight", None) is None:
+            raise ConfigError(
+                f"{type(self).__name__} names no affine last normalisation in residual_norm "
+                f"(got {self.residual_norm!r}), so residual_init can only be 'one'"
+            )
+        with torch.no_grad():
+            norm.weight.fill_(float(scale))
 
     def _new(self, branches: int) -> BranchBlock:
         return type(self)(self.in_ch, self.out_ch, self.stride, branches, **self.block_params)
@@ -131,6 +178,11 @@ class LoopedBlock(nn.Module):
     @property
     def branches(self) -> int:
         return len(self.branch_modules)
+
+    def init_residual_scale(self, scale: float) -> None:
+        """Pass ``scale`` to every branch module's own ``init_residual_scale``."""
+        for module in self.branch_modules:
+            init_residual_scale(module, scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = x.chunk(self.branches, dim=1)

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from connlearn.blocks import BLOCKS
+from connlearn.blocks import BLOCKS, RESIDUAL_INITS
 from connlearn.errors import ConfigError, check_float, check_int, unknown_name
 from connlearn.gates import GATES, random_connectivity, topk_mask
 from connlearn.graph import BranchGraph, block_name
@@ -116,6 +116,7 @@ def resnext(
     stem_channels: int | None = None,
     base_channels: int | None = None,
     in_channels: int = 3,
+    residual_init: str = "one",
     dense: bool = False,
 ) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt.
@@ -133,6 +134,11 @@ def resnext(
             network's gate generator.
         gate_init: initial real gate value in [0, 1], or ``"uniform"`` for U(0, 1) draws.
         stem_channels, base_channels: override the stem width and the first stage's output channels.
+        residual_init: how each branch's output scale starts (its last BN's weight): ``"one"`` (default,
+            as built), ``"sqrt_k"`` (sqrt of the number of outputs the mean that reads it averages: K, or C
+            for the last module, which the head reads; so the mean starts at unit scale like ResNeXt's one
+            BN of the summed branches) or ``"zero"`` (each block starts as the identity). Fixed-Full's
+            single stream has one BN of the summed branches and is not changed.
         dense: let a block take gated inputs from every earlier module of its stage (same channels and
             resolution), DenseNet-style, instead of only the previous module.
     """
@@ -169,6 +175,8 @@ def resnext(
     K = check_int("K", K if K is not None else max(1, C // 2), minimum=1, maximum=C)
     if gate_init != "uniform":
         gate_init = check_float("gate_init", gate_init, minimum=0.0, maximum=1.0)
+    if residual_init not in RESIDUAL_INITS:
+        raise unknown_name("residual_init", residual_init, RESIDUAL_INITS)
 
     if layout_name == "imagenet":
         stem_ch = stem_channels or 64
@@ -181,7 +189,7 @@ def resnext(
 
     g = BranchGraph()
     g.graph.update(
-        gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext",
+        gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
         options={"preset": preset, "layout": layout_name, "depth": 2 + 3 * sum(stages), "width": width, "C": C},
     )
     res = math.ceil(lay.image_size / lay.stem_stride)
