@@ -252,8 +252,8 @@ def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str
 
 def write_table(out: Path, state: dict[str, Any]) -> Path:
     """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs. Learned
-    arms are labelled with their gate-gradient rule unless it is the paper's (plain); the paper's numbers
-    stand beside the paper's own settings only. "draws = top-K" is how often, in the last epoch of phase 1,
+    arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms with their
+    ``residual_init`` unless it is ``one``; the paper's numbers stand beside the paper's own settings only. "draws = top-K" is how often, in the last epoch of phase 1,
     a block's draw equalled its top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws
     that follow nothing, near 1 for settled gates."""
     config = state.get("config", {})
@@ -265,8 +265,6 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
-    if config.get("residual_init", "one") != "one":
-        data += f", residual_init={config['residual_init']}"
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
     logs = {name: read_jsonl(out / name / "log.jsonl") for name in state["runs"]}
@@ -285,7 +283,11 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         rules = {_rule(r, config) for r in runs}
         rule = rules.pop() if len(rules) == 1 else "mixed"
         label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
-        paper = "" if changed or rule not in (None, "plain") else PAPER_CIFAR10.get(preset, {}).get(base, "")
+        inits = {r.get("run", {}).get("residual_init") or config.get("residual_init") or "one" for r in runs}
+        if ARMS[base]["gate"] != "full" and inits != {"one"}:  # Fixed-Full's single stream is not rescaled
+            label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
+        own_settings = not changed and rule in (None, "plain") and "residual_init" not in label
+        paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
         share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""
         lines.append(

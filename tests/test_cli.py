@@ -152,8 +152,13 @@ def test_train_options_come_from_a_config_file_and_flags_override_it(tmp_path):
     config.write_text(json.dumps({"preset": "cifar-20-4-8", "gate": "random", "K": 2, "train-subset": 500}))
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
-    run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3"]))
+    run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3", "--residual-init", "sqrt_k"]))
     assert (run.preset, run.gate, run.K, run.train_subset) == ("cifar-20-4-8", "random", 3, 500)
+    assert run.residual_init == "sqrt_k"
+    from connlearn.experiment import build_net
+
+    bn3 = build_net(run, 10).stages[0].block.bn3.weight
+    torch.testing.assert_close(bn3.detach(), torch.full_like(bn3, 3**0.5))
 
 
 def test_an_unknown_config_key_is_one_line_with_the_closest_option(tmp_path, capsys):

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import connlearn
+from connlearn.blocks import RESIDUAL_INITS
 from connlearn.compile import FusedModule
 
 
@@ -22,7 +23,7 @@ def configs(draw):
         options=tiny(
             C=C, K=K, gate=gate, M=draw(st.sampled_from([3, 6])), width=draw(st.integers(1, 3)),
             block=draw(st.sampled_from(["bottleneck", "basic"])), seed=draw(st.integers(0, 100)),
-            gate_init=draw(st.sampled_from([0.5, "uniform"])),
+            gate_init=draw(st.sampled_from([0.5, "uniform"])), residual_init=draw(st.sampled_from(RESIDUAL_INITS)),
         ),
         batch=draw(st.integers(1, 3)),
         train=draw(st.booleans()),

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import connlearn
+from connlearn.blocks import RESIDUAL_INITS
 from connlearn.compile import FusedModule
 from connlearn.errors import ConfigError
 from connlearn.prune import dead_blocks, live_blocks, prune_dead_blocks
@@ -31,7 +32,8 @@ def fixed_nets(draw):
     C = draw(st.integers(1, 6))
     topology = draw(st.sampled_from(["resnext", "dense"]))
     opts = tiny(C=C, K=draw(st.integers(1, C)), M=draw(st.sampled_from([3, 6])), seed=draw(st.integers(0, 10**6)),
-                block=draw(st.sampled_from(["bottleneck", "basic"])))
+                block=draw(st.sampled_from(["bottleneck", "basic"])),
+                residual_init=draw(st.sampled_from(RESIDUAL_INITS)))
     how = draw(st.sampled_from(["random", "frozen"]))
     if how == "random":
         net = connlearn.build(topology, gate="random", **opts)
