@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from connlearn import plots
-from connlearn.blocks import RESIDUAL_INITS
+from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.train import COMPILE_MODES, read_jsonl
@@ -251,11 +251,13 @@ def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str
 
 
 def write_table(out: Path, state: dict[str, Any]) -> Path:
-    """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs. Learned
-    arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms with their
-    ``residual_init`` unless it is ``one``; the paper's numbers stand beside the paper's own settings only. "draws = top-K" is how often, in the last epoch of phase 1,
-    a block's draw equalled its top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws
-    that follow nothing, near 1 for settled gates."""
+    """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs.
+
+    Learned arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms
+    with their ``residual_init`` unless it is the default; the paper's numbers stand beside the default
+    settings only. "draws = top-K" is how often, in the last epoch of phase 1, a block's draw equalled its
+    top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws that follow nothing, near 1
+    for settled gates."""
     config = state.get("config", {})
     preset = config.get("preset", "")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -283,8 +285,10 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         rules = {_rule(r, config) for r in runs}
         rule = rules.pop() if len(rules) == 1 else "mixed"
         label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
+        # a run recorded before the option existed started at "one"
         inits = {r.get("run", {}).get("residual_init") or config.get("residual_init") or "one" for r in runs}
-        if ARMS[base]["gate"] != "full" and inits != {"one"}:  # Fixed-Full's single stream is not rescaled
+        # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
+        if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
         own_settings = not changed and rule in (None, "plain") and "residual_init" not in label
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
@@ -335,7 +339,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
-    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, help="every arm's branches (default one)")
+    parser.add_argument("--residual-init", choices=RESIDUAL_INITS,
+                        help=f"every arm's branches (default {DEFAULT_RESIDUAL_INIT})")
     parser.add_argument("--device")
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")

@@ -59,8 +59,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
     a("--residual-init", choices=RESIDUAL_INITS,
-      help="starting scale of each branch's last BN: one, sqrt_k (the mean of K starts at unit scale), zero "
-           "(default one)")
+      help="starting scale of each branch's last BN: sqrt_k (the mean of K branches starts at unit scale), "
+           "auto (default: sqrt_k where the block supports it), one, zero")
     a("--train-subset", type=int, help="train on a class-balanced subset of this many images")
     a("--test-subset", type=int, help="evaluate on a class-balanced subset of this many images")
     a("--val-split", type=int, help="hold out this many training images and evaluate on them, not on the test set")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.blocks import BLOCKS, init_residual_scale, residual_scale
+from connlearn.blocks import BLOCKS, init_residual_scale, residual_scale, scales_residual
 from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
@@ -251,7 +251,8 @@ class ConnectivityNet(nn.Module):
 
     def _init_residuals(self, graph: BranchGraph) -> None:
         """Apply the graph's ``residual_init``: each branch's output starts at ``residual_scale(init, n)``,
-        n the fan-in of the mean that reads it (K for gated readers, the head's inputs for the last module)."""
+        n the fan-in of the mean that reads it (K for gated readers, the head's inputs for the last module);
+        ``"auto"`` leaves the blocks that cannot rescale as built."""
         init = graph.graph.get("residual_init", "one")
         residual_scale(init, 1)  # names a bad value even where nothing is scaled
         if init == "one" or self.engine == "single-stream":
@@ -262,7 +263,8 @@ class ConnectivityNet(nn.Module):
             gated = any(d.get("kind") == "gate" for d in out_edges)
             scale = residual_scale(init, graph.K if gated else max(1, head_fan_in))
             for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
-                init_residual_scale(block, scale)
+                if init != "auto" or scales_residual(block):
+                    init_residual_scale(block, scale)
 
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:

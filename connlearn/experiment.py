@@ -20,6 +20,7 @@ import torch
 
 import connlearn
 from connlearn import plots, render
+from connlearn.blocks import DEFAULT_RESIDUAL_INIT
 from connlearn.checkpoint import make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import DataError, check_int, unknown_name
@@ -64,7 +65,7 @@ class CifarRun:
     gate_grad: str = "plain"
     gate_init: float | str = 0.5
     gate_lr: float | None = None
-    residual_init: str = "one"
+    residual_init: str = DEFAULT_RESIDUAL_INIT
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
     test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
     val_split: int | None = attrs.field(default=None, validator=_optional_int("val_split"))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import connlearn
-from connlearn.blocks import BLOCKS, RESIDUAL_INITS, BranchBlock, Looped, residual_scale
+from connlearn.blocks import BLOCKS, RESIDUAL_INITS, BranchBlock, Looped, residual_scale, scales_residual
 from connlearn.compile import FusedModule
 from connlearn.errors import ConfigError, UnknownNameError
 
@@ -27,6 +27,7 @@ def _last_norm_weights(net):
 
 
 def test_residual_scale_values_and_bad_names():
+    assert residual_scale("auto", 4) == 2.0
     assert residual_scale("one", 4) is None
     assert residual_scale("sqrt_k", 4) == 2.0
     assert residual_scale("zero", 4) == 0.0
@@ -47,7 +48,7 @@ def test_every_branch_starts_at_the_scale_of_the_mean_that_reads_it(C, data, ini
     weights = _last_norm_weights(net)
     for pos, w in enumerate(weights):
         n = C if pos == len(weights) - 1 else K  # the head reads the last module through a mean of C
-        expected = {"one": 1.0, "sqrt_k": math.sqrt(n), "zero": 0.0}[init]
+        expected = {"one": 1.0, "sqrt_k": math.sqrt(n), "auto": math.sqrt(n), "zero": 0.0}[init]
         torch.testing.assert_close(w, torch.full_like(w, expected))
 
 
@@ -73,12 +74,22 @@ def test_zero_makes_every_block_start_as_its_shortcut(images):
 
 def test_fixed_full_single_stream_is_unchanged():
     """ResNeXt has one BN of the summed branches: nothing to rescale, the same weights whatever the option."""
-    one = connlearn.build(**tiny(gate="full", K=None))
+    one = connlearn.build(**tiny(gate="full", K=None, residual_init="one"))
     scaled = connlearn.build(**tiny(gate="full", K=None, residual_init="sqrt_k"))
     assert one.engine == scaled.engine == "single-stream"
     for (k, a), b in zip(one.state_dict().items(), scaled.state_dict().values(), strict=True):
         if not k.endswith("_extra_state"):
             torch.testing.assert_close(a, b)
+
+
+def test_the_default_is_auto_and_a_graph_written_before_the_option_means_one():
+    net = connlearn.build(**tiny(C=4, K=2))
+    graph = net.graph()
+    assert graph.graph["residual_init"] == "auto"
+    assert [float(w[0]) for w in _last_norm_weights(net)] == pytest.approx([2**0.5, 2**0.5, 2.0])
+    del graph.graph["residual_init"]
+    old = connlearn.from_graph(graph)
+    assert all(bool((w == 1).all()) for w in _last_norm_weights(old))
 
 
 def test_the_option_lives_in_the_graph_and_survives_json_and_pruning(images):
@@ -144,12 +155,30 @@ def plugin_blocks():
     BLOCKS._items.update(saved)
 
 
+def _first_scales(net):
+    return [float(m.bn.weight[0].detach()) for s in net.stages for m in s.block.branch_modules[:1]]
+
+
 def test_third_party_blocks_opt_in_through_the_hook(plugin_blocks):
-    net = connlearn.build(**tiny(C=4, K=2, block="test-looped", residual_init="sqrt_k"))
-    scales = [float(m.bn.weight[0].detach()) for s in net.stages for m in s.block.branch_modules[:1]]
-    assert scales == pytest.approx([math.sqrt(2), math.sqrt(2), 2.0])
-    assert connlearn.build(**tiny(block="test-nonorm")).num_parameters() > 0  # "one" needs no hook
+    for init in ("sqrt_k", "auto"):
+        net = connlearn.build(**tiny(C=4, K=2, block="test-looped", residual_init=init))
+        assert _first_scales(net) == pytest.approx([math.sqrt(2), math.sqrt(2), 2.0])
+
+
+def test_blocks_without_the_hook_stay_as_built_by_default_and_are_refused_by_name(plugin_blocks):
+    for block in ("test-nonorm", "test-looped-without"):
+        for init in ("auto", "one"):  # neither needs the hook
+            assert connlearn.build(**tiny(block=block, residual_init=init)).num_parameters() > 0
+    assert _first_scales(connlearn.build(**tiny(block="test-looped-without"))) == [1.0, 1.0, 1.0]
     with pytest.raises(ConfigError, match="_NoNorm names no affine last normalisation"):
         connlearn.build(**tiny(block="test-nonorm", residual_init="zero"))
     with pytest.raises(ConfigError, match="_SingleWithout has no init_residual_scale"):
         connlearn.build(**tiny(block="test-looped-without", residual_init="sqrt_k"))
+
+
+def test_which_blocks_can_rescale():
+    assert scales_residual(connlearn.build(**tiny()).stages[0].block)
+    assert scales_residual(Looped(_Single)(4, 4, 1, 2, width=1))
+    assert not scales_residual(Looped(_SingleWithout)(4, 4, 1, 2, width=1))
+    assert not scales_residual(_NoNorm(4, 4, 1, 2, width=1))
+    assert not scales_residual(nn.Conv2d(4, 4, 1))

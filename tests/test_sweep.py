@@ -83,13 +83,13 @@ def test_arms_with_a_rule_train_with_that_rule_and_get_their_own_rows(tmp_path, 
 
 
 def test_a_sweep_run_with_a_default_rule_and_init_is_labelled_with_them(tmp_path, data):
-    main(_args(tmp_path, data, "--arms", "topk4", "--gate-grad", "renormalized", "--residual-init", "sqrt_k"))
+    main(_args(tmp_path, data, "--arms", "topk4", "--gate-grad", "renormalized", "--residual-init", "one"))
     state = json.loads((tmp_path / "sweep.json").read_text())
-    assert state["runs"]["topk4-s0"]["run"]["residual_init"] == "sqrt_k"
+    assert state["runs"]["topk4-s0"]["run"]["residual_init"] == "one"
     for option in ("gate_grad", "residual_init"):
         state["config"].pop(option)  # the run's own record decides, not the last command line
     write_table(tmp_path, state)
-    assert "| Learned, K=4, renormalized rule, residual_init sqrt_k |" in (tmp_path / "results.md").read_text()
+    assert "| Learned, K=4, renormalized rule, residual_init one |" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize(("arm", "message"), [

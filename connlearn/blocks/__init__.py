@@ -8,6 +8,7 @@ or any callable with the same signature); packages can add kinds through the ent
 from __future__ import annotations
 
 from connlearn.blocks.base import (
+    DEFAULT_RESIDUAL_INIT,
     RESIDUAL_INITS,
     BranchBlock,
     Looped,
@@ -15,6 +16,7 @@ from connlearn.blocks.base import (
     conv,
     init_residual_scale,
     residual_scale,
+    scales_residual,
 )
 from connlearn.blocks.basic import Basic
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
@@ -25,6 +27,7 @@ BLOCKS.register("bottleneck", Bottleneck)
 BLOCKS.register("basic", Basic)
 
 __all__ = [
-    "BLOCKS", "RESIDUAL_INITS", "Basic", "Bottleneck", "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck",
-    "conv", "init_residual_scale", "residual_scale",
+    "BLOCKS", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck", "BranchBlock", "Looped",
+    "LoopedBlock", "ResNeXtBottleneck", "conv", "init_residual_scale", "residual_scale",
+    "scales_residual",
 ]

@@ -28,31 +28,45 @@ from torch import nn
 from connlearn.errors import ConfigError, check_int, unknown_name
 
 #: How a branch's output scale starts (the ``residual_init`` option of a topology).
-RESIDUAL_INITS = ("one", "sqrt_k", "zero")
+RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
+#: The default of the topologies; a graph without the attribute (written before it existed) means ``"one"``.
+DEFAULT_RESIDUAL_INIT = "auto"
 
 
 def residual_scale(init: str, fan_in: int) -> float | None:
     """The starting scale of a branch whose output is read through a mean of ``fan_in`` outputs.
 
-    - ``"one"``: ``None``, the block stays as built (every normalisation at scale 1).
     - ``"sqrt_k"``: ``sqrt(fan_in)``. The mean of ``fan_in`` independent unit-scale branches has scale
       ``1/sqrt(fan_in)``; this start gives it unit scale, as ResNeXt's one normalisation of the summed
       branches has.
-    - ``"zero"``: 0, every residual function starts at zero (the block is the identity at first).
+    - ``"auto"`` (the default): ``"sqrt_k"`` for the blocks that can start at another scale
+      (:func:`scales_residual`), ``"one"`` for the others.
+    - ``"one"``: ``None``, the block stays as built (every normalisation at scale 1).
+    - ``"zero"``: 0, every residual function starts at zero (the block starts as its shortcut).
     """
     if init not in RESIDUAL_INITS:
         raise unknown_name("residual_init", init, RESIDUAL_INITS)
     check_int("fan_in", fan_in, minimum=1)
-    return {"one": None, "sqrt_k": math.sqrt(fan_in), "zero": 0.0}[init]
+    return {"auto": math.sqrt(fan_in), "sqrt_k": math.sqrt(fan_in), "one": None, "zero": 0.0}[init]
+
+
+def scales_residual(block: nn.Module) -> bool:
+    """Whether ``block`` can start its output at another scale: a working ``init_residual_scale``."""
+    if isinstance(block, LoopedBlock):
+        return all(scales_residual(m) for m in block.branch_modules)
+    if isinstance(block, BranchBlock) and type(block).init_residual_scale is BranchBlock.init_residual_scale:
+        norm = getattr(block, block.residual_norm, None) if block.residual_norm else None
+        return getattr(norm, "weight", None) is not None
+    return callable(getattr(block, "init_residual_scale", None))
 
 
 def init_residual_scale(block: nn.Module, scale: float) -> None:
     """Call ``block.init_residual_scale(scale)``, or explain that its kind cannot start at another scale."""
     hook = getattr(block, "init_residual_scale", None)
-    if hook is None:
+    if not callable(hook):
         raise ConfigError(
             f"block {type(block).__name__} has no init_residual_scale(scale), so residual_init can only be "
-            "'one'; give the block that method (a BranchBlock names its last norm in residual_norm)"
+            "'one' or 'auto'; give the block that method (a BranchBlock names its last norm in residual_norm)"
         )
     hook(scale)
 
@@ -98,14 +112,13 @@ class BranchBlock(nn.Module):
 
     def init_residual_scale(self, scale: float) -> None:
         """Start every branch's output at ``scale``: fill the weight of the norm named by ``residual_norm``."""
-        norm = getattr(self, self.residual_norm) if self.residual_norm else None
-        if norm is None or getattr(norm, "weight", None) is None:
+        if not scales_residual(self):
             raise ConfigError(
                 f"{type(self).__name__} names no affine last normalisation in residual_norm "
-                f"(got {self.residual_norm!r}), so residual_init can only be 'one'"
+                f"(got {self.residual_norm!r}), so residual_init can only be 'one' or 'auto'"
             )
         with torch.no_grad():
-            norm.weight.fill_(float(scale))
+            getattr(self, self.residual_norm).weight.fill_(float(scale))
 
     def _new(self, branches: int) -> BranchBlock:
         return type(self)(self.in_ch, self.out_ch, self.stride, branches, **self.block_params)

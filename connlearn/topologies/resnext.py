@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from connlearn.blocks import BLOCKS, RESIDUAL_INITS
+from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, check_float, check_int, unknown_name
 from connlearn.gates import GATES, random_connectivity, topk_mask
 from connlearn.graph import BranchGraph, block_name
@@ -116,7 +116,7 @@ def resnext(
     stem_channels: int | None = None,
     base_channels: int | None = None,
     in_channels: int = 3,
-    residual_init: str = "one",
+    residual_init: str = DEFAULT_RESIDUAL_INIT,
     dense: bool = False,
 ) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt.
@@ -134,11 +134,13 @@ def resnext(
             network's gate generator.
         gate_init: initial real gate value in [0, 1], or ``"uniform"`` for U(0, 1) draws.
         stem_channels, base_channels: override the stem width and the first stage's output channels.
-        residual_init: how each branch's output scale starts (its last BN's weight): ``"one"`` (default,
-            as built), ``"sqrt_k"`` (sqrt of the number of outputs the mean that reads it averages: K, or C
-            for the last module, which the head reads; so the mean starts at unit scale like ResNeXt's one
-            BN of the summed branches) or ``"zero"`` (each block starts as the identity). Fixed-Full's
-            single stream has one BN of the summed branches and is not changed.
+        residual_init: how each branch's output scale starts (its last BN's weight): ``"sqrt_k"``: sqrt
+            of the number of outputs the mean that reads it averages (K, or C for the last module, which
+            the head reads), so that the mean of roughly independent branches starts at unit scale, as
+            ResNeXt's one BN of the summed branches does; ``"auto"`` (default): ``"sqrt_k"`` for blocks
+            that support it (the built-in ones; see ``connlearn.blocks.scales_residual``), else
+            ``"one"``; ``"one"``: every BN at 1, the usual start; ``"zero"``: each block starts as its
+            shortcut. Fixed-Full's single stream has one BN of the summed branches and is not changed.
         dense: let a block take gated inputs from every earlier module of its stage (same channels and
             resolution), DenseNet-style, instead of only the previous module.
     """
