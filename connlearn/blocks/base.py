@@ -8,7 +8,8 @@ that maps ``[B, branches·in_ch, H, W]`` to ``[B, branches·out_ch, H', W']`` (b
 - ``merge(blocks)`` (classmethod): one block holding the branches of all ``blocks``, in order;
 - ``init_residual_scale(scale)`` (optional): start every branch's output at ``scale`` times its usual scale,
   e.g. by filling the weight of its last normalisation. The network calls it when built with
-  ``residual_init`` other than ``"one"`` (see :func:`residual_scale`).
+  ``residual_init`` ``"sqrt_k"`` or ``"zero"``, and with ``"auto"`` (the default) where
+  :func:`scales_residual` says the block has it (see :func:`residual_scale`).
 
 :class:`BranchBlock` implements ``select`` and ``merge`` for blocks whose every parameter and buffer is
 stacked branch-major along dim 0 (grouped convolutions, batch norms), which is what the built-in blocks do,
@@ -93,7 +94,7 @@ class BranchBlock(nn.Module):
     #: Keyword parameters the block accepts besides (in_ch, out_ch, stride, branches).
     params: ClassVar[tuple[str, ...]] = ()
     #: The attribute name of the normalisation whose affine weight scales every branch's output (the last
-    #: one); ``None`` if there is none, and then ``residual_init`` must stay ``"one"``.
+    #: one); ``None`` if there is none, and then ``residual_init`` can only be ``"one"`` or ``"auto"``.
     residual_norm: ClassVar[str | None] = None
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> None:
