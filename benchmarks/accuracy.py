@@ -285,8 +285,10 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         rules = {_rule(r, config) for r in runs}
         rule = rules.pop() if len(rules) == 1 else "mixed"
         label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
-        # a run recorded before the option existed started at "one"
-        inits = {r.get("run", {}).get("residual_init") or config.get("residual_init") or "one" for r in runs}
+        # a run recorded before the option existed started at "one"; the command line speaks only for runs
+        # without a record of their own
+        inits = {r["run"].get("residual_init", "one") if "run" in r else config.get("residual_init", "one")
+                 for r in runs}
         # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
         if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"

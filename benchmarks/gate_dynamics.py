@@ -25,6 +25,7 @@ import torch
 from matplotlib.figure import Figure
 
 import connlearn
+from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.checkpoint import net_from_checkpoint
 from connlearn.data import BatchLoader, load_dataset, make_loaders
 from connlearn.plots import gate_statistics
@@ -206,6 +207,8 @@ def main() -> None:
     parser.add_argument("--val-split", type=int, default=5000)
     parser.add_argument("--gate-lr", type=float, default=0.2)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
+    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, default=DEFAULT_RESIDUAL_INIT,
+                        help="the branches' starting scale ('one' reproduces the studies made before the option)")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="of the weights (gates never decay)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--snapshot-every", type=int, default=10)
@@ -240,6 +243,7 @@ def main() -> None:
     for rule in args.rules:
         loaders = make_loaders(train, val, recipe.batch_size, device=device, seed=args.seed)
         net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, gate_init=args.gate_init,
+                              residual_init=args.residual_init,
                               **options)
         trainer = Trainer(net, *loaders, recipe, out_dir=out / rule, device=device, gate_grad=rule,
                           snapshot_every=args.snapshot_every, progress=False)
@@ -247,7 +251,8 @@ def main() -> None:
         snapshots = read_jsonl(out / rule / "gates.jsonl")
         stats[rule], moves[rule] = gate_statistics(snapshots, net.K), movement(snapshots)
     header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images at batch {args.batch_size}, gate lr "
-              f"{args.gate_lr}, gate init {args.gate_init}, weight decay {args.weight_decay}, seed {args.seed}, "
+              f"{args.gate_lr}, gate init {args.gate_init}, residual init {args.residual_init}, weight decay "
+              f"{args.weight_decay}, seed {args.seed}, "
               f"net {args.net}; validation split of {len(val)} training images; {device}")
     write_report(out, header, options.get("C", 8), stats, logs, moves)
 

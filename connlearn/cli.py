@@ -200,6 +200,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "engine": net.engine,
         "gate": net.gate_kind,
         "K": net.K,
+        "residual_init": graph.graph.get("residual_init", "one"),
         "classes": net.num_classes,
         "params_train": report.params_before,
         "params_test": report.params_after,

@@ -20,7 +20,7 @@ import torch
 
 import connlearn
 from connlearn import plots, render
-from connlearn.blocks import DEFAULT_RESIDUAL_INIT
+from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.checkpoint import make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import DataError, check_int, unknown_name
@@ -84,6 +84,8 @@ class CifarRun:
             raise unknown_name("dataset", self.dataset, DATASETS)
         if self.preset not in CIFAR_PRESETS:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
+        if self.residual_init not in RESIDUAL_INITS:
+            raise unknown_name("residual_init", self.residual_init, RESIDUAL_INITS)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -154,8 +156,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
         eval_batch_size=max(recipe.batch_size, 256),
     )
-    _say(f"connlearn: {run.preset} gate={run.gate} K={net.K} on {source}: {len(train)} train / {len(test)} eval "
-         f"images, {recipe.total_epochs} epochs ({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
+    _say(f"connlearn: {run.preset} gate={run.gate} K={net.K} residual_init={run.residual_init} on {source}: "
+         f"{len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
+         f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
@@ -168,6 +171,11 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
              "run again to resume")
         return None
     trained = trainer.net
+    started_with = trained.graph().graph.get("residual_init", "one")  # a resumed run keeps its own start
+    if started_with != run.residual_init:
+        _say(f"connlearn: this run started with residual_init={started_with} (its checkpoint), not "
+             f"{run.residual_init}; recorded as {started_with}")
+        run = attrs.evolve(run, residual_init=started_with)
     pruned, report = prune_dead_blocks(trained, freeze=True)
     save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
     graph = trained.graph()

@@ -87,6 +87,27 @@ def test_the_time_limit_counts_the_data_loading(offline, tmp_path, monkeypatch):
     assert not (tmp_path / "log.jsonl").exists()
 
 
+def test_a_resumed_run_keeps_and_records_the_start_it_was_built_with(offline, tmp_path, capsys, monkeypatch):
+    from connlearn.train import Trainer
+
+    opts = dict(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=2,
+                train_subset=200, test_subset=100, batch_size=32, out=str(tmp_path), progress=False)
+    original = Trainer._run_epoch
+
+    def stop_in_epoch_2(self, epoch):
+        if epoch == 1:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "_run_epoch", stop_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_cifar(CifarRun(**opts, residual_init="one"))
+    monkeypatch.setattr(Trainer, "_run_epoch", original)
+    summary = run_cifar(CifarRun(**opts))  # the default ("auto") asked for, the checkpoint's start kept
+    assert summary["run"]["residual_init"] == "one"
+    assert "started with residual_init=one" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(SHARED_DATA), reason=f"the real CIFAR-10 file is absent ({SHARED_DATA})")
 def test_a_small_gated_net_learns_real_cifar10(tmp_path):
@@ -106,3 +127,5 @@ def test_unknown_dataset_and_preset_names_suggest_the_closest():
         CifarRun(dataset="cifar1000")
     with pytest.raises(UnknownNameError, match="did you mean 'cifar-29-8-8'"):
         CifarRun(preset="cifar-29-8-9")
+    with pytest.raises(UnknownNameError, match="did you mean 'sqrt_k'"):
+        CifarRun(residual_init="sqrtK")

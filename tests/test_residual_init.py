@@ -125,6 +125,19 @@ class _NoNorm(BranchBlock):
         return self.conv(x)
 
 
+class _Nested(_NoNorm):
+    """A BranchBlock whose last norm sits inside a submodule: ``residual_norm`` may be a dotted name."""
+
+    residual_norm = "tail.1"
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+        self.tail = nn.Sequential(nn.ReLU(), nn.BatchNorm2d(branches * out_ch))
+
+    def forward(self, x):
+        return self.tail(self.conv(x))
+
+
 class _Single(nn.Module):
     """A third-party single-branch block that opts in."""
 
@@ -170,7 +183,7 @@ def test_blocks_without_the_hook_stay_as_built_by_default_and_are_refused_by_nam
         for init in ("auto", "one"):  # neither needs the hook
             assert connlearn.build(**tiny(block=block, residual_init=init)).num_parameters() > 0
     assert _first_scales(connlearn.build(**tiny(block="test-looped-without"))) == [1.0, 1.0, 1.0]
-    with pytest.raises(ConfigError, match="_NoNorm names no affine last normalisation"):
+    with pytest.raises(ConfigError, match=r"_NoNorm.residual_norm = None names no affine .*no such submodule"):
         connlearn.build(**tiny(block="test-nonorm", residual_init="zero"))
     with pytest.raises(ConfigError, match="_SingleWithout has no init_residual_scale"):
         connlearn.build(**tiny(block="test-looped-without", residual_init="sqrt_k"))
@@ -182,3 +195,7 @@ def test_which_blocks_can_rescale():
     assert not scales_residual(Looped(_SingleWithout)(4, 4, 1, 2, width=1))
     assert not scales_residual(_NoNorm(4, 4, 1, 2, width=1))
     assert not scales_residual(nn.Conv2d(4, 4, 1))
+    nested = _Nested(4, 4, 1, 2, width=1)
+    assert scales_residual(nested)
+    nested.init_residual_scale(3.0)
+    assert bool((nested.tail[1].weight == 3.0).all())

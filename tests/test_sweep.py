@@ -90,6 +90,10 @@ def test_a_sweep_run_with_a_default_rule_and_init_is_labelled_with_them(tmp_path
         state["config"].pop(option)  # the run's own record decides, not the last command line
     write_table(tmp_path, state)
     assert "| Learned, K=4, renormalized rule, residual_init one |" in (tmp_path / "results.md").read_text()
+    del state["runs"]["topk4-s0"]["run"]["residual_init"]  # recorded before the option existed: it was "one",
+    state["config"]["residual_init"] = "auto"  # whatever a later command line asked for
+    write_table(tmp_path, state)
+    assert "| Learned, K=4, renormalized rule, residual_init one |" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize(("arm", "message"), [

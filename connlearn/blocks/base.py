@@ -56,8 +56,7 @@ def scales_residual(block: nn.Module) -> bool:
     if isinstance(block, LoopedBlock):
         return all(scales_residual(m) for m in block.branch_modules)
     if isinstance(block, BranchBlock) and type(block).init_residual_scale is BranchBlock.init_residual_scale:
-        norm = getattr(block, block.residual_norm, None) if block.residual_norm else None
-        return getattr(norm, "weight", None) is not None
+        return isinstance(getattr(block._residual_norm(), "weight", None), torch.Tensor)
     return callable(getattr(block, "init_residual_scale", None))
 
 
@@ -113,13 +112,23 @@ class BranchBlock(nn.Module):
 
     def init_residual_scale(self, scale: float) -> None:
         """Start every branch's output at ``scale``: fill the weight of the norm named by ``residual_norm``."""
-        if not scales_residual(self):
+        norm = self._residual_norm()
+        if not isinstance(getattr(norm, "weight", None), torch.Tensor):
+            found = "no such submodule" if norm is None else f"{type(norm).__name__} without an affine weight"
             raise ConfigError(
-                f"{type(self).__name__} names no affine last normalisation in residual_norm "
-                f"(got {self.residual_norm!r}), so residual_init can only be 'one' or 'auto'"
+                f"{type(self).__name__}.residual_norm = {self.residual_norm!r} names no affine last normalisation "
+                f"({found}), so residual_init can only be 'one' or 'auto'"
             )
         with torch.no_grad():
-            getattr(self, self.residual_norm).weight.fill_(float(scale))
+            norm.weight.fill_(float(scale))
+
+    def _residual_norm(self) -> nn.Module | None:
+        if not self.residual_norm:
+            return None
+        try:
+            return self.get_submodule(self.residual_norm)  # dotted names reach into submodules
+        except AttributeError:
+            return None
 
     def _new(self, branches: int) -> BranchBlock:
         return type(self)(self.in_ch, self.out_ch, self.stride, branches, **self.block_params)

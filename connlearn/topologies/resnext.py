@@ -140,7 +140,9 @@ def resnext(
             ResNeXt's one BN of the summed branches does; ``"auto"`` (default): ``"sqrt_k"`` for blocks
             that support it (the built-in ones; see ``connlearn.blocks.scales_residual``), else
             ``"one"``; ``"one"``: every BN at 1, the usual start; ``"zero"``: each block starts as its
-            shortcut. Fixed-Full's single stream has one BN of the summed branches and is not changed.
+            shortcut. Fixed-Full's single stream has one BN of the summed branches and is not changed
+            (``full`` with a block without a single-stream form runs gated and starts at sqrt(C)); ``real``
+            gates mix every input by its real value over K, and n is K there too.
         dense: let a block take gated inputs from every earlier module of its stage (same channels and
             resolution), DenseNet-style, instead of only the previous module.
     """
