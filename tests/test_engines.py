@@ -46,21 +46,26 @@ def _fused_grad_of(ref_grads, fused_net, name):
 
 @given(configs())
 def test_fused_and_reference_agree_on_outputs_and_gradients(cfg):
+    """Outputs in float32; gradients in float64. In float32 a ReLU input within rounding of zero can fall on
+    the other side in one engine, and its gradient then differs at that kink by far more than rounding
+    (seen with batch 2 and real gates); in float64 the two engines agree to 1e-14."""
     fused = connlearn.build(cfg["topology"], **cfg["options"])
     ref = fused.to_engine("reference")
     x = torch.randn(cfg["batch"], 3, 32, 32, generator=torch.Generator().manual_seed(7))
-    target = torch.randn(cfg["batch"], 10, generator=torch.Generator().manual_seed(8))
+    target = torch.randn(cfg["batch"], 10, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     fused.train(cfg["train"])
     ref.train(cfg["train"])
-    out_f, out_r = fused(x), ref(x)
-    torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fused(x), ref(x), atol=1e-5, rtol=1e-4)
+    fused.double()
+    ref.double()
+    out_f, out_r = fused(x.double()), ref(x.double())  # the generators drew the same, so they draw alike again
     (out_f * target).sum().backward()
     (out_r * target).sum().backward()
     ref_grads = _grads(ref)
     for name, grad in _grads(fused).items():
         expected = _fused_grad_of(ref_grads, fused, name)
         scale = max(1.0, expected.abs().max().item())
-        torch.testing.assert_close(grad, expected, atol=1e-4 * scale, rtol=1e-3, msg=name)
+        torch.testing.assert_close(grad, expected, atol=1e-9 * scale, rtol=1e-7, msg=name)
 
 
 def test_fused_engine_has_no_per_branch_modules():
