@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.blocks import BLOCKS, init_residual_scale, residual_scale, scales_residual
+from connlearn.blocks import BLOCKS, check_residual_init, init_residual_scale, residual_scale, scales_residual
 from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
@@ -253,8 +253,7 @@ class ConnectivityNet(nn.Module):
         """Apply the graph's ``residual_init``: each branch's output starts at ``residual_scale(init, n)``,
         n the fan-in of the mean that reads it (K for gated readers, the head's inputs for the last module);
         ``"auto"`` leaves the blocks that cannot rescale as built."""
-        init = graph.graph.get("residual_init", "one")
-        residual_scale(init, 1)  # names a bad value even where nothing is scaled
+        init = check_residual_init(graph.graph.get("residual_init", "one"))
         if init == "one" or self.engine == "single-stream":
             return
         head_fan_in = len(graph.in_edges("output"))

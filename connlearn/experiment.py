@@ -20,7 +20,7 @@ import torch
 
 import connlearn
 from connlearn import plots, render
-from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
+from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import DataError, check_int, unknown_name
@@ -84,8 +84,7 @@ class CifarRun:
             raise unknown_name("dataset", self.dataset, DATASETS)
         if self.preset not in CIFAR_PRESETS:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
-        if self.residual_init not in RESIDUAL_INITS:
-            raise unknown_name("residual_init", self.residual_init, RESIDUAL_INITS)
+        check_residual_init(self.residual_init)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -171,14 +170,14 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
              "run again to resume")
         return None
     trained = trainer.net
-    started_with = trained.graph().graph.get("residual_init", "one")  # a resumed run keeps its own start
+    graph = trained.graph()
+    started_with = graph.graph.get("residual_init", "one")  # a resumed run keeps its own start
     if started_with != run.residual_init:
         _say(f"connlearn: this run started with residual_init={started_with} (its checkpoint), not "
              f"{run.residual_init}; recorded as {started_with}")
         run = attrs.evolve(run, residual_init=started_with)
-    pruned, report = prune_dead_blocks(trained, freeze=True)
+    pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
     save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
-    graph = trained.graph()
     pictures = _draw(out, graph, history, trained.K)
     last = history[-1]
     summary = {

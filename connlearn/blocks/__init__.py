@@ -13,6 +13,7 @@ from connlearn.blocks.base import (
     BranchBlock,
     Looped,
     LoopedBlock,
+    check_residual_init,
     conv,
     init_residual_scale,
     residual_scale,
@@ -28,6 +29,6 @@ BLOCKS.register("basic", Basic)
 
 __all__ = [
     "BLOCKS", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck", "BranchBlock", "Looped",
-    "LoopedBlock", "ResNeXtBottleneck", "conv", "init_residual_scale", "residual_scale",
+    "LoopedBlock", "ResNeXtBottleneck", "check_residual_init", "conv", "init_residual_scale", "residual_scale",
     "scales_residual",
 ]

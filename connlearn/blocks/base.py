@@ -34,6 +34,13 @@ RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
 DEFAULT_RESIDUAL_INIT = "auto"
 
 
+def check_residual_init(init: str) -> str:
+    """``init`` if it is one of :data:`RESIDUAL_INITS`; else an error naming the allowed values."""
+    if init not in RESIDUAL_INITS:
+        raise unknown_name("residual_init", init, RESIDUAL_INITS)
+    return init
+
+
 def residual_scale(init: str, fan_in: int) -> float | None:
     """The starting scale of a branch whose output is read through a mean of ``fan_in`` outputs.
 
@@ -45,8 +52,7 @@ def residual_scale(init: str, fan_in: int) -> float | None:
     - ``"one"``: ``None``, the block stays as built (every normalisation at scale 1).
     - ``"zero"``: 0, every residual function starts at zero (the block starts as its shortcut).
     """
-    if init not in RESIDUAL_INITS:
-        raise unknown_name("residual_init", init, RESIDUAL_INITS)
+    check_residual_init(init)
     check_int("fan_in", fan_in, minimum=1)
     return {"auto": math.sqrt(fan_in), "sqrt_k": math.sqrt(fan_in), "one": None, "zero": 0.0}[init]
 

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
+from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.errors import ConfigError, check_float, check_int, unknown_name
 from connlearn.gates import GATES, random_connectivity, topk_mask
 from connlearn.graph import BranchGraph, block_name
@@ -179,8 +179,7 @@ def resnext(
     K = check_int("K", K if K is not None else max(1, C // 2), minimum=1, maximum=C)
     if gate_init != "uniform":
         gate_init = check_float("gate_init", gate_init, minimum=0.0, maximum=1.0)
-    if residual_init not in RESIDUAL_INITS:
-        raise unknown_name("residual_init", residual_init, RESIDUAL_INITS)
+    check_residual_init(residual_init)
 
     if layout_name == "imagenet":
         stem_ch = stem_channels or 64
