@@ -188,7 +188,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from connlearn.prune import active_branches, prune_dead_blocks
+    from connlearn.prune import active_branches, input_overlap, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
     graph = net.graph()
@@ -205,6 +205,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "params_train": report.params_before,
         "params_test": report.params_after,
         "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
+        "input_overlap": " ".join(f"{v:.2f}" for v in input_overlap(graph).values()),
         "epochs_done": ckpt.get("epoch"),
         "best_top1": ckpt.get("best_top1"),
     }

@@ -24,7 +24,7 @@ from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import DataError, check_int, unknown_name
-from connlearn.prune import active_branches, prune_dead_blocks
+from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
 from connlearn.recipe import get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
@@ -180,11 +180,13 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
     pictures = _draw(out, graph, history, trained.K)
     last = history[-1]
+    overlap = input_overlap(graph)
     summary = {
         "dataset": source, "preset": run.preset, "gate": run.gate, "K": trained.K, "epochs": recipe.total_epochs,
         "test_top1": last.get("test_top1"), "best_top1": trainer.best_top1,
         "params_train": report.params_before, "params_test": report.params_after,
         "active_branches": {str(m): n for m, n in active_branches(graph).items()},
+        "input_overlap": {str(m): v for m, v in overlap.items()},
         "wall_time_s": sum(r["epoch_time"] + r.get("eval_time", 0.0) for r in history),
         "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
         "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
@@ -197,6 +199,10 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after pruning "
          f"dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks removed)")
     _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
+    chance = {round(random_overlap(len(graph.candidates(m)), trained.K), 2) for m in overlap}
+    if overlap and chance != {1.0}:
+        _say(f"input overlap per module: {' '.join(f'{v:.2f}' for v in overlap.values())} (1: every block reads "
+             "the same inputs" + (f"; independent random draws: {chance.pop():.2f})" if len(chance) == 1 else ")"))
     _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
     return summary
 

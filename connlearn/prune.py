@@ -8,6 +8,8 @@ point of removing dead blocks repeatedly.
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 
 import attrs
 import networkx as nx
@@ -35,6 +37,30 @@ def active_branches(graph: BranchGraph) -> dict[int, int]:
     """Module index → number of live blocks (the paper's 'active branches', Figures 4-5)."""
     live = live_blocks(graph)
     return {m: sum(n in live for n in graph.branches(m)) for m in graph.modules()}
+
+
+def input_overlap(graph: BranchGraph) -> dict[int, float]:
+    """Module index → how alike its blocks' inputs are: the mean Jaccard similarity |A ∩ B| / |A ∪ B| of
+    the sets of active gate inputs, over every pair of the module's blocks (dead ones included), for each
+    module whose blocks have gate inputs. 1 when every block reads the same inputs (Fixed-Full always),
+    0 when no two share one. Independent uniform draws of K of C inputs give :func:`random_overlap`;
+    a learned connectivity far above it has its blocks crowding onto the same few branches."""
+    overlap = {}
+    for m in graph.modules():
+        sets = [{u for u, _, d in graph.gate_edges(n) if d.get("active", False)} for n in graph.branches(m)]
+        pairs = [(a, b) for a, b in itertools.combinations(sets, 2) if a | b]
+        if pairs:
+            overlap[m] = sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
+    return overlap
+
+
+def random_overlap(C: int, K: int) -> float:
+    """The expected :func:`input_overlap` of two blocks that each draw K of C inputs uniformly and
+    independently (Fixed-Random): the hypergeometric mean of i / (2K - i) over the shared count i."""
+    if not 1 <= K <= C:
+        raise ConfigError(f"random_overlap needs 1 <= K <= C, got C={C}, K={K}")
+    return sum(math.comb(K, i) * math.comb(C - K, K - i) * i / (2 * K - i)
+               for i in range(max(0, 2 * K - C), K + 1)) / math.comb(C, K)
 
 
 @attrs.frozen

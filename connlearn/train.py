@@ -37,7 +37,7 @@ from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint,
 from connlearn.compile import ConnectivityNet
 from connlearn.errors import CheckpointError, ConfigError, unknown_name
 from connlearn.graph import BranchGraph
-from connlearn.prune import active_branches
+from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Recipe
 from connlearn.updater import GateUpdater, param_groups
 
@@ -368,6 +368,7 @@ class Trainer:
             record["eval_time"] = time.perf_counter() - t0
         graph = self.net.graph()
         record["active_branches"] = {str(m): n for m, n in active_branches(graph).items()}
+        record["input_overlap"] = {str(m): v for m, v in input_overlap(graph).items()}
         record["params"] = self.net.num_parameters()
         record.update(gate_statistics(self.net))
         now = self.net.connectivity()

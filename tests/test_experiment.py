@@ -52,6 +52,8 @@ def test_a_one_epoch_run_falls_back_to_generated_data_and_writes_everything(offl
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "generated" and summary["epochs"] == 1
     assert summary["params_test"] <= summary["params_train"]
+    assert summary["input_overlap"] and all(0 <= v <= 1 for v in summary["input_overlap"].values())
+    assert "input overlap per module:" in printed and "independent random draws:" in printed
     for name in ("log.jsonl", "last.pt", "pruned.pt", "connectivity.dot", "active_branches.png", "curves.png",
                  "draws.png"):
         assert (out / name).exists(), name

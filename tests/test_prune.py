@@ -10,7 +10,7 @@ import connlearn
 from connlearn.blocks import RESIDUAL_INITS
 from connlearn.compile import FusedModule
 from connlearn.errors import ConfigError
-from connlearn.prune import dead_blocks, live_blocks, prune_dead_blocks
+from connlearn.prune import dead_blocks, input_overlap, live_blocks, prune_dead_blocks, random_overlap
 
 X = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
@@ -117,3 +117,47 @@ def test_pruned_graph_compiles_again_to_the_same_network():
     again = connlearn.from_graph(pruned.graph())
     again.load_state_dict(pruned.state_dict())
     torch.testing.assert_close(again.eval()(X), net(X))
+
+
+# ----------------------------------------------------------------------------- input overlap
+@given(C=st.integers(1, 9), data=st.data())
+def test_random_overlap_is_the_mean_over_every_pair_of_subsets(C, data):
+    import itertools
+
+    K = data.draw(st.integers(1, C))
+    subsets = [set(s) for s in itertools.combinations(range(C), K)]
+    exact = sum(len(a & b) / len(a | b) for a in subsets for b in subsets) / len(subsets) ** 2
+    assert random_overlap(C, K) == pytest.approx(exact)
+
+
+def test_random_overlap_refuses_k_above_c():
+    with pytest.raises(ConfigError, match="K <= C"):
+        random_overlap(4, 5)
+
+
+def _with_rows(net, rows):
+    """The frozen graph of ``net`` with every gated module's active inputs given by ``rows`` (column lists)."""
+    graph = net.graph()
+    for m in graph.modules():
+        for node, cols in zip(graph.branches(m), rows, strict=True):
+            for k, (_, _, d) in enumerate(graph.gate_edges(node)):
+                d["active"] = k in cols
+    return graph
+
+
+def test_input_overlap_is_the_mean_jaccard_similarity_over_pairs_of_blocks():
+    net = connlearn.build(gate="random", **tiny(C=4, K=2, M=3))
+    assert list(input_overlap(_with_rows(net, [[0, 1]] * 4)).values()) == [1.0, 1.0]
+    # two pairs read the same inputs (1 each), the four other pairs share nothing (0 each)
+    assert list(input_overlap(_with_rows(net, [[0, 1], [2, 3], [0, 1], [2, 3]])).values()) == [2 / 6, 2 / 6]
+    # {0,1} and {1,2} share one input of three
+    assert input_overlap(_with_rows(net, [[0, 1], [1, 2]] * 2))[2] == pytest.approx((2 * 1 + 4 / 3) / 6)
+    assert set(input_overlap(connlearn.build(gate="full", **tiny(C=4, K=4, M=3)).graph()).values()) == {1.0}
+
+
+@given(seed=st.integers(0, 10**6))
+def test_input_overlap_of_a_module_lies_in_0_1_and_covers_the_gated_modules(seed):
+    graph = connlearn.build(gate="random", **tiny(C=5, K=2, M=3, seed=seed)).graph()
+    overlap = input_overlap(graph)
+    assert set(overlap) == {m for m in graph.modules() if graph.candidates(m)}
+    assert all(0 <= v <= 1 for v in overlap.values())

@@ -120,7 +120,7 @@ def test_the_log_has_the_documented_fields(uninterrupted):
     record = uninterrupted.history[0]
     for key in ("epoch", "phase", "lr", "train_loss", "train_top1", "test_loss", "test_top1", "test_top5",
                 "epoch_time", "images_per_s", "active_branches", "gate_entropy", "gate_mean", "best_top1",
-                "drawn_distinct", "drawn_topk_share"):
+                "drawn_distinct", "drawn_topk_share", "input_overlap"):
         assert key in record, key
     assert record["gate_entropy"] > 0
     assert record["drawn_distinct"] >= 1 and 0 <= record["drawn_topk_share"] <= 1
