@@ -38,6 +38,8 @@ from connlearn import plots
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
+from connlearn.prune import random_overlap
+from connlearn.topologies import PRESETS
 from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
 
@@ -257,7 +259,9 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     with their ``residual_init`` unless it is the default; the paper's numbers stand beside the default
     settings only. "draws = top-K" is how often, in the last epoch of phase 1, a block's draw equalled its
     top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws that follow nothing, near 1
-    for settled gates."""
+    for settled gates. "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity,
+    averaged over modules and seeds, with its value for independent random draws in brackets: far above
+    it, the blocks crowd onto the same inputs."""
     config = state.get("config", {})
     preset = config.get("preset", "")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -275,8 +279,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         + shared,
         "",
         "| method | K | seeds | Params-Train | Params-Test | top-1 (%) | paper, 320 epochs | draws = top-K "
-        "| epoch time | wall time |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| input overlap | epoch time | wall time |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for arm in sorted(by_arm, key=_order):
         runs = by_arm[arm]
@@ -296,9 +300,15 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
         share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""
+        overlaps = [v for r in runs for v in r.get("input_overlap", {}).values()]
+        overlap = ""
+        if overlaps and ARMS[base]["gate"] != "full":
+            chance = random_overlap(config.get("C") or PRESETS[preset]["C"], runs[0]["K"])
+            overlap = f"{statistics.mean(overlaps):.2f} ({chance:.2f})"
         lines.append(
             f"| {label} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
             f"{statistics.mean(r['params_test'] for r in runs) / 1e6:.3f}M | {_mean_std(top1)} | {paper} | {share} | "
+            f"{overlap} | "
             f"{statistics.mean(r['epoch_time_s'] for r in runs):.1f} s | "
             f"{sum(r['wall_time_s'] for r in runs) / 60:.1f} min |"
         )

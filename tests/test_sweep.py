@@ -34,6 +34,8 @@ def test_the_sweep_writes_every_run_and_the_table(tmp_path, data):
     assert saved["runs"]["topk4-s0"]["params_test"] <= saved["runs"]["topk4-s0"]["params_train"]
     table = (tmp_path / "results.md").read_text()
     assert "| Fixed-Full (ResNeXt) | 4 | 1 |" in table and "| Learned, K=4 | 4 | 1 |" in table
+    assert "| input overlap |" in table
+    assert "| 1.00 (1.00) |" in table.split("| Learned, K=4 |")[1].splitlines()[0]  # C=4: K=4 reads all inputs
     assert (tmp_path / "accuracy_curves.png").exists()
 
 
