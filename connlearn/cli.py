@@ -61,6 +61,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--residual-init", choices=RESIDUAL_INITS,
       help="starting scale of each branch's last BN: sqrt_k (the mean of K branches starts at unit scale), "
            "auto (default: sqrt_k where the block supports it), one, zero")
+    a("--connectivity", metavar="FILE",
+      help="train this checkpoint's (or graph JSON's) connectivity from scratch: architecture and fixed "
+           "top-K inputs from FILE, new weights")
     a("--train-subset", type=int, help="train on a class-balanced subset of this many images")
     a("--test-subset", type=int, help="evaluate on a class-balanced subset of this many images")
     a("--val-split", type=int, help="hold out this many training images and evaluate on them, not on the test set")

@@ -21,9 +21,10 @@ import torch
 import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
-from connlearn.checkpoint import make_checkpoint, save_atomic
+from connlearn.checkpoint import load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import DataError, check_int, unknown_name
+from connlearn.errors import ConfigError, DataError, check_int, unknown_name
+from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
 from connlearn.recipe import get_recipe
 from connlearn.topologies import PRESETS
@@ -46,7 +47,12 @@ class CifarRun:
     """One CIFAR run. ``epochs`` scales the paper's 320-epoch, four-phase schedule; ``train_subset`` /
     ``test_subset`` take class-balanced subsets for short runs; ``val_split`` holds out that many training
     images and evaluates on them instead of the test set (for choosing settings without the test set).
-    ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset."""
+    ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset.
+
+    ``connectivity`` (a checkpoint or a BranchGraph JSON file, e.g. a finished run's ``last.pt``) trains
+    that network's connectivity from scratch: the architecture, gates and ``residual_init`` come from
+    the file (learned gates fixed to their top-K), the weights are new from ``seed``, and ``preset``,
+    ``gate``, ``K``, ``residual_init`` and the architecture overrides are not used."""
 
     dataset: str = "cifar100"
     preset: str = "cifar-29-8-8"
@@ -66,6 +72,7 @@ class CifarRun:
     gate_init: float | str = 0.5
     gate_lr: float | None = None
     residual_init: str = DEFAULT_RESIDUAL_INIT
+    connectivity: str | None = None
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
     test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
     val_split: int | None = attrs.field(default=None, validator=_optional_int("val_split"))
@@ -121,12 +128,30 @@ def load_data(run: CifarRun) -> tuple[ImageDataset, ImageDataset, str]:
 
 
 def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
+    if run.connectivity is not None:
+        return _net_of_connectivity(run, num_classes)
     overrides = {k: getattr(run, k) for k in ("C", "M", "width", "base_channels", "stem_channels")
                  if getattr(run, k) is not None}
     return connlearn.build(
         "resnext", preset=run.preset, gate=run.gate, K=run.K, num_classes=num_classes, seed=run.seed,
         gate_init=run.gate_init, residual_init=run.residual_init, engine=run.engine, **overrides,
     )
+
+
+def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
+    """A new network (weights from ``run.seed``) with the fixed connectivity of ``run.connectivity``."""
+    path = Path(run.connectivity)
+    if not path.is_file():
+        raise ConfigError(f"connectivity: no file at {path} (a checkpoint such as a run's last.pt, or a graph JSON)")
+    if path.suffix == ".json":
+        graph = BranchGraph.from_json(path.read_text())
+    else:
+        graph = BranchGraph.from_json(load_checkpoint(path)["graph"])
+    net = connlearn.from_graph(graph, engine=run.engine, seed=run.seed).freeze()
+    if net.num_classes != num_classes:
+        raise ConfigError(f"connectivity: the network in {path} has {net.num_classes} classes; "
+                          f"{run.dataset} has {num_classes}")
+    return net
 
 
 def make_recipe(run: CifarRun):
@@ -149,13 +174,19 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     out.mkdir(parents=True, exist_ok=True)
     train, test, source = load_data(run)
     net = build_net(run, train.num_classes)
+    if run.connectivity is not None:  # what is recorded is what runs
+        graph = net.graph()
+        preset = graph.graph.get("options", {}).get("preset")
+        run = attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
+                           preset=preset if preset in CIFAR_PRESETS else run.preset)
     recipe = make_recipe(run)
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
         eval_batch_size=max(recipe.batch_size, 256),
     )
-    _say(f"connlearn: {run.preset} gate={run.gate} K={net.K} residual_init={run.residual_init} on {source}: "
+    origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
+    _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init} on {source}: "
          f"{len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
     trainer = Trainer(

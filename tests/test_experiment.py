@@ -110,6 +110,61 @@ def test_a_resumed_run_keeps_and_records_the_start_it_was_built_with(offline, tm
     assert "started with residual_init=one" in capsys.readouterr().out
 
 
+def _learned_source(tmp_path):
+    """A checkpoint of a small topk net whose gates have moved (random values), as a finished run leaves one."""
+    import torch
+
+    import connlearn
+    from connlearn.checkpoint import make_checkpoint, save_atomic
+
+    net = connlearn.build(gate="topk", K=2, M=3, C=4, width=1, base_channels=4, stem_channels=4, num_classes=10,
+                          seed=5, residual_init="one")
+    with torch.no_grad():
+        for _, g in net.gates():
+            g.real.uniform_(0, 1, generator=torch.Generator().manual_seed(3))
+    path = tmp_path / "source.pt"
+    save_atomic(make_checkpoint(net), path)
+    return net, path
+
+
+def _masks(net):
+    return [g.active().cpu() for _, g in net.gates()]
+
+
+@pytest.mark.parametrize("form", ["checkpoint", "graph json"])
+def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_path, form):
+    import torch
+
+    from connlearn.checkpoint import net_from_checkpoint
+    from connlearn.gates import topk_mask
+
+    source, path = _learned_source(tmp_path)
+    if form == "graph json":
+        path = tmp_path / "graph.json"
+        path.write_text(source.graph().to_json())
+    run = CifarRun(dataset="cifar10", connectivity=str(path), epochs=1, seed=1, train_subset=200, test_subset=100,
+                   batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
+    summary = run_cifar(run)
+    assert summary["gate"] == "frozen" and summary["K"] == 2
+    assert summary["run"]["residual_init"] == "one" and summary["run"]["connectivity"] == str(path)
+    trained = net_from_checkpoint(tmp_path / "run" / "last.pt")
+    wanted = [topk_mask(g.values(), 2) for _, g in source.gates()]
+    assert all(torch.equal(a, b) for a, b in zip(_masks(trained), wanted, strict=True))
+    fresh = experiment.build_net(run, 10)  # the weights start from the run's seed, not from the source's
+    name, weight = next(fresh.named_parameters())
+    assert not torch.equal(weight, dict(source.named_parameters())[name])
+
+
+def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):
+    from connlearn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no file at"):
+        experiment.build_net(CifarRun(dataset="cifar10", connectivity=str(tmp_path / "none.pt")), 10)
+    _, path = _learned_source(tmp_path)
+    with pytest.raises(ConfigError, match="has 10 classes; cifar100 has 100"):
+        experiment.build_net(CifarRun(dataset="cifar100", connectivity=str(path)), 100)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(SHARED_DATA), reason=f"the real CIFAR-10 file is absent ({SHARED_DATA})")
 def test_a_small_gated_net_learns_real_cifar10(tmp_path):
