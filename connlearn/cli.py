@@ -208,7 +208,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "params_train": report.params_before,
         "params_test": report.params_after,
         "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
-        "input_overlap": " ".join(f"{v:.2f}" for v in input_overlap(graph).values()),
+        "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
         "epochs_done": ckpt.get("epoch"),
         "best_top1": ckpt.get("best_top1"),
     }

@@ -143,15 +143,34 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
     path = Path(run.connectivity)
     if not path.is_file():
         raise ConfigError(f"connectivity: no file at {path} (a checkpoint such as a run's last.pt, or a graph JSON)")
-    if path.suffix == ".json":
-        graph = BranchGraph.from_json(path.read_text())
-    else:
-        graph = BranchGraph.from_json(load_checkpoint(path)["graph"])
-    net = connlearn.from_graph(graph, engine=run.engine, seed=run.seed).freeze()
+    if path.resolve().parent == Path(run.out).resolve():
+        raise ConfigError(f"connectivity: {path} lies in this run's own output folder {run.out}, whose checkpoints "
+                          "the run resumes from and overwrites; give the run another --out")
+    with path.open("rb") as f:
+        is_json = f.read(1) == b"{"
+    graph = BranchGraph.from_json(path.read_text() if is_json else load_checkpoint(path)["graph"])
+    stem = graph.nodes["input"]
+    if stem.get("in_channels") != 3 or stem.get("image_size", 32) != 32:
+        raise ConfigError(f"connectivity: the network in {path} takes {stem.get('in_channels')}-channel "
+                          f"{stem.get('image_size')} px images; CIFAR has 3-channel 32 px images")
+    graph.graph["seed"] = run.seed  # what the new weights come from
+    net = connlearn.from_graph(graph, engine=run.engine).freeze()
     if net.num_classes != num_classes:
         raise ConfigError(f"connectivity: the network in {path} has {net.num_classes} classes; "
                           f"{run.dataset} has {num_classes}")
     return net
+
+
+def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
+    """``run`` with the gate, K, residual_init, preset, M, C, width and stem channels of a network built from
+    ``run.connectivity`` (the graph does not record ``base_channels``: that stays as given)."""
+    graph = net.graph()
+    options = graph.graph.get("options", {})
+    preset = options.get("preset")
+    return attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
+                        preset=preset if preset in CIFAR_PRESETS else run.preset, M=len(graph.modules()),
+                        C=options.get("C"), width=options.get("width"),
+                        stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
 
 
 def make_recipe(run: CifarRun):
@@ -175,10 +194,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     train, test, source = load_data(run)
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
-        graph = net.graph()
-        preset = graph.graph.get("options", {}).get("preset")
-        run = attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
-                           preset=preset if preset in CIFAR_PRESETS else run.preset)
+        run = _as_built(run, net)
     recipe = make_recipe(run)
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(

@@ -42,7 +42,8 @@ def active_branches(graph: BranchGraph) -> dict[int, int]:
 def input_overlap(graph: BranchGraph) -> dict[int, float]:
     """Module index → how alike its blocks' inputs are: the mean Jaccard similarity |A ∩ B| / |A ∪ B| of
     the sets of active gate inputs, over every pair of the module's blocks (dead ones included), for each
-    module whose blocks have gate inputs. 1 when every block reads the same inputs (Fixed-Full always),
+    module with at least two blocks that have gate inputs (a module of one block has no pairs and is left
+    out). 1 when every block reads the same inputs (Fixed-Full always),
     0 when no two share one. Independent uniform draws of K of C inputs give :func:`random_overlap`;
     a learned connectivity far above it has its blocks crowding onto the same few branches."""
     overlap = {}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_DATA
 
+import connlearn
 from connlearn import experiment
 from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
@@ -114,14 +115,14 @@ def _learned_source(tmp_path):
     """A checkpoint of a small topk net whose gates have moved (random values), as a finished run leaves one."""
     import torch
 
-    import connlearn
     from connlearn.checkpoint import make_checkpoint, save_atomic
 
     net = connlearn.build(gate="topk", K=2, M=3, C=4, width=1, base_channels=4, stem_channels=4, num_classes=10,
                           seed=5, residual_init="one")
+    generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for _, g in net.gates():
-            g.real.uniform_(0, 1, generator=torch.Generator().manual_seed(3))
+            g.real.uniform_(0, 1, generator=generator)
     path = tmp_path / "source.pt"
     save_atomic(make_checkpoint(net), path)
     return net, path
@@ -131,7 +132,7 @@ def _masks(net):
     return [g.active().cpu() for _, g in net.gates()]
 
 
-@pytest.mark.parametrize("form", ["checkpoint", "graph json"])
+@pytest.mark.parametrize("form", ["checkpoint", "graph json", "graph json named .txt"])
 def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_path, form):
     import torch
 
@@ -139,20 +140,26 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
     from connlearn.gates import topk_mask
 
     source, path = _learned_source(tmp_path)
-    if form == "graph json":
-        path = tmp_path / "graph.json"
+    if form != "checkpoint":
+        path = tmp_path / ("graph.json" if form == "graph json" else "graph.txt")
         path.write_text(source.graph().to_json())
     run = CifarRun(dataset="cifar10", connectivity=str(path), epochs=1, seed=1, train_subset=200, test_subset=100,
                    batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
     summary = run_cifar(run)
     assert summary["gate"] == "frozen" and summary["K"] == 2
-    assert summary["run"]["residual_init"] == "one" and summary["run"]["connectivity"] == str(path)
+    recorded = summary["run"]
+    assert recorded["residual_init"] == "one" and recorded["connectivity"] == str(path)
+    assert (recorded["M"], recorded["C"], recorded["width"], recorded["stem_channels"]) == (3, 4, 1, 4)
     trained = net_from_checkpoint(tmp_path / "run" / "last.pt")
     wanted = [topk_mask(g.values(), 2) for _, g in source.gates()]
     assert all(torch.equal(a, b) for a, b in zip(_masks(trained), wanted, strict=True))
-    fresh = experiment.build_net(run, 10)  # the weights start from the run's seed, not from the source's
-    name, weight = next(fresh.named_parameters())
-    assert not torch.equal(weight, dict(source.named_parameters())[name])
+    assert trained.graph().graph["seed"] == 1
+    # the weights start as those of the same network built from the run's seed
+    fresh = experiment.build_net(run, 10)
+    same_seed = connlearn.build(gate="topk", K=2, M=3, C=4, width=1, base_channels=4, stem_channels=4,
+                                num_classes=10, seed=1, residual_init="one")
+    expected = dict(same_seed.named_parameters())
+    assert all(torch.equal(w, expected[n]) for n, w in fresh.named_parameters())
 
 
 def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):
@@ -163,6 +170,13 @@ def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):
     _, path = _learned_source(tmp_path)
     with pytest.raises(ConfigError, match="has 10 classes; cifar100 has 100"):
         experiment.build_net(CifarRun(dataset="cifar100", connectivity=str(path)), 100)
+    with pytest.raises(ConfigError, match="own output folder"):  # its checkpoints would be resumed and overwritten
+        experiment.build_net(CifarRun(dataset="cifar10", connectivity=str(path), out=str(tmp_path)), 10)
+    imagenet = tmp_path / "imagenet.json"
+    imagenet.write_text(connlearn.build(preset="miniimagenet-20-4-8", gate="random", K=2, C=4, M=3, width=1,
+                                        num_classes=10).graph().to_json())
+    with pytest.raises(ConfigError, match="CIFAR has 3-channel 32 px images"):
+        experiment.build_net(CifarRun(dataset="cifar10", connectivity=str(imagenet)), 10)
 
 
 @pytest.mark.slow
