@@ -246,10 +246,11 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after pruning "
          f"dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks removed)")
     _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
-    chance = {round(random_overlap(len(graph.candidates(m)), trained.K), 2) for m in overlap}
-    if overlap and chance != {1.0}:
-        _say(f"input overlap per module: {' '.join(f'{v:.2f}' for v in overlap.values())} (1: every block reads "
-             "the same inputs" + (f"; independent random draws: {chance.pop():.2f})" if len(chance) == 1 else ")"))
+    chances = {round(random_overlap(len(graph.candidates(m)), trained.K), 2) for m in overlap}
+    if overlap and chances != {1.0}:  # below 1 only where blocks choose among their inputs
+        chance = f"; independent random draws: {next(iter(chances)):.2f}" if len(chances) == 1 else ""
+        _say(f"input overlap per module: {' '.join(f'{v:.2f}' for v in overlap.values())} "
+             f"(1: every block reads the same inputs{chance})")
     _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
     return summary
 
