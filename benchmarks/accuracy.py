@@ -7,7 +7,9 @@ same augmentation. Each run lives in ``OUT/<arm>-s<seed>``; ``OUT/sweep.json`` h
 and ``OUT/results.md`` the table in the paper's format (best and mean ± std of top-1, Params-Train,
 Params-Test after pruning dead blocks, time), next to the paper's numbers. Running the same command
 again skips finished runs and resumes an unfinished one from its last checkpoint, so a long sweep can
-be split into pieces with ``--time-limit``.
+be split into pieces with ``--time-limit``. More arms and seeds may join a sweep folder later, with the
+settings it was started with (``--device``, ``--amp``, ``--compile``, ``--data`` and ``--parallel`` may
+change); other settings are refused, naming what differs.
 
     python benchmarks/accuracy.py --preset cifar-20-4-8 --budget 30 --seeds 0 1 --out runs/sweep
     python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -113,7 +116,9 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save(out: Path, state: dict[str, Any]) -> None:
-    (out / "sweep.json").write_text(json.dumps(state, indent=2))
+    tmp = out / ".sweep.json.tmp"  # written whole, then renamed: an interrupted save leaves the old one
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, out / "sweep.json")
     if state["runs"]:
         write_table(out, state)
 
@@ -135,12 +140,31 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | N
     return run_cifar(run, time_limit=time_limit)
 
 
+# options that change how a sweep runs, not what it measures: they may differ from one call to the next
+HOW_IT_RUNS = ("device", "amp", "compile", "data", "parallel")
+
+
+def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str, Any]) -> None:
+    """Refuse to add runs to a sweep folder whose runs were trained with other settings (budget,
+    architecture, data, gate options): its table would mix them under one heading."""
+    if before is None:
+        return
+    differ = sorted(k for k in set(before) | set(config)
+                    if k not in HOW_IT_RUNS and before.get(k) != config.get(k))
+    if differ:
+        listed = "; ".join(f"{k}={before.get(k)!r} there, {config.get(k)!r} here" for k in differ)
+        raise ConfigError(f"{out} holds a sweep with other settings ({listed}; None: not given); give the "
+                          "options it was started with to add to it or resume it, or give another --out")
+
+
 def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
-    state["config"] = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
+    config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
+    _check_same_sweep(out, state.get("config"), config)
+    state["config"] = config
     collect(out, state)
     todo = [(arm, seed) for seed in args.seeds for arm in args.arms if f"{arm}-s{seed}" not in state["runs"]]
     started = time.perf_counter()
@@ -303,7 +327,10 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         overlaps = [v for r in runs for v in r.get("input_overlap", {}).values()]
         overlap = ""
         if overlaps and ARMS[base]["gate"] != "full":
-            chance = random_overlap(config.get("C") or PRESETS[preset]["C"], runs[0]["K"])
+            chances = [v for r in runs for v in r.get("input_overlap_chance", {}).values()]
+            # summaries written before the chance was recorded: every module chooses among C inputs
+            chance = (statistics.mean(chances) if chances
+                      else random_overlap(config.get("C") or PRESETS[preset]["C"], runs[0]["K"]))
             overlap = f"{statistics.mean(overlaps):.2f} ({chance:.2f})"
         lines.append(
             f"| {label} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
@@ -368,7 +395,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         match = RUN_NAME.fullmatch(args.only)
         run_one(args, match["arm"], int(match["seed"]), args.time_limit)
         return {}
-    state = sweep(args, argv)
+    try:
+        state = sweep(args, argv)
+    except ConnlearnError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if (Path(args.out) / "results.md").exists():
         print((Path(args.out) / "results.md").read_text())
     return state

@@ -23,7 +23,7 @@ from connlearn import plots, render
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import ConfigError, DataError, check_int, unknown_name
+from connlearn.errors import CheckpointError, ConfigError, DataError, check_int, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
 from connlearn.recipe import get_recipe
@@ -173,6 +173,37 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
                         stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
 
 
+# what a resumed run must share with the command that started it (the trainer itself checks the
+# architecture, gate kind, K and recipe); residual_init is kept from the checkpoint instead (see run_cifar)
+RESUME_KEYS = ("dataset", "seed", "gate_grad", "train_subset", "test_subset", "val_split")
+
+
+def _check_same_run(run: CifarRun, net: connlearn.ConnectivityNet, out: Path) -> None:
+    """Refuse to resume the run in ``out`` when ``run`` asks for other data, seed, gate rule or connectivity
+    than the one that started it: resuming would mix two runs under one record."""
+    path = next((p for p in (out / "last.pt", out / "previous.pt") if p.exists()), None)
+    if path is None:
+        return
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError:
+        return  # the trainer falls back to previous.pt or names the fault
+    started = (ckpt.get("meta") or {}).get("run") or {}
+    asked = run.to_dict()
+    differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
+    if "connectivity" in started and (started["connectivity"] is None) != (run.connectivity is None):
+        differ.append(("connectivity", started["connectivity"], run.connectivity))
+    elif run.connectivity is not None:
+        saved, given = BranchGraph.from_json(ckpt["graph"]), net.graph()
+        if any(saved.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
+            differ.append(("connectivity", f"{started.get('connectivity')} (its top-K)",
+                           f"{run.connectivity} (another top-K)"))
+    if differ:
+        listed = "; ".join(f"{k}={old!r} there, {new!r} here" for k, old, new in differ)
+        raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
+                          "started it to resume it, or give another --out")
+
+
 def make_recipe(run: CifarRun):
     recipe = get_recipe("cifar").scaled(run.epochs)
     if run.batch_size is not None:
@@ -195,6 +226,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
+    _check_same_run(run, net, out)
     recipe = make_recipe(run)
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(
@@ -228,12 +260,14 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     pictures = _draw(out, graph, history, trained.K)
     last = history[-1]
     overlap = input_overlap(graph)
+    chance = {m: random_overlap(len(graph.candidates(m)), trained.K) for m in overlap}  # independent draws
     summary = {
         "dataset": source, "preset": run.preset, "gate": run.gate, "K": trained.K, "epochs": recipe.total_epochs,
         "test_top1": last.get("test_top1"), "best_top1": trainer.best_top1,
         "params_train": report.params_before, "params_test": report.params_after,
         "active_branches": {str(m): n for m, n in active_branches(graph).items()},
         "input_overlap": {str(m): v for m, v in overlap.items()},
+        "input_overlap_chance": {str(m): v for m, v in chance.items()},
         "wall_time_s": sum(r["epoch_time"] + r.get("eval_time", 0.0) for r in history),
         "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
         "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
@@ -246,7 +280,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after pruning "
          f"dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks removed)")
     _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
-    chances = {round(random_overlap(len(graph.candidates(m)), trained.K), 2) for m in overlap}
+    chances = {round(v, 2) for v in chance.values()}
     if overlap and chances != {1.0}:  # below 1 only where blocks choose among their inputs
         chance = f"; independent random draws: {next(iter(chances)):.2f}" if len(chances) == 1 else ""
         _say(f"input overlap per module: {' '.join(f'{v:.2f}' for v in overlap.values())} "

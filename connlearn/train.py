@@ -275,8 +275,14 @@ class Trainer:
             ckpt = load_checkpoint(fallback)
         if "optimizer" not in ckpt or "recipe" not in ckpt:
             raise CheckpointError(f"{path} holds a network but no training state; it cannot be resumed")
-        if architecture(BranchGraph.from_json(ckpt["graph"])) != architecture(self.net.graph()):
+        saved, given = BranchGraph.from_json(ckpt["graph"]), self.net.graph()
+        if architecture(saved) != architecture(given):
             raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
+        # training may have frozen learned gates since; any other change of gate kind or K is another run
+        freezes = any(g.learnable or g.stochastic for _, g in self.net.gates())
+        if saved.K != given.K or (saved.gate_kind != given.gate_kind and not (freezes and saved.gate_kind == "frozen")):
+            raise CheckpointError(f"{path} was trained with gate={saved.gate_kind} K={saved.K}; the network given "
+                                  f"has gate={given.gate_kind} K={given.K}")
         if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
             raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
         self._set_net(net_from_checkpoint(ckpt))

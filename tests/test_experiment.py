@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from conftest import SHARED_DATA
 
@@ -54,6 +55,8 @@ def test_a_one_epoch_run_falls_back_to_generated_data_and_writes_everything(offl
     assert summary["dataset"] == "generated" and summary["epochs"] == 1
     assert summary["params_test"] <= summary["params_train"]
     assert summary["input_overlap"] and all(0 <= v <= 1 for v in summary["input_overlap"].values())
+    # C=2, K=1: two blocks read the same input half the time
+    assert summary["input_overlap_chance"] == {m: 0.5 for m in summary["input_overlap"]}
     assert "input overlap per module:" in printed and "independent random draws:" in printed
     for name in ("log.jsonl", "last.pt", "pruned.pt", "connectivity.dot", "active_branches.png", "curves.png",
                  "draws.png"):
@@ -160,6 +163,34 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
                                 num_classes=10, seed=1, residual_init="one")
     expected = dict(same_seed.named_parameters())
     assert all(torch.equal(w, expected[n]) for n, w in fresh.named_parameters())
+
+
+def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
+    """Its folder holds a run of another seed or another connectivity: resuming would mix two runs."""
+    import torch
+
+    from connlearn.checkpoint import make_checkpoint, save_atomic
+    from connlearn.errors import ConfigError
+
+    source, path = _learned_source(tmp_path)
+    opts = dict(dataset="cifar10", epochs=1, seed=1, train_subset=200, test_subset=100, batch_size=32,
+                progress=False, snapshot_every=0)
+    run = CifarRun(connectivity=str(path), out=str(tmp_path / "run"), **opts)
+    run_cifar(run)
+    assert run_cifar(run)["run"]["seed"] == 1  # the same command resumes (here: finds it finished)
+    with pytest.raises(ConfigError, match="seed=1 there, 2 here"):
+        run_cifar(attrs.evolve(run, seed=2))
+    with torch.no_grad():  # the same network with the gate values of each row reversed: another top-K
+        for _, g in source.gates():
+            g.real.copy_(g.real.flip(-1))
+    other = tmp_path / "other.pt"
+    save_atomic(make_checkpoint(source), other)
+    with pytest.raises(ConfigError, match="another top-K"):
+        run_cifar(attrs.evolve(run, connectivity=str(other)))
+    gated = CifarRun(M=3, C=4, K=2, width=1, base_channels=4, stem_channels=4, out=str(tmp_path / "gated"), **opts)
+    run_cifar(gated)
+    with pytest.raises(ConfigError, match="connectivity=None there"):
+        run_cifar(attrs.evolve(gated, connectivity=str(path)))
 
 
 def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):

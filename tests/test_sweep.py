@@ -37,6 +37,13 @@ def test_the_sweep_writes_every_run_and_the_table(tmp_path, data):
     assert "| input overlap |" in table
     assert "| 1.00 (1.00) |" in table.split("| Learned, K=4 |")[1].splitlines()[0]  # C=4: K=4 reads all inputs
     assert (tmp_path / "accuracy_curves.png").exists()
+    learned = saved["runs"]["topk4-s0"]
+    learned["input_overlap_chance"] = {m: 0.25 for m in learned["input_overlap"]}  # the run's own record decides
+    write_table(tmp_path, saved)
+    assert "(0.25) |" in (tmp_path / "results.md").read_text().split("| Learned, K=4 |")[1].splitlines()[0]
+    del learned["input_overlap_chance"]  # written before it was recorded: from C and K
+    write_table(tmp_path, saved)
+    assert "| 1.00 (1.00) |" in (tmp_path / "results.md").read_text().split("| Learned, K=4 |")[1].splitlines()[0]
 
 
 def test_an_interrupted_sweep_resumes_the_unfinished_run_and_skips_finished_ones(tmp_path, data, monkeypatch):
@@ -59,6 +66,20 @@ def test_an_interrupted_sweep_resumes_the_unfinished_run_and_skips_finished_ones
     assert (tmp_path / "full-s0" / "summary.json").stat().st_mtime_ns == done  # not run again
     log = read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")
     assert [r["epoch"] for r in log] == [1, 2] and log[0] == first_epoch[0]  # resumed, not restarted
+
+
+def test_a_sweep_folder_takes_more_runs_only_with_the_settings_it_was_started_with(tmp_path, data):
+    main(_args(tmp_path, data, "--arms", "full"))
+    state = main(_args(tmp_path, data, "--arms", "topk4", "--parallel", "1", "--device", "cpu"))  # how, not what
+    assert set(state["runs"]) == {"full-s0", "topk4-s0"}
+    saved = (tmp_path / "sweep.json").read_text()
+    with pytest.raises(SystemExit, match="budget=2 there, 3 here") as refused:
+        main([*_args(tmp_path, data, "--arms", "random4"), "--budget", "3"])
+    assert "give another --out" in str(refused.value)
+    with pytest.raises(SystemExit, match="gate_grad=None there, 'centered' here"):
+        main(_args(tmp_path, data, "--gate-grad", "centered"))
+    assert (tmp_path / "sweep.json").read_text() == saved and not (tmp_path / "random4-s0").exists()
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, data):

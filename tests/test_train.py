@@ -140,6 +140,15 @@ def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, 
         _trainer(tmp_path, recipe=recipe).fit(resume=True)
 
 
+@pytest.mark.parametrize("given", [dict(gate="random"), dict(K=3), dict(gate="full", K=None)])
+def test_resuming_with_another_gate_kind_or_k_is_refused(uninterrupted, tmp_path, given):
+    # the checkpoint's connectivity froze in training (gate kind frozen): that alone is no difference
+    shutil.copy(uninterrupted.out_dir / "last.pt", tmp_path / "last.pt")
+    other = Trainer(connlearn.build(**tiny(**given)), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="was trained with gate=frozen K=2"):
+        other.fit(resume=True)
+
+
 def test_resume_true_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         _trainer(tmp_path).fit(resume=True)
