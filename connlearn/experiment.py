@@ -162,14 +162,16 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
 
 
 def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
-    """``run`` with the gate, K, residual_init, preset, M, C, width and stem channels of a network built from
-    ``run.connectivity`` (the graph does not record ``base_channels``: that stays as given)."""
+    """``run`` with the gate, K, residual_init, preset, M, C, width and channels of a network built from
+    ``run.connectivity`` (``base_channels`` is the first stage's output channels)."""
     graph = net.graph()
+    first = graph.branches(graph.modules()[0])[0]
     options = graph.graph.get("options", {})
     preset = options.get("preset")
     return attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
                         preset=preset if preset in CIFAR_PRESETS else run.preset, M=len(graph.modules()),
                         C=options.get("C"), width=options.get("width"),
+                        base_channels=graph.nodes[first]["out_channels"],
                         stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
 
 

@@ -152,7 +152,13 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
     assert summary["gate"] == "frozen" and summary["K"] == 2
     recorded = summary["run"]
     assert recorded["residual_init"] == "one" and recorded["connectivity"] == str(path)
-    assert (recorded["M"], recorded["C"], recorded["width"], recorded["stem_channels"]) == (3, 4, 1, 4)
+    assert (recorded["M"], recorded["C"], recorded["width"], recorded["base_channels"], recorded["stem_channels"]) \
+        == (3, 4, 1, 4, 4)
+    from connlearn.checkpoint import architecture  # the record rebuilds the network that ran
+
+    rebuilt = connlearn.build(preset=recorded["preset"], gate="topk", K=2, num_classes=10,
+                              **{k: recorded[k] for k in ("M", "C", "width", "base_channels", "stem_channels")})
+    assert architecture(rebuilt.graph()) == architecture(net_from_checkpoint(tmp_path / "run" / "last.pt").graph())
     trained = net_from_checkpoint(tmp_path / "run" / "last.pt")
     wanted = [topk_mask(g.values(), 2) for _, g in source.gates()]
     assert all(torch.equal(a, b) for a, b in zip(_masks(trained), wanted, strict=True))
