@@ -37,11 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from connlearn import plots
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.prune import random_overlap
+from connlearn.recipe import get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
@@ -149,12 +152,23 @@ def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str
     architecture, data, gate options): its table would mix them under one heading."""
     if before is None:
         return
-    differ = sorted(k for k in set(before) | set(config)
-                    if k not in HOW_IT_RUNS and before.get(k) != config.get(k))
+    was, now = _resolved(before), _resolved(config)
+    differ = sorted(k for k in set(was) | set(now) if k not in HOW_IT_RUNS and was.get(k) != now.get(k))
     if differ:
-        listed = "; ".join(f"{k}={before.get(k)!r} there, {config.get(k)!r} here" for k in differ)
-        raise ConfigError(f"{out} holds a sweep with other settings ({listed}; None: not given); give the "
+        listed = "; ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+        raise ConfigError(f"{out} holds a sweep with other settings ({listed}; None: the preset's); give the "
                           "options it was started with to add to it or resume it, or give another --out")
+
+
+def _resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the options it leaves out at their defaults (today's), so that an option given at its
+    default value and one left out compare equal."""
+    defaults = {f.name: f.default for f in attrs.fields(CifarRun) if f.name in OVERRIDES}
+    preset = PRESETS.get(config.get("preset"), {})
+    defaults.update(C=preset.get("C"), width=preset.get("width"), batch_size=get_recipe("cifar").batch_size)
+    if "depth" in preset:
+        defaults["M"] = (preset["depth"] - 2) // 3
+    return {**defaults, **config}
 
 
 def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -165,6 +179,7 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
     _check_same_sweep(out, state.get("config"), config)
     state["config"] = config
+    _save(out, state)  # the settings are on record before the first run starts
     collect(out, state)
     todo = [(arm, seed) for seed in args.seeds for arm in args.arms if f"{arm}-s{seed}" not in state["runs"]]
     started = time.perf_counter()

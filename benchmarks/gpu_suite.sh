@@ -18,8 +18,10 @@
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep320, runs/choose30, runs/gates without the previous.pt/best.pt copies): unpack it in the
 # repository root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile", or
-# "--gate-grad centered" once choose has chosen a rule for the learned arms of sweep and protocol); DEVICE
-# (default cuda) lets the suite run on a CPU for a trial.
+# "--gate-grad centered" once choose has chosen a rule for the learned arms of sweep and protocol): keep
+# its settings the same for every session of one folder (only --compile, --amp and --device may change),
+# since a sweep folder refuses runs with other settings; DEVICE (default cuda) lets the suite run on a CPU
+# for a trial.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-}

@@ -425,6 +425,7 @@ class ConnectivityNet(nn.Module):
             if g is not None:
                 values = g.values()
                 stage.gate = FrozenGate(values, g.active(), g.K).to(values.device)
+        self._graph.graph["frozen_from"] = self.gate_kind  # what learned it (a resumed trainer checks it)
         self.gate_kind = "frozen"
         self._graph = self.graph()
         return self

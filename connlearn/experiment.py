@@ -21,7 +21,7 @@ import torch
 import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
-from connlearn.checkpoint import load_checkpoint, make_checkpoint, save_atomic
+from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import CheckpointError, ConfigError, DataError, check_int, unknown_name
 from connlearn.graph import BranchGraph
@@ -177,29 +177,34 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
 
 # what a resumed run must share with the command that started it (the trainer itself checks the
 # architecture, gate kind, K and recipe); residual_init is kept from the checkpoint instead (see run_cifar)
-RESUME_KEYS = ("dataset", "seed", "gate_grad", "train_subset", "test_subset", "val_split")
+RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "train_subset", "test_subset", "val_split")
 
 
-def _check_same_run(run: CifarRun, net: connlearn.ConnectivityNet, out: Path) -> None:
-    """Refuse to resume the run in ``out`` when ``run`` asks for other data, seed, gate rule or connectivity
-    than the one that started it: resuming would mix two runs under one record."""
-    path = next((p for p in (out / "last.pt", out / "previous.pt") if p.exists()), None)
-    if path is None:
+def _check_same_run(run: CifarRun, net: connlearn.ConnectivityNet, out: Path, source: str) -> None:
+    """Refuse to resume the run in ``out`` when ``run`` asks for other data, seed, gate options or
+    connectivity than the one that started it: resuming would mix two runs under one record."""
+    ckpt = None
+    for path in (out / "last.pt", out / "previous.pt"):  # the one the trainer will resume from
+        try:
+            ckpt = load_checkpoint(path)
+            break
+        except CheckpointError:
+            continue
+    if ckpt is None:
         return
-    try:
-        ckpt = load_checkpoint(path)
-    except CheckpointError:
-        return  # the trainer falls back to previous.pt or names the fault
-    started = (ckpt.get("meta") or {}).get("run") or {}
+    meta = ckpt.get("meta") or {}
+    started = meta.get("run") or {}
     asked = run.to_dict()
     differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
-    if "connectivity" in started and (started["connectivity"] is None) != (run.connectivity is None):
-        differ.append(("connectivity", started["connectivity"], run.connectivity))
+    if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
+        differ.append(("data", meta["source"], source))
+    if started and (started.get("connectivity") is None) != (run.connectivity is None):
+        differ.append(("connectivity", started.get("connectivity"), run.connectivity))
     elif run.connectivity is not None:
         saved, given = BranchGraph.from_json(ckpt["graph"]), net.graph()
-        if any(saved.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
-            differ.append(("connectivity", f"{started.get('connectivity')} (its top-K)",
-                           f"{run.connectivity} (another top-K)"))
+        if architecture(saved) == architecture(given) and any(  # another architecture: the trainer says so
+                saved.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
+            differ.append(("connectivity", f"{started.get('connectivity')}", f"{run.connectivity} (another top-K)"))
     if differ:
         listed = "; ".join(f"{k}={old!r} there, {new!r} here" for k, old, new in differ)
         raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
@@ -228,7 +233,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
-    _check_same_run(run, net, out)
+    _check_same_run(run, net, out, source)
     recipe = make_recipe(run)
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(

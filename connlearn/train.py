@@ -278,11 +278,14 @@ class Trainer:
         saved, given = BranchGraph.from_json(ckpt["graph"]), self.net.graph()
         if architecture(saved) != architecture(given):
             raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
-        # training may have frozen learned gates since; any other change of gate kind or K is another run
-        freezes = any(g.learnable or g.stochastic for _, g in self.net.gates())
-        if saved.K != given.K or (saved.gate_kind != given.gate_kind and not (freezes and saved.gate_kind == "frozen")):
-            raise CheckpointError(f"{path} was trained with gate={saved.gate_kind} K={saved.K}; the network given "
-                                  f"has gate={given.gate_kind} K={given.K}")
+        # training may have frozen the given kind of gates since; any other change of gate kind or K is another run
+        kind = saved.gate_kind
+        if kind == "frozen" and any(g.learnable or g.stochastic for _, g in self.net.gates()):
+            kind = saved.graph.get("frozen_from", given.gate_kind)  # checkpoints before it was recorded: trusted
+        if saved.K != given.K or kind != given.gate_kind:
+            learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
+            raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
+                                  f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
         if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
             raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
         self._set_net(net_from_checkpoint(ckpt))

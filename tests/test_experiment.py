@@ -193,10 +193,22 @@ def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
     save_atomic(make_checkpoint(source), other)
     with pytest.raises(ConfigError, match="another top-K"):
         run_cifar(attrs.evolve(run, connectivity=str(other)))
+    with pytest.raises(ConfigError, match=r"connectivity='.*source.pt' there, None here"):
+        run_cifar(attrs.evolve(run, connectivity=None, M=3, C=4, K=2, width=1, base_channels=4, stem_channels=4))
     gated = CifarRun(M=3, C=4, K=2, width=1, base_channels=4, stem_channels=4, out=str(tmp_path / "gated"), **opts)
     run_cifar(gated)
     with pytest.raises(ConfigError, match="connectivity=None there"):
         run_cifar(attrs.evolve(gated, connectivity=str(path)))
+    for change, message in [(dict(gate_grad="centered"), "gate_grad='plain' there, 'centered' here"),
+                            (dict(gate_init=0.3), "gate_init=0.5 there, 0.3 here"),
+                            (dict(train_subset=300), "train_subset=200 there, 300 here"),
+                            (dict(gate="real"), "gate='topk' there, 'real' here")]:
+        with pytest.raises(ConfigError, match=message):
+            run_cifar(attrs.evolve(gated, **change))
+    (tmp_path / "gated" / "last.pt").write_bytes(b"truncated")  # the trainer would resume from previous.pt
+    (tmp_path / "gated" / "previous.pt").write_bytes((tmp_path / "run" / "last.pt").read_bytes())
+    with pytest.raises(ConfigError, match="seed=1 there, 2 here"):
+        run_cifar(attrs.evolve(gated, seed=2))
 
 
 def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):

@@ -70,16 +70,29 @@ def test_an_interrupted_sweep_resumes_the_unfinished_run_and_skips_finished_ones
 
 def test_a_sweep_folder_takes_more_runs_only_with_the_settings_it_was_started_with(tmp_path, data):
     main(_args(tmp_path, data, "--arms", "full"))
-    state = main(_args(tmp_path, data, "--arms", "topk4", "--parallel", "1", "--device", "cpu"))  # how, not what
+    # how a sweep runs may change, and options given at their defaults are the same settings
+    state = main(_args(tmp_path, data, "--arms", "topk4", "--parallel", "1", "--device", "cpu", "--amp", "none",
+                       "--gate-grad", "plain", "--residual-init", "auto", "--gate-init", "0.5"))
     assert set(state["runs"]) == {"full-s0", "topk4-s0"}
     saved = (tmp_path / "sweep.json").read_text()
     with pytest.raises(SystemExit, match="budget=2 there, 3 here") as refused:
         main([*_args(tmp_path, data, "--arms", "random4"), "--budget", "3"])
     assert "give another --out" in str(refused.value)
-    with pytest.raises(SystemExit, match="gate_grad=None there, 'centered' here"):
+    with pytest.raises(SystemExit, match="gate_grad='plain' there, 'centered' here"):
         main(_args(tmp_path, data, "--gate-grad", "centered"))
     assert (tmp_path / "sweep.json").read_text() == saved and not (tmp_path / "random4-s0").exists()
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_sweep_records_its_settings_before_its_first_run_ends(tmp_path, data, monkeypatch):
+    def interrupt(self, epoch):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_run_epoch", interrupt)
+    with pytest.raises(KeyboardInterrupt):  # killed in its first run: no run finished
+        main(_args(tmp_path, data, "--arms", "full"))
+    with pytest.raises(SystemExit, match="budget=2 there, 3 here"):
+        main([*_args(tmp_path, data, "--arms", "full"), "--budget", "3"])
 
 
 def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, data):

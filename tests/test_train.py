@@ -140,13 +140,17 @@ def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, 
         _trainer(tmp_path, recipe=recipe).fit(resume=True)
 
 
-@pytest.mark.parametrize("given", [dict(gate="random"), dict(K=3), dict(gate="full", K=None)])
+@pytest.mark.parametrize("given", [dict(gate="random"), dict(K=3), dict(gate="full", K=None), dict(gate="real")])
 def test_resuming_with_another_gate_kind_or_k_is_refused(uninterrupted, tmp_path, given):
-    # the checkpoint's connectivity froze in training (gate kind frozen): that alone is no difference
+    # the checkpoint's topk gates froze in training (gate kind frozen): that alone is no difference
+    assert uninterrupted.net.gate_kind == "frozen" and uninterrupted.net.graph().graph["frozen_from"] == "topk"
     shutil.copy(uninterrupted.out_dir / "last.pt", tmp_path / "last.pt")
     other = Trainer(connlearn.build(**tiny(**given)), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
-    with pytest.raises(CheckpointError, match="was trained with gate=frozen K=2"):
+    with pytest.raises(CheckpointError, match=r"was trained with gate=frozen.* K=2") as refused:
         other.fit(resume=True)
+    assert ("learned as topk" in str(refused.value)) == (given.get("gate", "topk") in ("topk", "real"))
+    assert Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=tmp_path,
+                   progress=False).fit(resume=True)  # the network that learned it resumes (here: at its end)
 
 
 def test_resume_true_without_a_checkpoint_is_an_error(tmp_path):
