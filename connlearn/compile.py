@@ -374,6 +374,12 @@ class ConnectivityNet(nn.Module):
             if stage.gate is not None:
                 yield module, stage.gate
 
+    @property
+    def fixed_connectivity(self) -> bool:
+        """Whether the connectivity is fixed (gate kinds ``frozen``, ``random``, ``full``; the single-stream
+        engine): no gate is learned or sampled, and :meth:`freeze` has nothing to do."""
+        return self.engine == "single-stream" or not any(g.learnable or g.stochastic for _, g in self.gates())
+
     def gate_parameters(self) -> list[nn.Parameter]:
         """The learnable real gates (an own optimizer param group: no weight decay, own lr)."""
         return [p for _, g in self.gates() for p in g.real_parameters()]
@@ -418,7 +424,7 @@ class ConnectivityNet(nn.Module):
         The real gates leave the module (and ``gate_parameters()``); their values stay visible in
         ``graph()``. A net that is already fixed is returned unchanged. Returns ``self``.
         """
-        if self.engine == "single-stream" or not any(g.learnable or g.stochastic for _, g in self.gates()):
+        if self.fixed_connectivity:
             return self
         for stage in self.stages:
             g = stage.gate

@@ -8,6 +8,7 @@ checkpoints, ``pruned.pt``, ``connectivity.dot``/``.svg``, ``resnext_vs_learned.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from connlearn import plots, render
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import CheckpointError, ConfigError, DataError, check_int, unknown_name
+from connlearn.errors import ConfigError, DataError, check_int, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
 from connlearn.recipe import get_recipe
@@ -180,18 +181,11 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
 RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "train_subset", "test_subset", "val_split")
 
 
-def _check_same_run(run: CifarRun, net: connlearn.ConnectivityNet, out: Path, source: str) -> None:
-    """Refuse to resume the run in ``out`` when ``run`` asks for other data, seed, gate options or
-    connectivity than the one that started it: resuming would mix two runs under one record."""
-    ckpt = None
-    for path in (out / "last.pt", out / "previous.pt"):  # the one the trainer will resume from
-        try:
-            ckpt = load_checkpoint(path)
-            break
-        except CheckpointError:
-            continue
-    if ckpt is None:
-        return
+def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
+                    source: str) -> None:
+    """Refuse to resume the run in ``out`` (``ckpt``: the checkpoint the trainer is about to resume from)
+    when ``run`` asks for other data, seed, gate options or connectivity than the one that started it:
+    resuming would mix two runs under one record."""
     meta = ckpt.get("meta") or {}
     started = meta.get("run") or {}
     asked = run.to_dict()
@@ -233,7 +227,6 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
-    _check_same_run(run, net, out, source)
     recipe = make_recipe(run)
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(
@@ -248,6 +241,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
         progress=run.progress, meta={"run": run.to_dict(), "source": source},
+        resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source),
     )
     # the time limit counts from this call: loading the data is part of it
     history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))
@@ -289,9 +283,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
     chances = {round(v, 2) for v in chance.values()}
     if overlap and chances != {1.0}:  # below 1 only where blocks choose among their inputs
-        chance = f"; independent random draws: {next(iter(chances)):.2f}" if len(chances) == 1 else ""
+        random_draws = f"; independent random draws: {next(iter(chances)):.2f}" if len(chances) == 1 else ""
         _say(f"input overlap per module: {' '.join(f'{v:.2f}' for v in overlap.values())} "
-             f"(1: every block reads the same inputs{chance})")
+             f"(1: every block reads the same inputs{random_draws})")
     _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
     return summary
 

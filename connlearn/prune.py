@@ -94,7 +94,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
     the same engine (modules may now have fewer branches than C) and the surviving weights are copied
     through the blocks' ``select()``. ``net`` itself is left unchanged.
     """
-    if any(g.learnable or g.stochastic for _, g in net.gates()):
+    if not net.fixed_connectivity:
         if not freeze:
             raise ConfigError(
                 f"prune_dead_blocks needs a fixed connectivity, but the gates are {net.gate_kind!r}: "

@@ -24,7 +24,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -157,6 +157,9 @@ class Trainer:
         progress: show a tqdm progress bar.
         verbose: print one summary line per epoch.
         meta: free-form JSON-able facts stored in checkpoints (dataset, preset, ...).
+        resume_check: called with the checkpoint dict a resume is about to load (after the fallback to
+            ``previous.pt``, before the architecture, gate and recipe checks); it raises to refuse the
+            resume (e.g. when the checkpoint's ``meta`` records other settings than the caller's).
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class Trainer:
         progress: bool = True,
         verbose: bool = True,
         meta: dict[str, Any] | None = None,
+        resume_check: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if amp not in AMP_MODES:
             raise unknown_name("amp mode", amp, AMP_MODES)
@@ -197,6 +201,7 @@ class Trainer:
         self.verbose = verbose
         self.tensorboard = tensorboard
         self.meta = dict(meta or {})
+        self.resume_check = resume_check
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.out_dir = Path(out_dir)
         self.is_main = _rank() == 0
@@ -275,12 +280,14 @@ class Trainer:
             ckpt = load_checkpoint(fallback)
         if "optimizer" not in ckpt or "recipe" not in ckpt:
             raise CheckpointError(f"{path} holds a network but no training state; it cannot be resumed")
+        if self.resume_check is not None:
+            self.resume_check(ckpt)
         saved, given = BranchGraph.from_json(ckpt["graph"]), self.net.graph()
         if architecture(saved) != architecture(given):
             raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
         # training may have frozen the given kind of gates since; any other change of gate kind or K is another run
         kind = saved.gate_kind
-        if kind == "frozen" and any(g.learnable or g.stochastic for _, g in self.net.gates()):
+        if kind == "frozen" and not self.net.fixed_connectivity:
             kind = saved.graph.get("frozen_from", given.gate_kind)  # checkpoints before it was recorded: trusted
         if saved.K != given.K or kind != given.gate_kind:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""

@@ -207,7 +207,7 @@ def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
             run_cifar(attrs.evolve(gated, **change))
     (tmp_path / "gated" / "last.pt").write_bytes(b"truncated")  # the trainer would resume from previous.pt
     (tmp_path / "gated" / "previous.pt").write_bytes((tmp_path / "run" / "last.pt").read_bytes())
-    with pytest.raises(ConfigError, match="seed=1 there, 2 here"):
+    with pytest.raises(ConfigError, match="seed=1 there, 2 here"), pytest.warns(UserWarning, match="previous.pt"):
         run_cifar(attrs.evolve(gated, seed=2))
 
 

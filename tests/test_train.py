@@ -153,6 +153,24 @@ def test_resuming_with_another_gate_kind_or_k_is_refused(uninterrupted, tmp_path
                    progress=False).fit(resume=True)  # the network that learned it resumes (here: at its end)
 
 
+def test_a_resume_check_sees_the_checkpoint_resumed_from_and_can_refuse_it(uninterrupted, tmp_path):
+    _trainer(tmp_path).fit(max_epochs=2)
+    last = tmp_path / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # the trainer falls back to previous.pt
+    seen = []
+    with pytest.warns(UserWarning, match="previous.pt"):
+        _trainer(tmp_path, resume_check=lambda ckpt: seen.append(ckpt["epoch"])).fit(max_epochs=0)
+    assert seen == [1]
+
+    def refuse(ckpt):
+        raise CheckpointError("another run")
+
+    refused = _trainer(tmp_path, resume_check=refuse)
+    with pytest.raises(CheckpointError, match="another run"), pytest.warns(UserWarning, match="previous.pt"):
+        refused.fit()
+    assert refused.epoch == 0  # nothing was restored
+
+
 def test_resume_true_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         _trainer(tmp_path).fit(resume=True)
