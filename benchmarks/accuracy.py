@@ -104,7 +104,8 @@ def _known(arm: str) -> bool:
 
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
-             "batch_size", "gate_grad", "gate_lr", "gate_init", "residual_init", "device", "amp", "compile", "data")
+             "batch_size", "gate_grad", "gate_lr", "gate_init", "gate_temperature", "gate_temperature_end",
+             "residual_init", "device", "amp", "compile", "data")
 
 
 def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -291,14 +292,20 @@ def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str
             "| arm | seeds | difference | seeds above |", "| --- | --- | --- | --- |", *rows]
 
 
+def _temperature(run: dict[str, Any]) -> str:
+    """A run's phase-1 sampling temperature as a label: ``"1"`` (the paper's), ``"0.5"``, or ``"1→0.05"``."""
+    start, end = run.get("gate_temperature") or 1.0, run.get("gate_temperature_end")
+    return f"{start:g}" if end is None else f"{start:g}→{end:g}"
+
+
 def write_table(out: Path, state: dict[str, Any]) -> Path:
     """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs.
 
     Learned arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms
-    with their ``residual_init`` unless it is the default; the paper's numbers stand beside the default
-    settings only. "draws = top-K" is how often, in the last epoch of phase 1, a block's draw equalled its
-    top-K (the connectivity that phase 2 freezes): near 1 / C(C,K) for draws that follow nothing, near 1
-    for settled gates. "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity,
+    with their ``residual_init`` unless it is the default, arms that draw with their sampling temperature
+    unless it is 1; the paper's numbers stand beside the default settings only. "draws = top-K" is how
+    often, in the last epoch of phase 1, a block's draw equalled its top-K (the connectivity that phase 2
+    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates. "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity,
     averaged over modules and seeds, with its value for independent random draws in brackets: far above
     it, the blocks crowd onto the same inputs."""
     config = state.get("config", {})
@@ -335,7 +342,12 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
         if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
-        own_settings = not changed and rule in (None, "plain") and "residual_init" not in label
+        if ARMS[base]["gate"] == "topk":  # the arms that draw
+            temperatures = {_temperature(r.get("run", config)) for r in runs}
+            if temperatures != {"1"}:
+                label += f", temperature {temperatures.pop() if len(temperatures) == 1 else 'mixed'}"
+        own_settings = not changed and rule in (None, "plain") and "residual_init" not in label and "temperature" \
+            not in label
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
         share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""
@@ -393,6 +405,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
+    parser.add_argument("--gate-temperature", type=float, help="phase 1's sampling temperature (default 1)")
+    parser.add_argument("--gate-temperature-end", type=float, help="anneal it geometrically to this over phase 1")
     parser.add_argument("--residual-init", choices=RESIDUAL_INITS,
                         help=f"every arm's branches (default {DEFAULT_RESIDUAL_INIT})")
     parser.add_argument("--device")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from connlearn.blocks import BLOCKS, check_residual_init, init_residual_scale, r
 from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
+from connlearn.recipe import check_temperature
 
 ENGINES = ("fused", "reference", "auto")
 
@@ -189,7 +191,9 @@ class ConnectivityNet(nn.Module):
     stochastic gate kind (``topk``) draws every module's connectivity once per forward, in one batched
     call, from the network's own CPU ``torch.Generator`` (seeded from the graph's ``seed``; its state is
     part of ``state_dict``, so checkpoints resume the same draws). In eval mode the connectivity is
-    deterministic.
+    deterministic. ``sample_temperature`` (default 1, the paper's draws) sharpens (below 1) or flattens the
+    draws of training mode (see :mod:`connlearn.gates`); a :class:`~connlearn.train.Trainer` sets it at every
+    step from its recipe.
     """
 
     def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
@@ -229,6 +233,22 @@ class ConnectivityNet(nn.Module):
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
         self._draws: collections.deque | None = None
+        self._temperature = 1.0
+
+    @property
+    def sample_temperature(self) -> float:
+        """The temperature of the training-mode draws (1: the paper's; below 1: closer to the top-K)."""
+        return self._temperature
+
+    @sample_temperature.setter
+    def sample_temperature(self, value: float) -> None:
+        value = check_temperature("sample_temperature", value)
+        if value != 1.0:
+            for gate in {type(s.gate) for s in self.stages if s.gate is not None and s.gate.stochastic}:
+                if "temperature" not in inspect.signature(gate.draw).parameters:
+                    raise ConfigError(f"gate kind {gate.kind!r} draws without a temperature; "
+                                      f"sample_temperature must stay 1, got {value!r}")
+        self._temperature = value
 
     def _make_module(self, graph: BranchGraph, module: int, info: dict[str, Any], gate_cls: type) -> nn.Module:
         needs_proj = info["in_channels"] != info["out_channels"] or info["stride"] != 1
@@ -323,7 +343,9 @@ class ConnectivityNet(nn.Module):
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in gates):
             group = [g for g in gates if type(g) is cls]
-            drawn.update(zip((id(g) for g in group), cls.draw(group, self.generator), strict=True))
+            # the default temperature is not passed: gate kinds without one keep working
+            draws = cls.draw(group, self.generator, **({"temperature": t} if (t := self._temperature) != 1.0 else {}))
+            drawn.update(zip((id(g) for g in group), draws, strict=True))
         if self._draws is not None and gates:
             step = []
             for index, g in enumerate(gates):
@@ -449,10 +471,11 @@ class ConnectivityNet(nn.Module):
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "temperature": self._temperature}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+        self._temperature = float(state.get("temperature", 1.0))  # checkpoints before it: the default
 
 
 def _convert_state(net: ConnectivityNet, engine: str) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, s
 from connlearn.errors import ConfigError, DataError, check_int, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
-from connlearn.recipe import get_recipe
+from connlearn.recipe import check_temperature, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -72,6 +72,8 @@ class CifarRun:
     gate_grad: str = "plain"
     gate_init: float | str = 0.5
     gate_lr: float | None = None
+    gate_temperature: float = 1.0
+    gate_temperature_end: float | None = None
     residual_init: str = DEFAULT_RESIDUAL_INIT
     connectivity: str | None = None
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
@@ -93,6 +95,9 @@ class CifarRun:
         if self.preset not in CIFAR_PRESETS:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
         check_residual_init(self.residual_init)
+        check_temperature("gate_temperature", self.gate_temperature)
+        if self.gate_temperature_end is not None:
+            check_temperature("gate_temperature_end", self.gate_temperature_end)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -178,7 +183,8 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
 
 # what a resumed run must share with the command that started it (the trainer itself checks the
 # architecture, gate kind, K and recipe); residual_init is kept from the checkpoint instead (see run_cifar)
-RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "train_subset", "test_subset", "val_split")
+RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "gate_temperature", "gate_temperature_end",
+               "train_subset", "test_subset", "val_split")
 
 
 def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
@@ -209,10 +215,10 @@ def make_recipe(run: CifarRun):
     recipe = get_recipe("cifar").scaled(run.epochs)
     if run.batch_size is not None:
         recipe = attrs.evolve(recipe, batch_size=run.batch_size)
+    first = attrs.evolve(recipe.phases[0], temperature=run.gate_temperature, temperature_end=run.gate_temperature_end)
     if run.gate_lr is not None:
-        first = attrs.evolve(recipe.phases[0], gate_lr=run.gate_lr)
-        recipe = attrs.evolve(recipe, phases=(first, *recipe.phases[1:]))
-    return recipe
+        first = attrs.evolve(first, gate_lr=run.gate_lr)
+    return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]))
 
 
 def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] | None:

@@ -18,8 +18,10 @@ kind       train forward                                          eval forward  
 
 Straight-through: the binary ``g`` is used forward, and every real gate, drawn or not, receives
 ``∂ℓ/∂g_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K`` where ``s_j`` is the gated sum. Real gates below 0 count as 0 when
-sampling; a row whose gates are all 0 samples uniformly. Keeping gates in [0, 1] is the job of
-``connlearn.updater.GateUpdater``.
+sampling; a row whose gates are all 0 samples uniformly. A sampling temperature τ (default 1, the paper)
+draws from the row's gates raised to the power 1/τ: below 1 the draws follow the largest gates more
+closely (τ → 0: always the top-K), above 1 they are closer to uniform; the gradient is the same.
+Keeping gates in [0, 1] is the job of ``connlearn.updater.GateUpdater``.
 
 New kinds subclass :class:`Gate` and are registered with ``connlearn.register_gate(name, cls)`` or the
 entry-point group ``connlearn.gates``.
@@ -51,13 +53,15 @@ def topk_mask(values: torch.Tensor, K: int) -> torch.Tensor:
     return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter_(-1, idx, True)
 
 
-def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator) -> list[torch.Tensor]:
+def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator,
+                temperature: float = 1.0) -> list[torch.Tensor]:
     """Draw K distinct columns per row of every matrix in ``probs``, in one batched call.
 
-    Each row is a (not necessarily normalised) non-negative weight vector; the draw follows the law of K
-    successive draws without replacement from the normalised row (Gumbel-top-K). The uniform noise comes
-    from ``generator`` (a CPU generator), so the draws are the same on every device and every DDP rank.
-    Returns float 0/1 matrices shaped like the inputs.
+    Each row is a (not necessarily normalised) non-negative weight vector w; the draw follows the law of K
+    successive draws without replacement from the normalised row w^(1/temperature) (Gumbel-top-K with the
+    log-weights divided by ``temperature``; zero weights stay zero). The uniform noise comes from
+    ``generator`` (a CPU generator), so the draws are the same on every device and every DDP rank, and the
+    same noise at any temperature. Returns float 0/1 matrices shaped like the inputs.
     """
     device = probs[0].device
     rows = [p.shape[0] for p in probs]
@@ -71,7 +75,10 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
         r += p.shape[0]
     empty = weights.sum(dim=1, keepdim=True) <= 0
     weights = torch.where(empty & valid, torch.ones_like(weights), weights)
-    logw = torch.where(weights > 0, weights.clamp(min=1e-30).log(), torch.full_like(weights, _ZERO_KEY))
+    logw = weights.clamp(min=1e-30).log()
+    if temperature != 1.0:  # kept above the zero entries' keys however small the temperature
+        logw = (logw / temperature).clamp(min=_ZERO_KEY / 2)
+    logw = torch.where(weights > 0, logw, torch.full_like(weights, _ZERO_KEY))
     noise = torch.rand(weights.shape, generator=generator)
     if device.type == "cuda":
         noise = noise.pin_memory()  # an asynchronous copy: no host-device synchronisation per step
@@ -125,8 +132,10 @@ class Gate(nn.Module):
         return []
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator) -> list[torch.Tensor]:
-        """This step's binary draws for ``gates`` (all of this class), in one batched call."""
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+        """This step's binary draws for ``gates`` (all of this class), in one batched call. ``temperature``
+        (positive; 1 by default) sharpens (below 1) or flattens (above 1) the draws; a kind without such a
+        notion may leave the parameter out, and then trains at the default temperature only."""
         raise NotImplementedError
 
 
@@ -162,8 +171,8 @@ class TopKGate(_LearnableGate):
         return hard + (self.real - self.real.detach())
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator) -> list[torch.Tensor]:
-        return gumbel_topk([g.real for g in gates], gates[0].K, generator)
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+        return gumbel_topk([g.real for g in gates], gates[0].K, generator, temperature)
 
 
 @GATES.register("real")

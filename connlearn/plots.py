@@ -6,8 +6,10 @@ Every function writes one figure to ``path`` and returns it as a ``Path``. The f
 is left open and the caller's matplotlib backend is untouched.
 
 Gate snapshots are the records the trainer appends to ``gates.jsonl``:
-``{"step": int, "epoch": float, "gates": {"<module index>": [[row values...], ...]}}``, one row per block
-of the module and one column per candidate input, values the real gates ĝ ∈ [0, 1].
+``{"step": int, "epoch": float, "temperature": float, "gates": {"<module index>": [[row values...], ...]}}``,
+one row per block of the module and one column per candidate input, values the real gates ĝ ∈ [0, 1];
+``temperature`` is the sampling temperature of the step just taken (of the first step for the snapshot
+at step 0; files written before it was recorded lack it: 1).
 """
 
 from __future__ import annotations

@@ -29,15 +29,48 @@ def _non_negative(name: str):
     return check
 
 
+def check_temperature(name: str, value: Any) -> float:
+    """``value`` as a float, or a clear error unless it is a positive, finite sampling temperature."""
+    value = check_float(name, value, minimum=0.0)
+    if value == 0.0 or not math.isfinite(value):
+        raise ConfigError(f"{name} must be positive and finite, got {value!r}")
+    return value
+
+
+def _temperature(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None:
+            check_temperature(name, value)
+
+    return check
+
+
 @attrs.frozen
 class Phase:
     """One phase: ``epochs`` at a constant weight ``lr`` and ``gate_lr``; ``frozen``: the connectivity is
-    fixed (top-K of the real gates) from the start of this phase on."""
+    fixed (top-K of the real gates) from the start of this phase on.
+
+    ``temperature`` is the sampling temperature of the draws in this phase (1: the paper's; see
+    :mod:`connlearn.gates`); with ``temperature_end`` it moves geometrically from ``temperature`` at the
+    phase's first step to ``temperature_end`` at its last. A frozen phase draws nothing and keeps both at
+    their defaults."""
 
     epochs: int = attrs.field(validator=_positive_int("epochs"))
     lr: float = attrs.field(validator=_non_negative("lr"))
     gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
     frozen: bool = False
+    temperature: float = attrs.field(default=1.0, validator=_temperature("temperature"))
+    temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.frozen and (self.temperature != 1.0 or self.temperature_end is not None):
+            raise ConfigError("a frozen phase draws no connectivity: its temperature stays 1 (no temperature_end)")
+
+    def temperature_at(self, progress: float) -> float:
+        """The sampling temperature at ``progress`` in [0, 1] of this phase (0: its first step, 1: its last)."""
+        if self.temperature_end is None:
+            return self.temperature
+        return self.temperature * (self.temperature_end / self.temperature) ** min(max(progress, 0.0), 1.0)
 
 
 @attrs.frozen

@@ -38,7 +38,7 @@ from connlearn.compile import ConnectivityNet
 from connlearn.errors import CheckpointError, ConfigError, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
-from connlearn.recipe import Recipe
+from connlearn.recipe import Phase, Recipe
 from connlearn.updater import GateUpdater, param_groups
 
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
@@ -361,6 +361,9 @@ class Trainer:
         if self.step == 0 and self.gate_grad == "renormalized":
             self.updater.renormalize()  # Algorithm 1 normalises before the first forward pass (and snapshot)
         if self.step == 0 and self.snapshot_every:
+            first = self.recipe.phases[0]
+            if self._draws_in(first):
+                self.net.sample_temperature = first.temperature_at(0.0)  # the step-0 snapshot records it
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
         while self.epoch < end and (time_limit is None or time.perf_counter() - started < time_limit):
@@ -407,6 +410,10 @@ class Trainer:
                         self._tb.add_scalar(k, v, self.epoch)
         self._save(best)
 
+    def _draws_in(self, phase: Phase) -> bool:
+        """Whether the network draws its connectivity in ``phase`` (a stochastic gate kind, not frozen)."""
+        return not phase.frozen and any(g.stochastic for _, g in self.net.gates())
+
     def _train_epoch(self, epoch: int, phase_index: int) -> dict[str, Any]:
         self.model.train()
         loader = self.train_loader
@@ -415,9 +422,15 @@ class Trainer:
                    disable=not (self.progress and self.is_main), leave=False, dynamic_ncols=True)
         totals, seen = torch.zeros(2, device=self.device), 0  # loss sum, correct (on the device); images (host)
         lr = self.optimizer.param_groups[0]["lr"]
+        phase = self.recipe.phases[phase_index]
+        sampled = self._draws_in(phase)
+        first = (epoch - sum(p.epochs for p in self.recipe.phases[:phase_index])) * n_batches  # its earlier steps
+        last = max(phase.epochs * n_batches - 1, 1)
         self.net.record_draws(True)
         t0 = time.perf_counter()
         for i, (x, y) in enumerate(loader.epoch(epoch)):
+            if sampled:
+                self.net.sample_temperature = phase.temperature_at((first + i) / last)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             with _autocast(self.device, self.amp):
@@ -450,8 +463,11 @@ class Trainer:
         loss_sum, correct, seen = _all_reduce(torch.cat([totals, totals.new_tensor([seen])])).tolist()
         if not seen:
             raise ConfigError("the training loader yielded no batch")
-        return {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
-                "images_per_s": seen / elapsed, "step": self.step, **draws}
+        record = {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
+                  "images_per_s": seen / elapsed, "step": self.step, **draws}
+        if sampled:
+            record["temperature"] = self.net.sample_temperature  # at the epoch's last step
+        return record
 
     def _snapshot(self, epoch: float) -> None:
         if not self.is_main:
@@ -460,7 +476,8 @@ class Trainer:
         if not gates:
             return
         with open(self.out_dir / "gates.jsonl", "a") as f:
-            f.write(json.dumps({"step": self.step, "epoch": epoch, "gates": gates}) + "\n")
+            f.write(json.dumps({"step": self.step, "epoch": epoch, "temperature": self.net.sample_temperature,
+                                "gates": gates}) + "\n")
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:
