@@ -305,9 +305,9 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     with their ``residual_init`` unless it is the default, arms that draw with their sampling temperature
     unless it is 1; the paper's numbers stand beside the default settings only. "draws = top-K" is how
     often, in the last epoch of phase 1, a block's draw equalled its top-K (the connectivity that phase 2
-    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates. "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity,
-    averaged over modules and seeds, with its value for independent random draws in brackets: far above
-    it, the blocks crowd onto the same inputs."""
+    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates. "input overlap" is
+    ``connlearn.prune.input_overlap`` of the final connectivity, averaged over modules and seeds, with its
+    value for independent random draws in brackets: far above it, the blocks crowd onto the same inputs."""
     config = state.get("config", {})
     preset = config.get("preset", "")
     by_arm: dict[str, list[dict[str, Any]]] = {}

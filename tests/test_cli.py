@@ -153,9 +153,10 @@ def test_train_options_come_from_a_config_file_and_flags_override_it(tmp_path):
     config.write_text(json.dumps({"preset": "cifar-20-4-8", "gate": "random", "K": 2, "train-subset": 500}))
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
-    run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3", "--residual-init", "sqrt_k"]))
+    run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3", "--residual-init", "sqrt_k",
+                                           "--gate-temperature", "0.5", "--gate-temperature-end", "0.05"]))
     assert (run.preset, run.gate, run.K, run.train_subset) == ("cifar-20-4-8", "random", 3, 500)
-    assert run.residual_init == "sqrt_k"
+    assert (run.residual_init, run.gate_temperature, run.gate_temperature_end) == ("sqrt_k", 0.5, 0.05)
     from connlearn.experiment import build_net
 
     bn3 = build_net(run, 10).stages[0].block.bn3.weight

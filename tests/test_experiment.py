@@ -17,6 +17,7 @@ from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
 from connlearn.errors import DataError
 from connlearn.experiment import CifarRun, run_cifar
+from connlearn.recipe import get_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--M", "3", "--C", "2", "--K", "1", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
@@ -202,7 +203,8 @@ def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
     for change, message in [(dict(gate_grad="centered"), "gate_grad='plain' there, 'centered' here"),
                             (dict(gate_init=0.3), "gate_init=0.5 there, 0.3 here"),
                             (dict(train_subset=300), "train_subset=200 there, 300 here"),
-                            (dict(gate="real"), "gate='topk' there, 'real' here")]:
+                            (dict(gate="real"), "gate='topk' there, 'real' here"),
+                            (dict(gate_temperature_end=0.1), "gate_temperature_end=None there, 0.1 here")]:
         with pytest.raises(ConfigError, match=message):
             run_cifar(attrs.evolve(gated, **change))
     (tmp_path / "gated" / "last.pt").write_bytes(b"truncated")  # the trainer would resume from previous.pt
@@ -249,3 +251,14 @@ def test_unknown_dataset_and_preset_names_suggest_the_closest():
         CifarRun(preset="cifar-29-8-9")
     with pytest.raises(UnknownNameError, match="did you mean 'sqrt_k'"):
         CifarRun(residual_init="sqrtK")
+
+
+def test_a_run_s_temperature_reaches_phase_one_only_and_bad_ones_are_refused():
+    recipe = experiment.make_recipe(CifarRun(epochs=8, gate_temperature=0.5, gate_temperature_end=0.05, gate_lr=0.1))
+    first, *rest = recipe.phases
+    assert (first.temperature, first.temperature_end, first.gate_lr) == (0.5, 0.05, 0.1)
+    assert all(p.temperature == 1.0 and p.temperature_end is None for p in rest)
+    assert experiment.make_recipe(CifarRun(epochs=8)) == get_recipe("cifar").scaled(8)
+    for bad in (dict(gate_temperature=0), dict(gate_temperature_end=-1.0)):
+        with pytest.raises(connlearn.ConnlearnError, match=next(iter(bad))):
+            CifarRun(**bad)

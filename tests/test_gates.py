@@ -216,3 +216,69 @@ def test_freeze_keeps_the_top_k_of_the_real_gates():
     assert net.gate_kind == "frozen" and net.graph().gate_kind == "frozen"
     assert all(torch.equal(net.connectivity()[m], expected[m]) for m in expected)
     assert math.isclose(sum(m.sum().item() for m in expected.values()), 2 * 5 * 2)
+
+
+# ---------------------------------------------------------------------------------------------- temperature
+@given(rows=st.integers(1, 12), cols=st.integers(1, 10), data=st.data(), seed=st.integers(0, 2**31 - 1),
+       temperature=st.floats(1e-4, 1e3))
+def test_every_sampled_row_has_exactly_k_ones_at_any_temperature(rows, cols, data, seed, temperature):
+    K = data.draw(st.integers(1, cols))
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) > 0.3)
+    weights[0] = 0
+    hard = gumbel_topk([weights], K, g, temperature)[0]
+    assert set(hard.unique().tolist()) <= {0.0, 1.0}
+    assert (hard.sum(dim=1) == K).all()
+
+
+def test_temperature_one_is_the_default_draw():
+    weights = torch.rand(50, 8, generator=torch.Generator().manual_seed(3))
+    default = gumbel_topk([weights], 3, torch.Generator().manual_seed(0))[0]
+    assert torch.equal(gumbel_topk([weights], 3, torch.Generator().manual_seed(0), 1.0)[0], default)
+
+
+def test_inclusion_frequencies_follow_the_gates_to_the_power_one_over_temperature():
+    """The law of the draw at temperature τ is that of the weights w^(1/τ) at temperature 1; tolerance as in
+    the test at temperature 1."""
+    weights = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4, 0.0])
+    K, n = 2, 60_000
+    for temperature in (0.5, 2.0):
+        hard = gumbel_topk([weights.expand(n, -1)], K, torch.Generator().manual_seed(0), temperature)[0]
+        sharpened = weights ** (1 / temperature)
+        exact = _inclusion_probabilities((sharpened / sharpened.sum()).tolist(), K)
+        for f, e in zip(hard.mean(dim=0).tolist(), exact, strict=True):
+            assert abs(f - e) < 0.008, (temperature, f, e)
+
+
+def test_a_small_temperature_draws_the_top_k_and_never_a_zero_entry():
+    weights = torch.tensor([[0.50, 0.45, 0.0, 0.40, 0.48], [1e-20, 0.0, 0.0, 0.0, 0.0]]).repeat(200, 1)
+    hard = gumbel_topk([weights], 2, torch.Generator().manual_seed(0), 1e-3)[0]
+    assert torch.equal(hard[::2].bool(), topk_mask(weights[::2], 2))
+    assert (hard[1::2, 0] == 1).all()  # the one positive entry, however small, comes before the zeros
+
+
+def test_sample_temperature_reaches_the_draws_and_survives_state_dict():
+    net = connlearn.build(**tiny()).train()
+    with torch.no_grad():
+        for _, g in net.gates():
+            g.real.copy_(torch.tensor([0.52, 0.5, 0.49, 0.51]).expand_as(g.real))
+    net.sample_temperature = 1e-3  # draws follow the gates: always the top-K
+    net.record_draws()
+    for _ in range(20):
+        net.gate_matrices()
+    assert net.draw_statistics()["drawn_topk_share"] == 1.0
+    copy = connlearn.build(**tiny())
+    copy.load_state_dict(net.state_dict())
+    assert copy.sample_temperature == 1e-3
+    state = net.state_dict()
+    state["_extra_state"].pop("temperature")  # a checkpoint from before the temperature
+    copy.load_state_dict(state)
+    assert copy.sample_temperature == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "0.5", True])
+def test_a_bad_sample_temperature_is_refused(bad):
+    net = connlearn.build(**tiny())
+    with pytest.raises(connlearn.ConnlearnError, match="sample_temperature"):
+        net.sample_temperature = bad
+    assert net.sample_temperature == 1.0

@@ -7,6 +7,7 @@ from torch import nn
 
 import connlearn
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, conv
+from connlearn.gates import GATES, TopKGate
 
 
 @pytest.fixture
@@ -105,3 +106,30 @@ def test_registering_a_taken_name_needs_overwrite(clean_blocks):
 def test_list_functions_filter_by_pattern():
     assert connlearn.list_presets("imagenet-*") == ["imagenet-101-4-32", "imagenet-101-4-64", "imagenet-50-4-32"]
     assert connlearn.list_gates("t*") == ["topk"]
+
+
+class FirstK(TopKGate):
+    """A user gate kind written before sampling temperatures: its draw takes no ``temperature``."""
+
+    kind = "firstk"
+
+    @classmethod
+    def draw(cls, gates, generator):
+        return [torch.zeros(g.shape).index_fill_(1, torch.arange(g.K), 1.0) for g in gates]
+
+
+@pytest.fixture
+def clean_gates():
+    saved = dict(GATES._items)
+    yield
+    GATES._items.clear()
+    GATES._items.update(saved)
+
+
+def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_gates):
+    connlearn.register_gate("firstk", FirstK)
+    net = connlearn.build(**tiny(gate="firstk"))
+    _train_one_step(net)  # the default temperature is not passed to its draw
+    assert all((m[:, :2] > 0).all() and (m[:, 2:] == 0).all() for m in net.train().gate_matrices()[1:])
+    with pytest.raises(connlearn.ConfigError, match="'firstk' draws without a temperature"):
+        net.sample_temperature = 0.5

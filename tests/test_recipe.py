@@ -53,3 +53,37 @@ def test_bad_recipes_are_refused():
         Recipe("x", [Phase(1, 0.1, frozen=True), Phase(1, 0.1)])
     with pytest.raises(ConnlearnError, match="did you mean 'cifar'"):
         get_recipe("cifra")
+
+
+def test_the_temperature_moves_geometrically_over_a_phase():
+    phase = Phase(3, 0.1, gate_lr=0.2, temperature=1.0, temperature_end=0.01)
+    assert phase.temperature_at(0.0) == 1.0
+    assert phase.temperature_at(0.5) == pytest.approx(0.1)
+    assert phase.temperature_at(1.0) == pytest.approx(0.01)
+    assert phase.temperature_at(2.0) == pytest.approx(0.01)  # clamped to the phase
+    assert Phase(3, 0.1, temperature=0.3).temperature_at(0.7) == 0.3
+
+
+def test_a_recipe_saved_before_temperatures_reads_as_temperature_one():
+    r = get_recipe("cifar").scaled(8)
+    old = r.to_dict()
+    for phase in old["phases"]:
+        del phase["temperature"], phase["temperature_end"]
+    assert Recipe.from_dict(old) == r
+    hot = Recipe.from_dict(r.to_dict() | {"phases": [dict(old["phases"][0], temperature_end=0.1), *old["phases"][1:]]})
+    assert hot != r and Recipe.from_dict(hot.to_dict()) == hot
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, float("inf"), float("nan")])
+def test_bad_temperatures_are_refused(bad):
+    with pytest.raises(ConnlearnError, match="temperature"):
+        Phase(1, 0.1, temperature=bad)
+    with pytest.raises(ConnlearnError, match="temperature_end"):
+        Phase(1, 0.1, temperature_end=bad)
+
+
+def test_a_frozen_phase_keeps_the_default_temperature():
+    with pytest.raises(ConnlearnError, match="a frozen phase draws no connectivity"):
+        Phase(1, 0.1, frozen=True, temperature=0.5)
+    with pytest.raises(ConnlearnError, match="a frozen phase draws no connectivity"):
+        Phase(1, 0.1, frozen=True, temperature_end=0.5)

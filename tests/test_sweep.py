@@ -214,3 +214,15 @@ def test_the_gradient_split_separates_drawn_and_undrawn_gates():
         gradient_split(net.freeze(), batches)
     with pytest.raises(SystemExit, match="no batches"):
         gradient_split(connlearn.build(**tiny()), [])
+
+
+def test_a_sweep_with_a_sampling_temperature_labels_its_drawing_arms_and_keeps_it(tmp_path, data):
+    state = main(_args(tmp_path, data, "--arms", "topk4", "random4", "--gate-temperature", "1",
+                       "--gate-temperature-end", "0.05"))
+    assert state["runs"]["topk4-s0"]["run"]["gate_temperature_end"] == 0.05
+    assert read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")[0]["temperature"] == pytest.approx(0.05)  # 1 epoch
+    table = (tmp_path / "results.md").read_text()
+    assert "| Learned, K=4, temperature 1→0.05 | 4 |" in table
+    assert "| Fixed-Random, K=4 | 4 |" in table  # draws nothing: no temperature
+    with pytest.raises(SystemExit, match=r"gate_temperature_end=0\.05 there, None here"):
+        main(_args(tmp_path, data, "--arms", "topk4", "random4"))

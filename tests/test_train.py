@@ -2,6 +2,7 @@
 
 import shutil
 
+import attrs
 import pytest
 import torch
 from conftest import RandomLoader, tiny
@@ -236,3 +237,25 @@ def test_the_renormalized_rule_starts_from_normalised_gates_and_resumes_exactly(
     resumed = _trainer(tmp_path / "parts", recipe=recipe, gate_grad="renormalized")
     assert _without_timings(resumed.fit(resume=True)) == _without_timings(log)
     _assert_same_state(resumed.net, whole.net)
+
+
+def test_an_annealed_temperature_is_logged_snapshotted_and_resumed_exactly(tmp_path):
+    annealed = Phase(2, 0.1, gate_lr=0.2, temperature=1.0, temperature_end=0.01)
+    recipe = Recipe("t", [annealed, Phase(1, 0.01, frozen=True)], batch_size=16)
+    whole = _trainer(tmp_path / "whole", recipe=recipe)
+    log = whole.fit()
+    steps = len(RandomLoader())  # 4 per epoch: 8 in phase 1, the last at temperature 0.01
+    assert [r.get("temperature") for r in log] == pytest.approx([0.01 ** (3 / 7), 0.01, None])
+    snapshots = read_jsonl(tmp_path / "whole" / "gates.jsonl")
+    assert [s["step"] for s in snapshots[:3]] == [0, 2, 4] and steps == 4
+    assert [s["temperature"] for s in snapshots[:3]] == pytest.approx([1.0, 0.01 ** (1 / 7), 0.01 ** (3 / 7)])
+    parts = _trainer(tmp_path / "parts", recipe=recipe)
+    parts.fit(max_epochs=1)
+    resumed = _trainer(tmp_path / "parts", recipe=recipe)
+    assert _without_timings(resumed.fit(resume=True)) == _without_timings(log)
+    _assert_same_state(resumed.net, whole.net)
+    plain = _trainer(tmp_path / "plain", recipe=attrs.evolve(recipe, phases=[
+        attrs.evolve(recipe.phases[0], temperature_end=None), recipe.phases[1]]))
+    assert [r.get("temperature") for r in plain.fit()] == [1.0, 1.0, None]
+    # the gates start at U(0,1) draws: at temperature 0.01 nearly every draw is the top-K, at 1 few are
+    assert log[1]["drawn_topk_share"] > 0.9 > 0.5 > plain.history[1]["drawn_topk_share"]
