@@ -45,7 +45,7 @@ from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
 from connlearn.prune import random_overlap
 from connlearn.recipe import get_recipe
-from connlearn.topologies import PRESETS
+from connlearn.topologies import PRESETS, resnext
 from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
 
@@ -157,18 +157,22 @@ def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str
     differ = sorted(k for k in set(was) | set(now) if k not in HOW_IT_RUNS and was.get(k) != now.get(k))
     if differ:
         listed = "; ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
-        raise ConfigError(f"{out} holds a sweep with other settings ({listed}; None: the preset's); give the "
-                          "options it was started with to add to it or resume it, or give another --out")
+        raise ConfigError(f"{out} holds a sweep with other settings ({listed}); give the options it was started "
+                          "with to add to it or resume it, or give another --out")
 
 
 def _resolved(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the options it leaves out at their defaults (today's), so that an option given at its
-    default value and one left out compare equal."""
+    default value and one left out compare equal. The architecture's come from the network the options
+    build (the stem and first-stage channels depend on the width)."""
     defaults = {f.name: f.default for f in attrs.fields(CifarRun) if f.name in OVERRIDES}
-    preset = PRESETS.get(config.get("preset"), {})
-    defaults.update(C=preset.get("C"), width=preset.get("width"), batch_size=get_recipe("cifar").batch_size)
-    if "depth" in preset:
-        defaults["M"] = (preset["depth"] - 2) // 3
+    defaults["batch_size"] = get_recipe("cifar").batch_size
+    given = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
+    graph = resnext(preset=config.get("preset"), gate="full", **given)
+    first = graph.branches(graph.modules()[0])[0]
+    defaults.update(M=len(graph.modules()), C=graph.graph["options"]["C"], width=graph.graph["options"]["width"],
+                    base_channels=graph.nodes[first]["out_channels"],
+                    stem_channels=graph.nodes["input"]["out_channels"])
     return {**defaults, **config}
 
 

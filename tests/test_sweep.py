@@ -226,3 +226,15 @@ def test_a_sweep_with_a_sampling_temperature_labels_its_drawing_arms_and_keeps_i
     assert "| Fixed-Random, K=4 | 4 |" in table  # draws nothing: no temperature
     with pytest.raises(SystemExit, match=r"gate_temperature_end=0\.05 there, None here"):
         main(_args(tmp_path, data, "--arms", "topk4", "random4"))
+
+
+def test_architecture_options_given_at_what_the_preset_builds_are_no_change(tmp_path):
+    from accuracy import _check_same_sweep
+
+    started = {"preset": "cifar-20-4-8", "budget": 2, "width": 1}
+    same = {**started, "M": 6, "C": 8, "base_channels": 64, "stem_channels": 16}  # what {20,4,8} at width 1 builds
+    _check_same_sweep(tmp_path, started, same)
+    with pytest.raises(ConnlearnError, match="base_channels=64 there, 32 here"):
+        _check_same_sweep(tmp_path, started, {**same, "base_channels": 32})
+    with pytest.raises(ConnlearnError, match="stem_channels=16 there, 64 here; width=1 there, 64 here"):
+        _check_same_sweep(tmp_path, started, {**started, "width": 64})  # a wide network starts wider too
