@@ -148,12 +148,15 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | N
 HOW_IT_RUNS = ("device", "amp", "compile", "data", "parallel")
 
 
-def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str, Any]) -> None:
+def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str, Any],
+                      settings: dict[str, Any] | None = None) -> None:
     """Refuse to add runs to a sweep folder whose runs were trained with other settings (budget,
-    architecture, data, gate options): its table would mix them under one heading."""
+    architecture, data, gate options): its table would mix them under one heading. ``settings``: the
+    first command's settings with the defaults of its day, as the folder recorded them (folders from before
+    that record, and settings added since, fall back to today's defaults)."""
     if before is None:
         return
-    was, now = _resolved(before), _resolved(config)
+    was, now = {**_resolved(before), **(settings or {})}, _resolved(config)
     differ = sorted(k for k in set(was) | set(now) if k not in HOW_IT_RUNS and was.get(k) != now.get(k))
     if differ:
         listed = "; ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
@@ -182,8 +185,9 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
     config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
-    _check_same_sweep(out, state.get("config"), config)
+    _check_same_sweep(out, state.get("config"), config, state.get("settings"))
     state["config"] = config
+    state.setdefault("settings", _resolved(config))  # every setting of the first command, defaults included
     _save(out, state)  # the settings are on record before the first run starts
     collect(out, state)
     todo = [(arm, seed) for seed in args.seeds for arm in args.arms if f"{arm}-s{seed}" not in state["runs"]]

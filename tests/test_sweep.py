@@ -238,3 +238,16 @@ def test_architecture_options_given_at_what_the_preset_builds_are_no_change(tmp_
         _check_same_sweep(tmp_path, started, {**same, "base_channels": 32})
     with pytest.raises(ConnlearnError, match="stem_channels=16 there, 64 here; width=1 there, 64 here"):
         _check_same_sweep(tmp_path, started, {**started, "width": 64})  # a wide network starts wider too
+
+
+def test_a_sweep_compares_with_the_defaults_of_the_day_it_started(tmp_path, data):
+    main(_args(tmp_path, data, "--arms", "full"))
+    state = json.loads((tmp_path / "sweep.json").read_text())
+    assert state["settings"]["residual_init"] == "auto" and state["settings"]["gate_temperature"] == 1.0
+    state["settings"]["residual_init"] = "one"  # as if the default was "one" when the folder started
+    del state["settings"]["gate_temperature"]  # and the option came later: today's default
+    (tmp_path / "sweep.json").write_text(json.dumps(state))
+    with pytest.raises(SystemExit, match="residual_init='one' there, 'auto' here"):
+        main(_args(tmp_path, data, "--arms", "full"))
+    main(_args(tmp_path, data, "--arms", "full", "--residual-init", "one"))
+    assert json.loads((tmp_path / "sweep.json").read_text())["settings"]["residual_init"] == "one"  # kept
