@@ -59,8 +59,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
     a("--gate-temperature", type=float, metavar="T",
-      help="sampling temperature of phase 1's draws: below 1 they follow the largest gates more closely "
-           "(default 1, the paper's)")
+      help="sampling temperature of phase 1's draws (gate kinds that draw, such as topk): below 1 they "
+           "follow the largest gates more closely (default 1, the paper's)")
     a("--gate-temperature-end", type=float, metavar="T",
       help="anneal the temperature geometrically over phase 1, from --gate-temperature to this value")
     a("--residual-init", choices=RESIDUAL_INITS,
