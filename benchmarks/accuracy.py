@@ -156,7 +156,11 @@ def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str
     that record, and settings added since, fall back to today's defaults)."""
     if before is None:
         return
-    was, now = {**_resolved(before), **(settings or {})}, _resolved(config)
+    now = _resolved(config)
+    try:
+        was = {**_resolved(before), **(settings or {})}
+    except ConnlearnError:  # an old record that no longer builds: what the folder recorded decides
+        was = {**now, **before, **(settings or {})}
     differ = sorted(k for k in set(was) | set(now) if k not in HOW_IT_RUNS and was.get(k) != now.get(k))
     if differ:
         listed = "; ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
@@ -185,6 +189,7 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
     config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
+    CifarRun(dataset="cifar10", preset=args.preset, epochs=args.budget, **_options(args))  # refused before recorded
     _check_same_sweep(out, state.get("config"), config, state.get("settings"))
     state["config"] = config
     state.setdefault("settings", _resolved(config))  # every setting of the first command, defaults included
@@ -313,7 +318,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     with their ``residual_init`` unless it is the default, arms that draw with their sampling temperature
     unless it is 1; the paper's numbers stand beside the default settings only. "draws = top-K" is how
     often, in the last epoch of phase 1, a block's draw equalled its top-K (the connectivity that phase 2
-    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates. "input overlap" is
+    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates (or for draws at a
+    small sampling temperature, which that epoch ends with when it is annealed). "input overlap" is
     ``connlearn.prune.input_overlap`` of the final connectivity, averaged over modules and seeds, with its
     value for independent random draws in brackets: far above it, the blocks crowd onto the same inputs."""
     config = state.get("config", {})

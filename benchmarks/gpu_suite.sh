@@ -10,18 +10,20 @@
 #             validation split, then the drawn / undrawn split of their raw gate gradients
 #   choose    the gate rules' payoff, to choose one: 30-epoch runs of random4, topk4-plain, topk4-centered and
 #             topk4-renormalized, seeds 0 and 1, four at a time, on a 5,000-image validation split in
-#             runs/choose30
+#             runs/choose30; then random4, topk4-plain and topk4-centered with phase 1's sampling
+#             temperature annealed from 1 to 0.05 in runs/choose30_annealed (random4 draws nothing: it is
+#             there so that the folder's table pairs the learned arms with it by seed)
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
-# (runs/sweep30, runs/sweep320, runs/choose30, runs/gates without the previous.pt/best.pt copies): unpack it in the
-# repository root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile", or
-# "--gate-grad centered" once choose has chosen a rule for the learned arms of sweep and protocol): keep
-# its settings the same for every session of one folder (only --compile, --amp and --device may change),
-# since a sweep folder refuses runs with other settings; DEVICE (default cuda) lets the suite run on a CPU
-# for a trial.
+# (runs/sweep30, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
+# previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
+# accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
+# learned arms of sweep and protocol): keep its settings the same for every session of one folder (only
+# --compile, --amp and --device may change), since a sweep folder refuses runs with other settings; DEVICE
+# (default cuda) lets the suite run on a CPU for a trial.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-}
@@ -74,6 +76,8 @@ rules)
   ;;
 choose)
   sweep 30 "random4 topk4-plain topk4-centered topk4-renormalized" "0 1" 4 runs/choose30 --val-split 5000
+  sweep 30 "random4 topk4-plain topk4-centered" "0 1" 3 runs/choose30_annealed --val-split 5000 \
+    --gate-temperature 1 --gate-temperature-end 0.05
   ;;
 sweep)
   sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
@@ -89,7 +93,7 @@ protocol)
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
-state=$(ls -d runs/sweep30 runs/sweep320 runs/choose30 runs/gates 2>/dev/null)
+state=$(ls -d runs/sweep30 runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
 [ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"

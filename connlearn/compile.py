@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -30,10 +31,9 @@ import torch
 from torch import nn
 
 from connlearn.blocks import BLOCKS, check_residual_init, init_residual_scale, residual_scale, scales_residual
-from connlearn.errors import ConfigError, ShapeError, check_int, unknown_name
+from connlearn.errors import ConfigError, ShapeError, check_int, check_temperature, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
-from connlearn.recipe import check_temperature
 
 ENGINES = ("fused", "reference", "auto")
 
@@ -242,13 +242,18 @@ class ConnectivityNet(nn.Module):
 
     @sample_temperature.setter
     def sample_temperature(self, value: float) -> None:
-        value = check_temperature("sample_temperature", value)
+        self._temperature = self.check_temperature(value)
+
+    def check_temperature(self, value: float, name: str = "sample_temperature") -> float:
+        """``value`` as a float if this network's gate kinds can draw at that temperature, else a clear
+        error (a user gate kind whose ``draw`` takes no ``temperature`` draws at 1 only)."""
+        value = check_temperature(name, value)
         if value != 1.0:
             for gate in {type(s.gate) for s in self.stages if s.gate is not None and s.gate.stochastic}:
-                if "temperature" not in inspect.signature(gate.draw).parameters:
-                    raise ConfigError(f"gate kind {gate.kind!r} draws without a temperature; "
-                                      f"sample_temperature must stay 1, got {value!r}")
-        self._temperature = value
+                if not _draws_with_temperature(gate):
+                    raise ConfigError(f"gate kind {gate.kind!r} draws without a temperature (its draw takes no "
+                                      f"'temperature' argument); {name} must stay 1, got {value!r}")
+        return value
 
     def _make_module(self, graph: BranchGraph, module: int, info: dict[str, Any], gate_cls: type) -> nn.Module:
         needs_proj = info["in_channels"] != info["out_channels"] or info["stride"] != 1
@@ -475,7 +480,14 @@ class ConnectivityNet(nn.Module):
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
-        self._temperature = float(state.get("temperature", 1.0))  # checkpoints before it: the default
+        self.sample_temperature = state.get("temperature", 1.0)  # checkpoints before it: the default
+
+
+@functools.cache
+def _draws_with_temperature(gate: type[Gate]) -> bool:
+    """Whether a gate kind's ``draw`` takes a ``temperature`` (by name or through ``**kwargs``)."""
+    params = inspect.signature(gate.draw).parameters
+    return "temperature" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _convert_state(net: ConnectivityNet, engine: str) -> dict[str, torch.Tensor]:

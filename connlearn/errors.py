@@ -86,3 +86,16 @@ def check_float(name: str, value: object, *, minimum: float | None = None, maxim
     if maximum is not None and value > maximum:
         raise ConfigError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+#: The sampling temperatures allowed (``check_temperature``): within them the Gumbel keys of a draw keep
+#: their order in float32, from nearly the top-K (1e-4) to nearly uniform draws (1e4).
+TEMPERATURE_RANGE = (1e-4, 1e4)
+
+
+def check_temperature(name: str, value: object) -> float:
+    """``value`` as a float, or a clear error unless it is a sampling temperature in :data:`TEMPERATURE_RANGE`."""
+    low, high = TEMPERATURE_RANGE
+    if value is None:
+        raise ConfigError(f"{name} must be a number in [{low:g}, {high:g}], got None")
+    return check_float(name, value, minimum=low, maximum=high)

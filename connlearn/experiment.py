@@ -24,10 +24,10 @@ from connlearn import plots, render
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import ConfigError, DataError, check_int, unknown_name
+from connlearn.errors import ConfigError, DataError, check_int, check_temperature, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
-from connlearn.recipe import check_temperature, get_recipe
+from connlearn.recipe import get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -234,6 +234,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
     recipe = make_recipe(run)
+    if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not any(
+            g.stochastic for _, g in net.gates()):
+        _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,

@@ -29,6 +29,7 @@ entry-point group ``connlearn.gates``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -59,7 +60,8 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
 
     Each row is a (not necessarily normalised) non-negative weight vector w; the draw follows the law of K
     successive draws without replacement from the normalised row w^(1/temperature) (Gumbel-top-K with the
-    log-weights divided by ``temperature``; zero weights stay zero). The uniform noise comes from
+    log-weights divided by ``temperature``, which :func:`~connlearn.errors.check_temperature` bounds to
+    [1e-4, 1e4]; zero weights stay zero). The uniform noise comes from
     ``generator`` (a CPU generator), so the draws are the same on every device and every DDP rank, and the
     same noise at any temperature. Returns float 0/1 matrices shaped like the inputs.
     """
@@ -75,10 +77,14 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
         r += p.shape[0]
     empty = weights.sum(dim=1, keepdim=True) <= 0
     weights = torch.where(empty & valid, torch.ones_like(weights), weights)
-    logw = weights.clamp(min=1e-30).log()
-    if temperature != 1.0:  # kept above the zero entries' keys however small the temperature
-        logw = (logw / temperature).clamp(min=_ZERO_KEY / 2)
-    logw = torch.where(weights > 0, logw, torch.full_like(weights, _ZERO_KEY))
+    zero_key = _ZERO_KEY
+    if temperature == 1.0:
+        logw = weights.clamp(min=1e-30).log()
+    else:  # each row scaled to a largest weight of 1: log-weights in [log 1e-30, 0] before the division
+        top = weights.amax(dim=1, keepdim=True).clamp(min=1e-30)
+        logw = (weights / top).clamp(min=1e-30).log() / temperature
+        zero_key = min(_ZERO_KEY, math.log(1e-30) / temperature - 100.0)  # below every positive entry's key
+    logw = torch.where(weights > 0, logw, torch.full_like(weights, zero_key))
     noise = torch.rand(weights.shape, generator=generator)
     if device.type == "cuda":
         noise = noise.pin_memory()  # an asynchronous copy: no host-device synchronisation per step

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, check_float, check_int, unknown_name
+from connlearn.errors import ConfigError, check_float, check_int, check_temperature, unknown_name
 
 
 def _positive_int(name: str):
@@ -29,17 +29,9 @@ def _non_negative(name: str):
     return check
 
 
-def check_temperature(name: str, value: Any) -> float:
-    """``value`` as a float, or a clear error unless it is a positive, finite sampling temperature."""
-    value = check_float(name, value, minimum=0.0)
-    if value == 0.0 or not math.isfinite(value):
-        raise ConfigError(f"{name} must be positive and finite, got {value!r}")
-    return value
-
-
-def _temperature(name: str):
+def _temperature(name: str, optional: bool = False):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is not None:
+        if value is not None or not optional:
             check_temperature(name, value)
 
     return check
@@ -60,17 +52,19 @@ class Phase:
     gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
     frozen: bool = False
     temperature: float = attrs.field(default=1.0, validator=_temperature("temperature"))
-    temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end"))
+    temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end", optional=True))
 
     def __attrs_post_init__(self) -> None:
         if self.frozen and (self.temperature != 1.0 or self.temperature_end is not None):
             raise ConfigError("a frozen phase draws no connectivity: its temperature stays 1 (no temperature_end)")
 
     def temperature_at(self, progress: float) -> float:
-        """The sampling temperature at ``progress`` in [0, 1] of this phase (0: its first step, 1: its last)."""
+        """The sampling temperature at ``progress`` in [0, 1] of this phase (0: its first step, 1: its last; a
+        phase of a single step draws at ``temperature``)."""
         if self.temperature_end is None:
             return self.temperature
-        return self.temperature * (self.temperature_end / self.temperature) ** min(max(progress, 0.0), 1.0)
+        start, end = math.log(self.temperature), math.log(self.temperature_end)
+        return math.exp(start + (end - start) * min(max(progress, 0.0), 1.0))
 
 
 @attrs.frozen

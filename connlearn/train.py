@@ -214,6 +214,11 @@ class Trainer:
         self._tb = None
         self._last_connectivity: dict[int, torch.Tensor] | None = None
         self._set_net(net)
+        for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
+            if self._draws_in(phase):
+                for t in (phase.temperature, phase.temperature_end):
+                    if t is not None:
+                        self.net.check_temperature(t, "the recipe's temperature")
         self.optimizer = self._make_optimizer()
         self.scaler = torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
 

@@ -220,7 +220,7 @@ def test_freeze_keeps_the_top_k_of_the_real_gates():
 
 # ---------------------------------------------------------------------------------------------- temperature
 @given(rows=st.integers(1, 12), cols=st.integers(1, 10), data=st.data(), seed=st.integers(0, 2**31 - 1),
-       temperature=st.floats(1e-4, 1e3))
+       temperature=st.floats(1e-4, 1e4))
 def test_every_sampled_row_has_exactly_k_ones_at_any_temperature(rows, cols, data, seed, temperature):
     K = data.draw(st.integers(1, cols))
     g = torch.Generator().manual_seed(seed)
@@ -250,11 +250,16 @@ def test_inclusion_frequencies_follow_the_gates_to_the_power_one_over_temperatur
             assert abs(f - e) < 0.008, (temperature, f, e)
 
 
-def test_a_small_temperature_draws_the_top_k_and_never_a_zero_entry():
-    weights = torch.tensor([[0.50, 0.45, 0.0, 0.40, 0.48], [1e-20, 0.0, 0.0, 0.0, 0.0]]).repeat(200, 1)
-    hard = gumbel_topk([weights], 2, torch.Generator().manual_seed(0), 1e-3)[0]
-    assert torch.equal(hard[::2].bool(), topk_mask(weights[::2], 2))
-    assert (hard[1::2, 0] == 1).all()  # the one positive entry, however small, comes before the zeros
+@pytest.mark.parametrize("temperature", [1e-2, 1e-3, 1e-4])  # 1e-4: the smallest allowed
+def test_a_small_temperature_draws_the_top_k_and_never_a_zero_entry(temperature):
+    weights = torch.tensor([[0.9, 0.5, 0.45, 0.0, 0.4, 0.3, 0.1], [1e-20, 0, 0, 0, 0, 0, 0],
+                            [1e3, 999.0, 0, 0, 0, 0, 1e-25]]).repeat(300, 1)
+    hard = gumbel_topk([weights], 2, torch.Generator().manual_seed(0), temperature)[0]
+    assert torch.equal(hard[::3].bool(), topk_mask(weights[::3], 2))
+    assert torch.equal(hard[2::3].bool(), topk_mask(weights[2::3], 2))  # unnormalised rows too
+    assert (hard[1::3, 0] == 1).all()  # the one positive entry, however small, comes before the zeros
+    tiny = gumbel_topk([weights[1::3]], 3, torch.Generator().manual_seed(0), temperature)[0]
+    assert (tiny[:, 1:].sum(0) > 0).sum() >= 4  # and the zeros fill the rest in random order
 
 
 def test_sample_temperature_reaches_the_draws_and_survives_state_dict():
@@ -276,7 +281,7 @@ def test_sample_temperature_reaches_the_draws_and_survives_state_dict():
     assert copy.sample_temperature == 1.0
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "0.5", True])
+@pytest.mark.parametrize("bad", [0, -1.0, 1e-5, 1e5, float("inf"), float("nan"), "0.5", True, None])
 def test_a_bad_sample_temperature_is_refused(bad):
     net = connlearn.build(**tiny())
     with pytest.raises(connlearn.ConnlearnError, match="sample_temperature"):

@@ -1,5 +1,7 @@
 """Registries: every registered kind builds and runs; user blocks plug in and train."""
 
+from typing import ClassVar
+
 import pytest
 import torch
 from conftest import tiny
@@ -8,6 +10,8 @@ from torch import nn
 import connlearn
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, conv
 from connlearn.gates import GATES, TopKGate
+from connlearn.recipe import Phase, Recipe
+from connlearn.train import Trainer
 
 
 @pytest.fixture
@@ -133,3 +137,27 @@ def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_ano
     assert all((m[:, :2] > 0).all() and (m[:, 2:] == 0).all() for m in net.train().gate_matrices()[1:])
     with pytest.raises(connlearn.ConfigError, match="'firstk' draws without a temperature"):
         net.sample_temperature = 0.5
+    recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2, temperature_end=0.1)], batch_size=4)
+    with pytest.raises(connlearn.ConfigError, match="the recipe's temperature must stay 1"):
+        Trainer(net, [], None, recipe, out_dir="unused", progress=False)  # refused when built, not mid-run
+
+
+class FirstKWithOptions(FirstK):
+    """A user gate kind whose draw takes further options as keyword arguments: it is given the temperature."""
+
+    kind = "firstk-options"
+    seen: ClassVar[list] = []
+
+    @classmethod
+    def draw(cls, gates, generator, **options):
+        cls.seen.append(options)
+        return FirstK.draw.__func__(cls, gates, generator)
+
+
+def test_a_user_gate_taking_keyword_options_receives_the_temperature(clean_gates):
+    connlearn.register_gate("firstk-options", FirstKWithOptions)
+    net = connlearn.build(**tiny(gate="firstk-options")).train()
+    net.gate_matrices()
+    net.sample_temperature = 0.5
+    net.gate_matrices()
+    assert FirstKWithOptions.seen == [{}, {"temperature": 0.5}]

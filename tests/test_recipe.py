@@ -74,12 +74,15 @@ def test_a_recipe_saved_before_temperatures_reads_as_temperature_one():
     assert hot != r and Recipe.from_dict(hot.to_dict()) == hot
 
 
-@pytest.mark.parametrize("bad", [0, -0.5, float("inf"), float("nan")])
+@pytest.mark.parametrize("bad", [0, -0.5, 1e-5, 1e5, float("inf"), float("nan")])
 def test_bad_temperatures_are_refused(bad):
     with pytest.raises(ConnlearnError, match="temperature"):
         Phase(1, 0.1, temperature=bad)
     with pytest.raises(ConnlearnError, match="temperature_end"):
         Phase(1, 0.1, temperature_end=bad)
+    with pytest.raises(ConnlearnError, match="temperature must be a number in"):
+        Phase(1, 0.1, temperature=None)  # e.g. a null in a saved recipe
+    assert Phase(2, 0.1, temperature=1e-4, temperature_end=1e4).temperature_at(0.5) == pytest.approx(1.0)
 
 
 def test_a_frozen_phase_keeps_the_default_temperature():

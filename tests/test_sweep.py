@@ -251,3 +251,11 @@ def test_a_sweep_compares_with_the_defaults_of_the_day_it_started(tmp_path, data
         main(_args(tmp_path, data, "--arms", "full"))
     main(_args(tmp_path, data, "--arms", "full", "--residual-init", "one"))
     assert json.loads((tmp_path / "sweep.json").read_text())["settings"]["residual_init"] == "one"  # kept
+
+
+def test_a_refused_setting_does_not_lock_the_sweep_folder(tmp_path, data):
+    with pytest.raises(SystemExit, match=r"gate_temperature must be >= 0\.0001"):
+        main(_args(tmp_path, data, "--arms", "full", "--gate-temperature", "0"))
+    assert not (tmp_path / "sweep.json").exists()
+    state = main(_args(tmp_path, data, "--arms", "full"))
+    assert set(state["runs"]) == {"full-s0"}
