@@ -61,10 +61,13 @@ class Phase:
     def temperature_at(self, progress: float) -> float:
         """The sampling temperature at ``progress`` in [0, 1] of this phase (0: its first step, 1: its last; a
         phase of a single step draws at ``temperature``)."""
-        if self.temperature_end is None:
+        if self.temperature_end is None or progress <= 0.0:
             return self.temperature
+        if progress >= 1.0:
+            return self.temperature_end
         start, end = math.log(self.temperature), math.log(self.temperature_end)
-        return math.exp(start + (end - start) * min(max(progress, 0.0), 1.0))
+        low, high = sorted((self.temperature, self.temperature_end))
+        return min(max(math.exp(start + (end - start) * progress), low), high)  # never past an end by rounding
 
 
 @attrs.frozen

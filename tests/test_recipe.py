@@ -2,7 +2,7 @@
 
 import pytest
 
-from connlearn.errors import ConnlearnError
+from connlearn.errors import ConnlearnError, check_temperature
 from connlearn.recipe import Phase, Recipe, get_recipe
 
 
@@ -83,6 +83,16 @@ def test_bad_temperatures_are_refused(bad):
     with pytest.raises(ConnlearnError, match="temperature must be a number in"):
         Phase(1, 0.1, temperature=None)  # e.g. a null in a saved recipe
     assert Phase(2, 0.1, temperature=1e-4, temperature_end=1e4).temperature_at(0.5) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("start", "end"), [(1e4, 1e-4), (1e-4, 1e4), (1e4, 0.05), (0.05, 1e4), (1e4, 1e4)])
+def test_an_annealed_temperature_stays_within_its_ends_and_the_allowed_range(start, end):
+    """exp(log t) can round past t: at the edges of the range that would be refused mid-training."""
+    phase = Phase(2, 0.1, temperature=start, temperature_end=end)
+    assert (phase.temperature_at(0.0), phase.temperature_at(1.0)) == (start, end)
+    for progress in (0.0, 1e-9, 0.25, 0.5, 1 - 1e-9, 1.0):
+        check_temperature("t", phase.temperature_at(progress))
+        assert min(start, end) <= phase.temperature_at(progress) <= max(start, end)
 
 
 def test_a_frozen_phase_keeps_the_default_temperature():
