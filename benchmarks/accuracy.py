@@ -360,8 +360,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
             temperatures = {_temperature(r.get("run", config)) for r in runs}
             if temperatures != {"1"}:
                 label += f", temperature {temperatures.pop() if len(temperatures) == 1 else 'mixed'}"
-        own_settings = not changed and rule in (None, "plain") and "residual_init" not in label and "temperature" \
-            not in label
+        own_settings = (not changed and rule in (None, "plain") and "residual_init" not in label
+                        and "temperature" not in label)
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
         share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""

@@ -402,6 +402,11 @@ class ConnectivityNet(nn.Module):
                 yield module, stage.gate
 
     @property
+    def stochastic(self) -> bool:
+        """Whether training-mode forward passes draw the connectivity (a stochastic gate kind such as ``topk``)."""
+        return any(g.stochastic for _, g in self.gates())
+
+    @property
     def fixed_connectivity(self) -> bool:
         """Whether the connectivity is fixed (gate kinds ``frozen``, ``random``, ``full``; the single-stream
         engine): no gate is learned or sampled, and :meth:`freeze` has nothing to do."""

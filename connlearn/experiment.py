@@ -234,8 +234,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
     recipe = make_recipe(run)
-    if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not any(
-            g.stochastic for _, g in net.gates()):
+    if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_loader, test_loader = make_loaders(

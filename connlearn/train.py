@@ -417,7 +417,7 @@ class Trainer:
 
     def _draws_in(self, phase: Phase) -> bool:
         """Whether the network draws its connectivity in ``phase`` (a stochastic gate kind, not frozen)."""
-        return not phase.frozen and any(g.stochastic for _, g in self.net.gates())
+        return not phase.frozen and self.net.stochastic
 
     def _train_epoch(self, epoch: int, phase_index: int) -> dict[str, Any]:
         self.model.train()

@@ -14,12 +14,17 @@ from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer
 
 
+def _restored(registry):
+    """Leave ``registry`` as it was, whatever a test registers in it."""
+    saved = dict(registry._items)
+    yield
+    registry._items.clear()
+    registry._items.update(saved)
+
+
 @pytest.fixture
 def clean_blocks():
-    saved = dict(BLOCKS._items)
-    yield
-    BLOCKS._items.clear()
-    BLOCKS._items.update(saved)
+    yield from _restored(BLOCKS)
 
 
 def _train_one_step(net):
@@ -124,10 +129,7 @@ class FirstK(TopKGate):
 
 @pytest.fixture
 def clean_gates():
-    saved = dict(GATES._items)
-    yield
-    GATES._items.clear()
-    GATES._items.update(saved)
+    yield from _restored(GATES)
 
 
 def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_gates):
