@@ -16,9 +16,13 @@
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
+#   first     what one short session can settle, on the test set: seed 0 of the 30-epoch sweep's topk4 (the
+#             paper's rule) and random4, two at a time, then full, in runs/sweep30; beside them, topk4 under
+#             the setting the CPU's validation runs chose (row-centred gradient, sampling temperature
+#             annealed 1 -> 0.05) in runs/sweep30_annealed. The other modes join these folders later
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
-# (runs/sweep30, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
+# (runs/sweep30, runs/sweep30_annealed, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
 # previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
 # accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
 # learned arms of sweep and protocol): keep its settings the same for every session of one folder (only
@@ -52,7 +56,7 @@ sweep() {  # budget, arms, seeds, parallel, out, further accuracy.py options
   local limit=$(($(left) - 45))
   [ "$limit" -lt 60 ] && return
   # shellcheck disable=SC2086
-  step $((limit + 40)) "sweep$1.log" env OMP_NUM_THREADS=2 python3 benchmarks/accuracy.py --data "$data" --budget "$1" \
+  step $((limit + 40)) "$(basename "$5").log" env OMP_NUM_THREADS=2 python3 benchmarks/accuracy.py --data "$data" --budget "$1" \
     --arms $2 --seeds $3 --parallel "$4" --out "$5" --time-limit "$limit" --no-progress --device "$device" $extra "${@:6}"
 }
 
@@ -86,14 +90,20 @@ sweep)
 protocol)
   sweep 320 "full topk4" 0 2 runs/sweep320
   ;;
+first)
+  sweep 30 "topk4 random4 full" 0 2 runs/sweep30 &
+  paper=$!
+  sweep 30 topk4-centered 0 1 runs/sweep30_annealed --gate-temperature 1 --gate-temperature-end 0.05 &
+  wait "$paper" $!
+  ;;
 *)
-  echo "unknown mode $mode: measure, rules, choose, sweep or protocol" >&2
+  echo "unknown mode $mode: measure, rules, choose, sweep, protocol or first" >&2
   [ -n "${dmon:-}" ] && kill "$dmon"
   exit 2
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
-state=$(ls -d runs/sweep30 runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
+state=$(ls -d runs/sweep30 runs/sweep30_annealed runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
 [ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"
