@@ -16,10 +16,10 @@
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
-#   first     what one short session can settle, on the test set: seed 0 of the 30-epoch sweep's topk4 (the
-#             paper's rule) and random4, two at a time, then full, in runs/sweep30; beside them, topk4 under
-#             the setting the CPU's validation runs chose (row-centred gradient, sampling temperature
-#             annealed 1 -> 0.05) in runs/sweep30_annealed. The other modes join these folders later
+#   claim     the comparison the claim rests on, on the test set, seeds SEEDS (default 0): the 30-epoch
+#             sweep's topk4 (the paper's rule) and random4, two at a time, then full, in runs/sweep30; beside
+#             them, topk4 under the setting the CPU's validation runs chose (row-centred gradient, sampling
+#             temperature annealed 1 -> 0.05) in runs/sweep30_annealed. sweep joins runs/sweep30 later
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep30_annealed, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
@@ -27,12 +27,23 @@
 # accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
 # learned arms of sweep and protocol): keep its settings the same for every session of one folder (only
 # --compile, --amp and --device may change), since a sweep folder refuses runs with other settings; DEVICE
-# (default cuda) lets the suite run on a CPU for a trial.
+# (default cuda) lets the suite run on a CPU for a trial. Python packages that connlearn needs and the
+# machine lacks (graphviz, say) are installed from the wheels in .whl/ if there is one.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
-device=${DEVICE:-cuda} extra=${EXTRA:-}
+device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/suite-site .whl/*.whl &&
+    export PYTHONPATH="$PYTHONPATH:/tmp/suite-site"
+fi
+if ! python3 -c 'import connlearn.experiment' 2>/tmp/suite-import.log; then
+  cat /tmp/suite-import.log >&2
+  echo "connlearn does not import here; carry the missing packages as wheels in .whl/, e.g." \
+    "python -m pip download --no-deps --only-binary=:all: -d .whl graphviz" >&2
+  exit 3
+fi
 left() { echo $((total - SECONDS)); }
 # step CAP LOG COMMAND...: run COMMAND for at most CAP seconds (less if less is left), output to LOG too
 step() {
@@ -90,14 +101,14 @@ sweep)
 protocol)
   sweep 320 "full topk4" 0 2 runs/sweep320
   ;;
-first)
-  sweep 30 "topk4 random4 full" 0 2 runs/sweep30 &
+claim)
+  sweep 30 "topk4 random4 full" "$seeds" 2 runs/sweep30 &
   paper=$!
-  sweep 30 topk4-centered 0 1 runs/sweep30_annealed --gate-temperature 1 --gate-temperature-end 0.05 &
+  sweep 30 topk4-centered "$seeds" 1 runs/sweep30_annealed --gate-temperature 1 --gate-temperature-end 0.05 &
   wait "$paper" $!
   ;;
 *)
-  echo "unknown mode $mode: measure, rules, choose, sweep, protocol or first" >&2
+  echo "unknown mode $mode: measure, rules, choose, sweep, protocol or claim" >&2
   [ -n "${dmon:-}" ] && kill "$dmon"
   exit 2
   ;;
