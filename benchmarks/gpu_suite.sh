@@ -4,7 +4,7 @@
 #   benchmarks/gpu_suite.sh MODE DATA RESULTS [SECONDS]
 #
 # MODE
-#   measure   speed.py (contiguous, and channels-last in the same call), epoch.py per arm (eager), epoch.py
+#   measure   speed.py (contiguous, and channels-last in the same command), epoch.py per arm (eager), epoch.py
 #             for topk4 under torch.compile (default and reduce-overhead)
 #   rules     the gate rules (plain, centered, renormalized) over 5 epochs of phase 1 on a 5,000-image
 #             validation split, then the drawn / undrawn split of their raw gate gradients
@@ -16,22 +16,28 @@
 #   sweep     the 30-epoch sweep: full, topk4, random4, real4 and topk1, seeds 0 and 1, five runs at a time
 #             (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
-#   claim     the comparison the claim rests on, on the test set, seeds SEEDS (default 0): the 30-epoch
-#             sweep's topk4 (the paper's rule) and random4, two at a time, then full, in runs/sweep30; beside
-#             them, topk4 under the setting the CPU's validation runs chose (row-centred gradient, sampling
-#             temperature annealed 1 -> 0.05) in runs/sweep30_annealed. sweep joins runs/sweep30 later
+#   claim     the comparison the claim rests on, on the test set, for the seeds in SEEDS (default 0; a
+#             space-separated list): the 30-epoch sweep's topk4 (the paper's rule) and random4, two at a
+#             time, then full, in runs/sweep30; beside them, topk4 under the setting the CPU's validation
+#             runs chose (row-centred gradient, sampling temperature annealed 1 -> 0.05) in
+#             runs/sweep30_annealed. EXTRA reaches both folders: no gate options in it here. sweep joins
+#             runs/sweep30 later
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep30_annealed, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
 # previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
 # accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
-# learned arms of sweep and protocol): keep its settings the same for every session of one folder (only
+# learned arms of sweep and protocol): keep its settings the same for every command of one folder (only
 # --compile, --amp and --device may change), since a sweep folder refuses runs with other settings; DEVICE
 # (default cuda) lets the suite run on a CPU for a trial. Python packages that connlearn needs and the
 # machine lacks (graphviz, say) are installed from the wheels in .whl/ if there is one.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
+case $mode in
+measure | rules | choose | sweep | protocol | claim) ;;
+*) echo "unknown mode $mode: measure, rules, choose, sweep, protocol or claim" >&2; exit 2 ;;
+esac
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -40,7 +46,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 if ! python3 -c 'import connlearn.experiment' 2>/tmp/suite-import.log; then
   cat /tmp/suite-import.log >&2
-  echo "connlearn does not import here; carry the missing packages as wheels in .whl/, e.g." \
+  echo "connlearn does not import here; put wheels of the missing packages in .whl/, e.g." \
     "python -m pip download --no-deps --only-binary=:all: -d .whl graphviz" >&2
   exit 3
 fi
@@ -52,7 +58,7 @@ step() {
   t=$(left)
   [ "$t" -gt "$cap" ] && t=$cap
   if [ "$t" -lt 20 ]; then echo "skipped (time): $*"; return; fi
-  timeout "$t" "$@" 2>&1 | tee -a "$results/$log"
+  timeout -k 15 "$t" "$@" 2>&1 | tee -a "$results/$log"
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
@@ -106,11 +112,6 @@ claim)
   paper=$!
   sweep 30 topk4-centered "$seeds" 1 runs/sweep30_annealed --gate-temperature 1 --gate-temperature-end 0.05 &
   wait "$paper" $!
-  ;;
-*)
-  echo "unknown mode $mode: measure, rules, choose, sweep, protocol or claim" >&2
-  [ -n "${dmon:-}" ] && kill "$dmon"
-  exit 2
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
