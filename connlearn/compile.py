@@ -232,6 +232,10 @@ class ConnectivityNet(nn.Module):
         self._init_residuals(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
+        ties = torch.Generator().manual_seed(_tie_seed(int(graph.graph.get("seed", 0))))
+        for stage in self.stages:
+            if hasattr(stage.gate, "shuffle_ties"):
+                stage.gate.shuffle_ties(ties)
         self._draws: collections.deque | None = None
         self._temperature = 1.0
 
@@ -486,6 +490,11 @@ class ConnectivityNet(nn.Module):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
         self.sample_temperature = state.get("temperature", 1.0)  # checkpoints before it: the default
+
+
+def _tie_seed(seed: int) -> int:
+    """The seed of a network's tie order: derived from its seed, apart from the draws' generator."""
+    return (seed * 6364136223846793005 + 1442695040888963407) % 2**63
 
 
 @functools.cache

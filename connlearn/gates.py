@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -45,13 +45,29 @@ GATES: Registry = Registry("gate kind", "connlearn.gates")
 _ZERO_KEY = -1.0e4
 
 
-def topk_mask(values: torch.Tensor, K: int) -> torch.Tensor:
-    """Boolean mask of the K largest entries of each row (ties broken towards the lower index)."""
-    cols = values.shape[-1]
-    # a tiny index-dependent offset makes the choice among equal values deterministic and documented
-    bias = torch.arange(cols, 0, -1, device=values.device, dtype=torch.float64) * 1e-12
-    idx = (values.detach().double() + bias).topk(K, dim=-1).indices
+def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean mask of the K largest entries of each row.
+
+    Equal values are ranked by ``order`` (same shape, or broadcastable: the larger wins), by default
+    towards the lower index. The learned gates pass their ``tie_order``: under the paper's rule many gates
+    of a row end at exactly 1, and breaking those ties by index would freeze a connectivity that crowds
+    every block onto the lowest-numbered inputs.
+    """
+    values = values.detach()
+    if order is None:
+        idx = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :K]
+    else:
+        by_order = torch.sort(order.to(values.device).expand(values.shape), dim=-1, descending=True,
+                              stable=True).indices
+        ranked = torch.sort(values.gather(-1, by_order), dim=-1, descending=True, stable=True).indices
+        idx = by_order.gather(-1, ranked[..., :K])
     return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter_(-1, idx, True)
+
+
+def index_order(shape: Sequence[int]) -> torch.Tensor:
+    """The tie order of ``topk_mask``'s default (the lower column index wins), as a float matrix."""
+    rows, cols = shape
+    return torch.arange(cols, 0, -1, dtype=torch.float32).expand(rows, cols).clone()
 
 
 def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator,
@@ -146,19 +162,35 @@ class Gate(nn.Module):
 
 
 class _LearnableGate(Gate):
-    """Real gates held as an ``nn.Parameter`` ``real``; the evaluation connectivity is their top-K."""
+    """Real gates held as an ``nn.Parameter`` ``real``; the evaluation connectivity is their top-K.
+
+    Equal gates are ranked by the buffer ``tie_order`` (the larger wins). It starts in index order;
+    ``ConnectivityNet`` gives each network a random order from its seed (:meth:`shuffle_ties`), so that
+    gates tied at a clip bound freeze to a random choice among them, not to the lowest-numbered inputs.
+    A checkpoint saved before the buffer existed loads with the index order it was trained with.
+    """
 
     learnable = True
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)
         self.real = nn.Parameter(values.detach().clone().float())
+        self.register_buffer("tie_order", index_order(self.shape))
 
     def values(self) -> torch.Tensor:
         return self.real.detach()
 
     def active(self) -> torch.Tensor:
-        return topk_mask(self.real, self.K)
+        return topk_mask(self.real, self.K, self.tie_order)
+
+    def shuffle_ties(self, generator: torch.Generator) -> None:
+        """A random tie order for this gate's rows, from ``generator`` (a CPU generator)."""
+        self.tie_order.copy_(torch.rand(self.shape, generator=generator))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        if prefix + "real" in state_dict and prefix + "tie_order" not in state_dict:
+            state_dict[prefix + "tie_order"] = index_order(self.shape)  # saved before ties were shuffled
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def real_parameters(self) -> list[nn.Parameter]:
         return [self.real]

@@ -9,7 +9,9 @@ Gate snapshots are the records the trainer appends to ``gates.jsonl``:
 ``{"step": int, "epoch": float, "temperature": float, "gates": {"<module index>": [[row values...], ...]}}``,
 one row per block of the module and one column per candidate input, values the real gates ĝ ∈ [0, 1];
 ``temperature`` is the sampling temperature of the step just taken (of the first step for the snapshot
-at step 0; files written before it was recorded lack it: 1).
+at step 0; files written before it was recorded lack it: 1). The snapshot at step 0 also holds
+``"tie_order": {"<module index>": [[...], ...]}``, the order that ranks equal gates of each row in the
+network's top-K (the larger wins; see ``connlearn.gates``).
 """
 
 from __future__ import annotations
@@ -151,16 +153,19 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     ``mean``, ``std`` (sample standard deviation, n-1), ``row_std`` (the mean over blocks of the sample std
     within the block's row, as the trainer logs it; 0 for rows of one entry), ``frac_at_0`` and
     ``frac_at_1`` (the fractions clipped at ≤ 0 and ≥ 1), and ``topk_changed``: the fraction of blocks
-    whose top-K input set differs from the previous snapshot's (``None`` for the first snapshot). Ties in
-    the top K go to the lower column index.
+    whose top-K input set differs from the previous snapshot's (``None`` for the first snapshot). Equal
+    gates are ranked as the network ranks them, by the ``tie_order`` the snapshots record; where they
+    record none (files written before it, or a gate kind without one), ties go to the lower column index.
     """
     K = check_int("K", K, minimum=1)
     records = _records(snapshots, "gate snapshots")
     stats: list[dict[str, Any]] = []
     shapes: dict[str, tuple[int, ...]] | None = None
     previous: list[frozenset[int]] | None = None
+    orders: dict[str, np.ndarray] = {}
     for index, record in enumerate(records):
         matrices = _gate_matrices(record, index)
+        orders.update(_tie_orders(record, index, matrices))
         if shapes is None:
             shapes = {m: a.shape for m, a in matrices.items()}
             narrowest = min(matrices, key=lambda m: shapes[m][1])
@@ -176,7 +181,8 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
             )
         flat = np.concatenate([a.ravel() for a in matrices.values()])
         rows = [row for a in matrices.values() for row in a]
-        topk = [frozenset(np.argsort(-row, kind="stable")[:K].tolist()) for row in rows]
+        ranks = [row for m, a in matrices.items() for row in orders.get(m, -np.indices(a.shape)[1])]
+        topk = [frozenset(np.lexsort((-rank, -row))[:K].tolist()) for row, rank in zip(rows, ranks, strict=True)]
         changed = None if previous is None else float(np.mean([a != b for a, b in zip(previous, topk, strict=True)]))
         stats.append({
             "step": int(record["step"]),
@@ -315,6 +321,21 @@ def _gate_matrices(record: Mapping[str, Any], index: int) -> dict[str, np.ndarra
             raise DataError(f"gate snapshot {index}, module {module}: gate values must be finite")
         matrices[str(module)] = matrix
     return matrices
+
+
+def _tie_orders(record: Mapping[str, Any], index: int, matrices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``tie_order`` matrices a snapshot record holds (usually none), checked against its gates."""
+    found = record.get("tie_order") or {}
+    if not isinstance(found, Mapping):
+        raise DataError(f"gate snapshot {index}: 'tie_order' must be a dict module -> matrix, got {found!r}")
+    orders = {}
+    for module, matrix in found.items():
+        order = np.asarray(matrix, dtype=float)
+        if str(module) not in matrices or order.shape != matrices[str(module)].shape:
+            raise DataError(f"gate snapshot {index}: the tie order of module {module} (shape {order.shape}) does "
+                            "not match a gate matrix of the snapshot")
+        orders[str(module)] = order
+    return orders
 
 
 def _series(records: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple[list[float], list[float]]:

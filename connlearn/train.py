@@ -477,12 +477,15 @@ class Trainer:
     def _snapshot(self, epoch: float) -> None:
         if not self.is_main:
             return
-        gates = {str(m): g.values().float().cpu().tolist() for m, g in self.net.gates() if g.learnable}
-        if not gates:
+        learnable = [(m, g) for m, g in self.net.gates() if g.learnable]
+        if not learnable:
             return
+        record = {"step": self.step, "epoch": epoch, "temperature": self.net.sample_temperature,
+                  "gates": {str(m): g.values().float().cpu().tolist() for m, g in learnable}}
+        if self.step == 0:  # what ranks equal gates in the top-K, once
+            record["tie_order"] = {str(m): g.tie_order.cpu().tolist() for m, g in learnable if hasattr(g, "tie_order")}
         with open(self.out_dir / "gates.jsonl", "a") as f:
-            f.write(json.dumps({"step": self.step, "epoch": epoch, "temperature": self.net.sample_temperature,
-                                "gates": gates}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:

@@ -287,3 +287,74 @@ def test_a_bad_sample_temperature_is_refused(bad):
     with pytest.raises(connlearn.ConnlearnError, match="sample_temperature"):
         net.sample_temperature = bad
     assert net.sample_temperature == 1.0
+
+
+# ---------------------------------------------------------------------------- ties in the top-K
+
+
+@given(rows=st.integers(1, 6), cols=st.integers(1, 8), data=st.data())
+def test_topk_mask_takes_the_k_largest_and_ranks_equal_values_by_order(rows, cols, data):
+    K = data.draw(st.integers(1, cols))
+    level = st.sampled_from([0.0, 0.25, 0.5, 1.0])  # few levels: many ties
+    values = torch.tensor(data.draw(st.lists(st.lists(level, min_size=cols, max_size=cols), min_size=rows,
+                                             max_size=rows)))
+    order = torch.tensor(data.draw(st.lists(st.permutations(list(range(cols))), min_size=rows,
+                                            max_size=rows)), dtype=torch.float32)
+    by_index = -torch.arange(cols, dtype=torch.float32).expand(rows, cols)  # the default: lower index first
+    for rank, mask in ((order, topk_mask(values, K, order)), (by_index, topk_mask(values, K))):
+        for r in range(rows):
+            wanted = sorted(range(cols), key=lambda c, r=r: (-values[r, c].item(), -rank[r, c].item()))[:K]
+            assert set(mask[r].nonzero().flatten().tolist()) == set(wanted)
+
+
+def _saturated(seed, kind="topk"):
+    net = connlearn.build(**tiny(C=8, K=2, seed=seed, gate=kind))
+    with torch.no_grad():
+        for _, gate in net.gates():
+            gate.real.fill_(1.0)  # every gate at the clip bound, as the paper's rule leaves many rows
+    return net
+
+
+def _orders(net):
+    return [g.tie_order for _, g in net.gates()]
+
+
+def test_gates_tied_at_the_clip_bound_freeze_to_the_seeded_tie_order_not_the_lowest_inputs():
+    net = _saturated(3)
+    active = [g.active() for _, g in net.gates()]
+    for mask, (_, gate) in zip(active, net.gates(), strict=True):
+        assert torch.equal(mask, topk_mask(gate.real, 2, gate.tie_order))
+        assert (mask.sum(dim=1) == 2).all()
+    assert not all(bool(mask[:, :2].all()) for mask in active)  # index order: inputs 0 and 1 of every block
+    frozen = [stage.gate.mask for stage in net.freeze().stages if stage.gate is not None]
+    assert all(torch.equal(f, a) for f, a in zip(frozen, active, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(_orders(_saturated(3)), _orders(_saturated(3)), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(_orders(_saturated(3)), _orders(_saturated(4)), strict=True))
+
+
+def test_the_tie_order_leaves_the_draws_generator_alone():
+    net = connlearn.build(**tiny(seed=7))
+    assert torch.equal(net.generator.get_state(), torch.Generator().manual_seed(7).get_state())
+
+
+def test_real_gates_rank_ties_by_the_tie_order_too():
+    net = _saturated(3, kind="real")
+    assert not all(bool(g.active()[:, :2].all()) for _, g in net.gates())
+
+
+def test_a_checkpoint_from_before_the_tie_order_loads_with_the_index_order_it_was_trained_with():
+    net = _saturated(3)
+    old = {k: v for k, v in net.state_dict().items() if not k.endswith("tie_order")}
+    fresh = connlearn.build(**tiny(C=8, K=2, seed=3))
+    fresh.load_state_dict(old)
+    for _, gate in fresh.gates():
+        assert torch.equal(gate.active(), topk_mask(gate.real, 2))  # ties to the lower index, as before
+        assert gate.active()[:, :2].all()
+    fresh.load_state_dict(net.state_dict())  # a new checkpoint brings its own order back
+    assert all(torch.equal(g.active(), h.active()) for (_, g), (_, h) in zip(fresh.gates(), net.gates(), strict=True))
+
+
+def test_the_other_engine_keeps_the_tie_order():
+    net = _saturated(3)
+    other = net.to_engine("reference")
+    assert all(torch.equal(g.active(), h.active()) for (_, g), (_, h) in zip(net.gates(), other.gates(), strict=True))

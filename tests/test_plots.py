@@ -131,6 +131,22 @@ def test_gate_statistics_topk_changed_is_the_fraction_of_blocks_with_a_new_top_k
     assert stats[1]["topk_changed"] == pytest.approx(1 / 2)  # block 1 moved from input 1 to 2; block 2 kept a tie
 
 
+def test_gate_statistics_ranks_ties_by_the_tie_order_of_the_step_0_snapshot():
+    first = {**_snapshot(0, 0.0, {"2": [[1.0, 1.0, 0.0]]}), "tie_order": {"2": [[0.1, 0.9, 0.5]]}}
+    later = _snapshot(10, 0.5, {"2": [[1.0, 1.0, 1.0]]})  # input 2 joins the tie and ranks below input 1
+    moved = _snapshot(20, 1.0, {"2": [[1.0, 0.0, 1.0]]})
+    stats = plots.gate_statistics([first, later, moved], K=1)
+    assert [s["topk_changed"] for s in stats] == [None, 0.0, 1.0]  # {1}, {1}, then {2}
+    by_index = plots.gate_statistics([_snapshot(0, 0.0, {"2": [[1.0, 1.0, 0.0]]}), moved], K=1)
+    assert by_index[1]["topk_changed"] == 0.0  # without an order: input 0 both times
+
+
+def test_gate_statistics_refuses_a_tie_order_that_fits_no_gate_matrix():
+    bad = {**_snapshot(0, 0.0, {"2": [[1.0, 1.0]]}), "tie_order": {"2": [[0.1, 0.9, 0.5]]}}
+    with pytest.raises(DataError, match="tie order of module 2"):
+        plots.gate_statistics([bad], K=1)
+
+
 def test_gate_statistics_pools_every_module():
     stats = plots.gate_statistics([_snapshot(0, 0.0, {"2": [[1.0, 1.0]], "3": [[0.0, 0.0]]})], K=1)
     assert stats[0]["mean"] == pytest.approx(0.5)

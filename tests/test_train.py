@@ -117,7 +117,7 @@ def test_gate_kinds_that_learn_nothing_run_the_same_schedule(tmp_path):
     assert len(t.history) == 4 and all(r["gate_lr"] is None for r in t.history)
 
 
-def test_the_log_has_the_documented_fields(uninterrupted):
+def test_the_log_has_the_documented_fields(uninterrupted, tmp_path):
     record = uninterrupted.history[0]
     for key in ("epoch", "phase", "lr", "train_loss", "train_top1", "test_loss", "test_top1", "test_top5",
                 "epoch_time", "images_per_s", "active_branches", "gate_entropy", "gate_mean", "best_top1",
@@ -129,6 +129,8 @@ def test_the_log_has_the_documented_fields(uninterrupted):
     assert frozen["drawn_distinct"] is None and frozen["drawn_topk_share"] is None
     snaps = read_jsonl(uninterrupted.out_dir / "gates.jsonl")
     assert snaps[0]["step"] == 0 and set(snaps[0]["gates"]) == {"2", "3"}
+    orders = {str(m): g.tie_order.tolist() for m, g in _trainer(tmp_path).net.gates()}
+    assert snaps[0]["tie_order"] == orders and all("tie_order" not in s for s in snaps[1:])
 
 
 def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, tmp_path):
