@@ -1,0 +1,52 @@
+"""What a finished run would have frozen with the seeded tie order of today's networks.
+
+A run's checkpoint keeps the real gate values it froze (``FrozenGate.gate_values``). This ranks them again,
+equal gates by the random order that ``ConnectivityNet`` now draws from the run's seed, and compares the two
+connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the dead blocks
+and the parameters left after pruning.
+
+    python benchmarks/tie_counterfactual.py runs/sweep30/topk4-s0/last.pt ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from connlearn.checkpoint import load_checkpoint, net_from_checkpoint
+from connlearn.compile import ConnectivityNet, _tie_seed
+from connlearn.gates import topk_mask
+from connlearn.prune import dead_blocks, input_overlap, prune_dead_blocks
+
+
+def measure(net: ConnectivityNet) -> tuple[float, int, int]:
+    """Mean input overlap, dead blocks, parameters after pruning."""
+    graph = net.graph()
+    pruned, _ = prune_dead_blocks(net)
+    return statistics.mean(input_overlap(graph).values()), len(dead_blocks(graph)), sum(
+        p.numel() for p in pruned.parameters())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", help="last.pt of runs whose connectivity was frozen")
+    for path in parser.parse_args(argv).checkpoints:
+        net = net_from_checkpoint(load_checkpoint(path))
+        K, gated = net.K, [s.gate for s in net.stages if s.gate is not None]
+        tied = sum(int((v[:, K - 1] == v[:, K]).sum()) for v in
+                   (torch.sort(g.gate_values, dim=-1, descending=True).values for g in gated))
+        rows = sum(g.gate_values.shape[0] for g in gated)
+        before = measure(net)
+        ties = torch.Generator().manual_seed(_tie_seed(int(net.graph().graph.get("seed", 0))))
+        for gate in gated:  # the draws ConnectivityNet makes at build, in the same order
+            gate.mask.copy_(topk_mask(gate.gate_values, K, torch.rand(gate.gate_values.shape, generator=ties)))
+        after = measure(net)
+        print(f"{path}: rows tied across the top-K boundary {tied} of {rows}; "
+              f"index order: overlap {before[0]:.3f}, dead blocks {before[1]}, parameters {before[2]:,}; "
+              f"seeded order: overlap {after[0]:.3f}, dead blocks {after[1]}, parameters {after[2]:,}")
+
+
+if __name__ == "__main__":
+    main()
