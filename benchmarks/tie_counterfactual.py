@@ -1,9 +1,9 @@
 """What a finished run would have frozen with the seeded tie order of today's networks.
 
 A run's checkpoint keeps the real gate values it froze (``FrozenGate.gate_values``). This ranks them again,
-equal gates by the random order that ``ConnectivityNet`` now draws from the run's seed, and compares the two
-connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the dead blocks
-and the parameters left after pruning.
+equal gates by the tie order that ``resnext`` now draws from the run's seed (module by module), and compares
+the two connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the dead
+blocks and the parameters left after pruning.
 
     python benchmarks/tie_counterfactual.py runs/sweep30/topk4-s0/last.pt ...
 """
@@ -16,8 +16,8 @@ import statistics
 import torch
 
 from connlearn.checkpoint import load_checkpoint, net_from_checkpoint
-from connlearn.compile import ConnectivityNet, _tie_seed
-from connlearn.gates import topk_mask
+from connlearn.compile import ConnectivityNet
+from connlearn.gates import random_tie_order, tie_generator, topk_mask
 from connlearn.prune import dead_blocks, input_overlap, prune_dead_blocks
 
 
@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> None:
                    (torch.sort(g.gate_values, dim=-1, descending=True).values for g in gated))
         rows = sum(g.gate_values.shape[0] for g in gated)
         before = measure(net)
-        ties = torch.Generator().manual_seed(_tie_seed(int(net.graph().graph.get("seed", 0))))
-        for gate in gated:  # the draws ConnectivityNet makes at build, in the same order
-            gate.mask.copy_(topk_mask(gate.gate_values, K, torch.rand(gate.gate_values.shape, generator=ties)))
+        ties = tie_generator(int(net.graph().graph.get("seed", 0)))
+        for gate in gated:  # module by module, as the topology draws them
+            gate.mask.copy_(topk_mask(gate.gate_values, K, random_tie_order(*gate.gate_values.shape, ties)))
         after = measure(net)
         print(f"{path}: rows tied across the top-K boundary {tied} of {rows}; "
               f"index order: overlap {before[0]:.3f}, dead blocks {before[1]}, parameters {before[2]:,}; "

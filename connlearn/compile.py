@@ -32,7 +32,7 @@ from torch import nn
 
 from connlearn.blocks import BLOCKS, check_residual_init, init_residual_scale, residual_scale, scales_residual
 from connlearn.errors import ConfigError, ShapeError, check_int, check_temperature, unknown_name
-from connlearn.gates import GATES, FrozenGate, Gate
+from connlearn.gates import GATES, FrozenGate, Gate, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph
 
 ENGINES = ("fused", "reference", "auto")
@@ -232,10 +232,12 @@ class ConnectivityNet(nn.Module):
         self._init_residuals(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
-        ties = torch.Generator().manual_seed(_tie_seed(int(graph.graph.get("seed", 0))))
-        for stage in self.stages:
-            if hasattr(stage.gate, "shuffle_ties"):
-                stage.gate.shuffle_ties(ties)
+        ties = tie_generator(int(graph.graph.get("seed", 0)))
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            if hasattr(stage.gate, "tie_order"):  # the graph's ties; a graph without them: drawn from the seed
+                given = graph.tie_matrix(module)
+                order = random_tie_order(*stage.gate.shape, ties) if given is None else torch.tensor(given)
+                stage.gate.tie_order.copy_(order)
         self._draws: collections.deque | None = None
         self._temperature = 1.0
 
@@ -446,11 +448,17 @@ class ConnectivityNet(nn.Module):
             return g
         for module, gate in self.gates():
             values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
+            ties = gate.tie_order.cpu().tolist() if hasattr(gate, "tie_order") else None
             cols = g.candidates(module)
             for j, node in enumerate(g.branches(module)):
                 for k, src in enumerate(cols):
-                    g.edges[src, node]["gate"] = float(values[j][k])
-                    g.edges[src, node]["active"] = bool(active[j][k])
+                    edge = g.edges[src, node]
+                    edge["gate"] = float(values[j][k])
+                    edge["active"] = bool(active[j][k])
+                    if ties is None:
+                        edge.pop("tie", None)
+                    else:
+                        edge["tie"] = int(ties[j][k])
         return g
 
     # ------------------------------------------------------------------ changes
@@ -490,11 +498,6 @@ class ConnectivityNet(nn.Module):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
         self.sample_temperature = state.get("temperature", 1.0)  # checkpoints before it: the default
-
-
-def _tie_seed(seed: int) -> int:
-    """The seed of a network's tie order: derived from its seed, apart from the draws' generator."""
-    return (seed * 6364136223846793005 + 1442695040888963407) % 2**63
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import ConfigError, DataError, check_int, check_temperature, unknown_name
+from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
 from connlearn.recipe import get_recipe
@@ -160,6 +161,9 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
         raise ConfigError(f"connectivity: the network in {path} takes {stem.get('in_channels')}-channel "
                           f"{stem.get('image_size')} px images; CIFAR has 3-channel 32 px images")
     graph.graph["seed"] = run.seed  # what the new weights come from
+    kind = graph.graph.get("gate")
+    if kind in GATES and GATES.get(kind).learnable:  # the connectivity the file records (its top-K), as is
+        graph.graph.update(gate="frozen", frozen_from=kind)
     net = connlearn.from_graph(graph, engine=run.engine).freeze()
     if net.num_classes != num_classes:
         raise ConfigError(f"connectivity: the network in {path} has {net.num_classes} classes; "

@@ -51,7 +51,8 @@ def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -
     Equal values are ranked by ``order`` (same shape, or broadcastable: the larger wins), by default
     towards the lower index. The learned gates pass their ``tie_order``: under the paper's rule many gates
     of a row end at exactly 1, and breaking those ties by index would freeze a connectivity that crowds
-    every block onto the lowest-numbered inputs.
+    every block onto the lowest-numbered inputs. (The sort is stable, which ONNX cannot express: an export
+    freezes a net's top-K first.)
     """
     values = values.detach()
     if order is None:
@@ -64,10 +65,20 @@ def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -
     return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter_(-1, idx, True)
 
 
-def index_order(shape: Sequence[int]) -> torch.Tensor:
-    """The tie order of ``topk_mask``'s default (the lower column index wins), as a float matrix."""
-    rows, cols = shape
-    return torch.arange(cols, 0, -1, dtype=torch.float32).expand(rows, cols).clone()
+def index_order(rows: int, cols: int) -> torch.Tensor:
+    """The tie order of ``topk_mask``'s default, as ranks (``int64``, the larger wins): the lower column
+    index first."""
+    return torch.arange(cols - 1, -1, -1).expand(rows, cols).clone()
+
+
+def random_tie_order(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """A random tie order: each row a random permutation of the ranks ``0 .. cols-1`` (``int64``)."""
+    return torch.rand(rows, cols, generator=generator).argsort(dim=-1).argsort(dim=-1)
+
+
+def tie_generator(seed: int) -> torch.Generator:
+    """The CPU generator of a network's tie orders: derived from its seed, apart from every other draw."""
+    return torch.Generator().manual_seed((seed * 6364136223846793005 + 1442695040888963407) % 2**63)
 
 
 def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator,
@@ -164,18 +175,20 @@ class Gate(nn.Module):
 class _LearnableGate(Gate):
     """Real gates held as an ``nn.Parameter`` ``real``; the evaluation connectivity is their top-K.
 
-    Equal gates are ranked by the buffer ``tie_order`` (the larger wins). It starts in index order;
-    ``ConnectivityNet`` gives each network a random order from its seed (:meth:`shuffle_ties`), so that
-    gates tied at a clip bound freeze to a random choice among them, not to the lowest-numbered inputs.
-    A checkpoint saved before the buffer existed loads with the index order it was trained with.
+    Equal gates are ranked by the buffer ``tie_order`` (integer ranks, the larger wins). It starts in index
+    order; ``ConnectivityNet`` sets each network's from its graph, which the topologies draw at random from
+    the seed (the ``tie`` of each gate edge), so that gates tied at a clip bound freeze to a random choice
+    among them, not to the lowest-numbered inputs. A checkpoint saved before the buffer existed loads with
+    the index order it was trained with.
     """
 
     learnable = True
+    _version = 2  # 2: has tie_order (state dicts of version 1 load with the index order)
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)
         self.real = nn.Parameter(values.detach().clone().float())
-        self.register_buffer("tie_order", index_order(self.shape))
+        self.register_buffer("tie_order", index_order(*self.shape))
 
     def values(self) -> torch.Tensor:
         return self.real.detach()
@@ -183,14 +196,13 @@ class _LearnableGate(Gate):
     def active(self) -> torch.Tensor:
         return topk_mask(self.real, self.K, self.tie_order)
 
-    def shuffle_ties(self, generator: torch.Generator) -> None:
-        """A random tie order for this gate's rows, from ``generator`` (a CPU generator)."""
-        self.tie_order.copy_(torch.rand(self.shape, generator=generator))
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        if prefix + "real" in state_dict and prefix + "tie_order" not in state_dict:
-            state_dict[prefix + "tie_order"] = index_order(self.shape)  # saved before ties were shuffled
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+                              *args: Any, **kwargs: Any) -> None:
+        old = local_metadata.get("version", self._version) < 2  # a dict without metadata: as today's
+        if old and prefix + "real" in state_dict and prefix + "tie_order" not in state_dict:
+            # saved before tie orders existed: ties went to the lower index
+            state_dict[prefix + "tie_order"] = index_order(*self.shape).to(self.tie_order.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     def real_parameters(self) -> list[nn.Parameter]:
         return [self.real]

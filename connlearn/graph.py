@@ -88,6 +88,21 @@ class BranchGraph(nx.DiGraph):
             active.append(a_row)
         return values, active
 
+    def tie_matrix(self, module: int) -> list[list[int]] | None:
+        """The ``tie`` ranks of ``module``'s gate edges (rows and columns as in :meth:`gate_matrix`): the
+        order in which equal gates enter the top-K, the larger first; ``None`` if an edge has none."""
+        cols = self.candidates(module)
+        index = {c: k for k, c in enumerate(cols)}
+        ties = []
+        for node in self.branches(module):
+            row = [0] * len(cols)
+            for u, _, d in self.gate_edges(node):
+                if "tie" not in d:
+                    return None
+                row[index[u]] = int(d["tie"])
+            ties.append(row)
+        return ties
+
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name for the fan-in
         return int(self.graph["K"])
@@ -140,6 +155,8 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"gate edge {u} → {v} must join two blocks")
         if d["kind"] == "gate" and src["module"] >= dst["module"]:
             raise GraphError(f"gate edge {u} → {v} must go from an earlier module to a later one")
+        if "tie" in d and (isinstance(d["tie"], bool) or not isinstance(d["tie"], int)):
+            raise GraphError(f"gate edge {u} → {v} has tie {d['tie']!r}; it must be an integer rank")
         if src["out_channels"] != dst["in_channels"]:
             raise GraphError(
                 f"edge {u} → {v} joins {src['out_channels']} output channels to a node that takes "

@@ -11,7 +11,7 @@ one row per block of the module and one column per candidate input, values the r
 ``temperature`` is the sampling temperature of the step just taken (of the first step for the snapshot
 at step 0; files written before it was recorded lack it: 1). The snapshot at step 0 also holds
 ``"tie_order": {"<module index>": [[...], ...]}``, the order that ranks equal gates of each row in the
-network's top-K (the larger wins; see ``connlearn.gates``).
+network's top-K (the larger wins; see ``connlearn.gates``); files written before 2026-11-26 lack it.
 """
 
 from __future__ import annotations

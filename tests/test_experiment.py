@@ -115,8 +115,9 @@ def test_a_resumed_run_keeps_and_records_the_start_it_was_built_with(offline, tm
     assert "started with residual_init=one" in capsys.readouterr().out
 
 
-def _learned_source(tmp_path):
-    """A checkpoint of a small topk net whose gates have moved (random values), as a finished run leaves one."""
+def _learned_source(tmp_path, tied=False):
+    """A checkpoint of a small topk net whose gates have moved (random values), as a finished run leaves one;
+    ``tied``: with the gates above 0.3 at the clip bound 1, as the paper's rule leaves many rows."""
     import torch
 
     from connlearn.checkpoint import make_checkpoint, save_atomic
@@ -127,6 +128,8 @@ def _learned_source(tmp_path):
     with torch.no_grad():
         for _, g in net.gates():
             g.real.uniform_(0, 1, generator=generator)
+            if tied:
+                g.real[g.real > 0.3] = 1.0
     path = tmp_path / "source.pt"
     save_atomic(make_checkpoint(net), path)
     return net, path
@@ -136,16 +139,18 @@ def _masks(net):
     return [g.active().cpu() for _, g in net.gates()]
 
 
-@pytest.mark.parametrize("form", ["checkpoint", "graph json", "graph json named .txt"])
+@pytest.mark.parametrize("form", ["checkpoint", "graph json", "graph json named .txt", "checkpoint, tied gates",
+                                  "graph json, tied gates"])
 def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_path, form):
     import torch
 
     from connlearn.checkpoint import net_from_checkpoint
-    from connlearn.gates import topk_mask
 
-    source, path = _learned_source(tmp_path)
-    if form != "checkpoint":
-        path = tmp_path / ("graph.json" if form == "graph json" else "graph.txt")
+    source, path = _learned_source(tmp_path, tied="tied" in form)
+    if "tied" in form:  # rows with more than K gates at 1: the source's tie order, not the run's seed, decides
+        assert any(int((g.real == 1).sum(dim=1).max()) > 2 for _, g in source.gates())
+    if not form.startswith("checkpoint"):
+        path = tmp_path / ("graph.txt" if form.endswith(".txt") else "graph.json")
         path.write_text(source.graph().to_json())
     run = CifarRun(dataset="cifar10", connectivity=str(path), epochs=1, seed=1, train_subset=200, test_subset=100,
                    batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
@@ -161,7 +166,7 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
                               **{k: recorded[k] for k in ("M", "C", "width", "base_channels", "stem_channels")})
     assert architecture(rebuilt.graph()) == architecture(net_from_checkpoint(tmp_path / "run" / "last.pt").graph())
     trained = net_from_checkpoint(tmp_path / "run" / "last.pt")
-    wanted = [topk_mask(g.values(), 2) for _, g in source.gates()]
+    wanted = [g.active() for _, g in source.gates()]
     assert all(torch.equal(a, b) for a, b in zip(_masks(trained), wanted, strict=True))
     assert trained.graph().graph["seed"] == 1
     # the weights start as those of the same network built from the run's seed

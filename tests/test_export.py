@@ -48,6 +48,17 @@ def test_onnx_export_gives_the_same_outputs(pruned, tmp_path):
     torch.testing.assert_close(torch.from_numpy(out), pruned(x), atol=1e-4, rtol=1e-4)
 
 
+def test_an_unfrozen_topk_net_exports_its_top_k(tmp_path):
+    net = connlearn.build(**tiny(seed=2)).eval()
+    with torch.no_grad():
+        for _, gate in net.gates():
+            gate.real.fill_(1.0)  # every gate tied: the top-K comes from the tie order
+    loaded = torch.jit.load(str(export(net, tmp_path / "net.ts", "torchscript")))
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), net(x), atol=1e-5, rtol=1e-5)
+    assert all(g.tie_order.dtype == torch.int64 for _, g in net.gates())  # the export left the net as it was
+
+
 def test_unknown_format(pruned, tmp_path):
     with pytest.raises(UnknownNameError, match="did you mean 'onnx'"):
         export(pruned, tmp_path / "x", "onx")

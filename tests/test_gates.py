@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import connlearn
+from connlearn.errors import GraphError
 from connlearn.gates import gumbel_topk, topk_mask
+from connlearn.topologies.resnext import resnext
 
 
 @given(
@@ -335,6 +337,52 @@ def test_gates_tied_at_the_clip_bound_freeze_to_the_seeded_tie_order_not_the_low
 def test_the_tie_order_leaves_the_draws_generator_alone():
     net = connlearn.build(**tiny(seed=7))
     assert torch.equal(net.generator.get_state(), torch.Generator().manual_seed(7).get_state())
+    fixed = [connlearn.build(**tiny(seed=7, gate="random")).graph().gate_matrix(m) for m in (2, 3)]
+    assert fixed == [resnext(**tiny(seed=7, gate="random")).gate_matrix(m) for m in (2, 3)]
+
+
+def test_the_graph_carries_the_tie_order_so_a_rebuilt_net_has_the_same_top_k():
+    net = _saturated(3)
+    graph = net.graph()
+    for module, gate in net.gates():
+        assert graph.tie_matrix(module) == gate.tie_order.tolist()
+        assert graph.gate_matrix(module)[1] == gate.active().tolist()
+    graph.graph["seed"] = 11  # another seed: the ties still come from the graph
+    rebuilt = connlearn.compile_graph(connlearn.BranchGraph.from_json(graph.to_json()))
+    assert all(torch.equal(g.active(), h.active()) for (_, g), (_, h) in zip(net.gates(), rebuilt.gates(), strict=True))
+
+
+def test_the_topology_draws_the_ties_so_its_graph_and_the_compiled_net_agree():
+    graph = resnext(**tiny(C=8, K=2, seed=3))  # every gate starts at 0.5: all tied
+    net = connlearn.compile_graph(graph)
+    for module, gate in net.gates():
+        assert graph.gate_matrix(module)[1] == gate.active().tolist()
+        assert graph.tie_matrix(module) == gate.tie_order.tolist()
+    assert not all(row[:2] == [True, True] for m, _ in net.gates() for row in graph.gate_matrix(m)[1])
+
+
+def test_a_graph_without_ties_gets_them_from_its_seed():
+    graph = resnext(**tiny(C=8, K=2, seed=3))
+    for _, _, d in graph.edges(data=True):
+        d.pop("tie", None)
+    a, b = connlearn.compile_graph(graph), connlearn.compile_graph(graph)
+    assert all(torch.equal(g.tie_order, h.tie_order) for (_, g), (_, h) in zip(a.gates(), b.gates(), strict=True))
+    assert all(sorted(row) == list(range(8)) for _, g in a.gates() for row in g.tie_order.tolist())
+
+
+def test_a_tie_that_is_not_an_integer_is_refused():
+    graph = resnext(**tiny(seed=3))
+    d = next(d for _, _, d in graph.edges(data=True) if d["kind"] == "gate")
+    d["tie"] = 0.5
+    with pytest.raises(GraphError, match="integer rank"):
+        graph.validate()
+
+
+def test_the_tie_order_survives_a_cast_to_bfloat16():
+    net = _saturated(3)
+    before = [g.active() for _, g in net.gates()]
+    net.to(torch.bfloat16)
+    assert all(torch.equal(b, g.active()) for b, (_, g) in zip(before, net.gates(), strict=True))
 
 
 def test_real_gates_rank_ties_by_the_tie_order_too():
@@ -344,7 +392,10 @@ def test_real_gates_rank_ties_by_the_tie_order_too():
 
 def test_a_checkpoint_from_before_the_tie_order_loads_with_the_index_order_it_was_trained_with():
     net = _saturated(3)
-    old = {k: v for k, v in net.state_dict().items() if not k.endswith("tie_order")}
+    old = net.state_dict()
+    for key in [k for k in old if k.endswith("tie_order")]:
+        del old[key]
+        old._metadata[key.rsplit(".", 1)[0]]["version"] = 1  # what the gates' state dicts were
     fresh = connlearn.build(**tiny(C=8, K=2, seed=3))
     fresh.load_state_dict(old)
     for _, gate in fresh.gates():
@@ -352,6 +403,11 @@ def test_a_checkpoint_from_before_the_tie_order_loads_with_the_index_order_it_wa
         assert gate.active()[:, :2].all()
     fresh.load_state_dict(net.state_dict())  # a new checkpoint brings its own order back
     assert all(torch.equal(g.active(), h.active()) for (_, g), (_, h) in zip(fresh.gates(), net.gates(), strict=True))
+    partial = {k: v for k, v in net.state_dict().items() if k.endswith(".real")}
+    other = connlearn.build(**tiny(C=8, K=2, seed=4))
+    orders = [g.tie_order.clone() for _, g in other.gates()]
+    other.load_state_dict(partial, strict=False)  # a partial load of today's state leaves the order alone
+    assert all(torch.equal(o, g.tie_order) for o, (_, g) in zip(orders, other.gates(), strict=True))
 
 
 def test_the_other_engine_keeps_the_tie_order():

@@ -20,7 +20,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, check_residual_init
 from connlearn.errors import ConfigError, check_float, check_int, unknown_name
-from connlearn.gates import GATES, random_connectivity, topk_mask
+from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import BranchGraph, block_name
 
 
@@ -84,19 +84,21 @@ def _stages(layout_name: str, layout: Layout, M: int | None, depth: int | None) 
     return (M // 3,) * 3
 
 
-def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | str,
-                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
+                   ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Initial gate values, active flags and (for gates with real values) tie ranks of one module."""
     if gate == "full":
         ones = torch.ones(rows, cols)
-        return ones, ones.bool()
+        return ones, ones.bool(), None
     if gate == "random":
         mask = random_connectivity(rows, cols, K, generator)
-        return mask.float(), mask
+        return mask.float(), mask, None
     if gate_init == "uniform":
         values = torch.rand(rows, cols, generator=generator)
     else:
         values = torch.full((rows, cols), float(gate_init))
-    return values, topk_mask(values, K)
+    order = random_tie_order(rows, cols, ties)  # equal gates (all of them at a constant start) by this order
+    return values, topk_mask(values, K, order), order
 
 
 def resnext(
@@ -130,8 +132,9 @@ def resnext(
         layout: ``"cifar"`` (32x32), ``"miniimagenet"`` (64x64, max-pool after the stem) or ``"imagenet"``.
         block: block kind name (see ``list_blocks()``).
         gate: gate kind (see ``list_gates()``); K: fan-in, 1 <= K <= C (default C // 2; C for ``full``).
-        seed: seeds the weights, the initial gates (``gate_init="uniform"``), the Fixed-Random draw and the
-            network's gate generator.
+        seed: seeds the weights, the initial gates (``gate_init="uniform"``), the Fixed-Random draw, the
+            order in which equal gates enter the top-K (each gate edge's ``tie``) and the network's gate
+            generator.
         gate_init: initial real gate value in [0, 1], or ``"uniform"`` for U(0, 1) draws.
         stem_channels, base_channels: override the stem width and the first stage's output channels.
         residual_init: how each branch's output scale starts (its last BN's weight): ``"sqrt_k"``: sqrt
@@ -203,6 +206,7 @@ def resnext(
         resolution=res, stem={"kernel": lay.stem_kernel, "stride": lay.stem_stride, "maxpool": lay.maxpool},
     )
     generator = torch.Generator().manual_seed(seed)
+    ties = tie_generator(seed)
     module, prev_out = 0, stem_ch
     for s, count in enumerate(stages):
         out_ch, w = base_ch * 2**s, width * 2**s
@@ -223,11 +227,12 @@ def resnext(
             else:
                 sources = stage_modules if dense and p > 0 else [module - 1]
                 cols = [block_name(m, k) for m in sources for k in range(1, C + 1)]
-                values, active = _initial_gates(gate, C, len(cols), K, gate_init, generator)
+                values, active, order = _initial_gates(gate, C, len(cols), K, gate_init, generator, ties)
                 for j in range(1, C + 1):
                     for c, src in enumerate(cols):
+                        tie = {} if order is None else {"tie": int(order[j - 1, c])}
                         g.add_edge(src, block_name(module, j), kind="gate",
-                                   gate=float(values[j - 1, c]), active=bool(active[j - 1, c]))
+                                   gate=float(values[j - 1, c]), active=bool(active[j - 1, c]), **tie)
             stage_modules.append(module)
             prev_out = out_ch
     g.add_node("output", kind="output", in_channels=prev_out, num_classes=num_classes)
