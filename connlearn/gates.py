@@ -198,9 +198,10 @@ class _LearnableGate(Gate):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
                               *args: Any, **kwargs: Any) -> None:
-        old = local_metadata.get("version", self._version) < 2  # a dict without metadata: as today's
+        # a state dict that has real gates but no tie order was saved before tie orders existed (ties went to the
+        # lower index), unless its metadata says otherwise: a partial load of today's state keeps the order
+        old = local_metadata.get("version", 1) < 2
         if old and prefix + "real" in state_dict and prefix + "tie_order" not in state_dict:
-            # saved before tie orders existed: ties went to the lower index
             state_dict[prefix + "tie_order"] = index_order(*self.shape).to(self.tie_order.device)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
