@@ -34,6 +34,7 @@
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
+annealed=(--gate-temperature 1 --gate-temperature-end 0.05) # phase 1's annealed sampling temperature
 case $mode in
 measure | rules | choose | sweep | protocol | claim) ;;
 *) echo "unknown mode $mode: measure, rules, choose, sweep, protocol or claim" >&2; exit 2 ;;
@@ -97,8 +98,7 @@ rules)
   ;;
 choose)
   sweep 30 "random4 topk4-plain topk4-centered topk4-renormalized" "0 1" 4 runs/choose30 --val-split 5000
-  sweep 30 "random4 topk4-plain topk4-centered" "0 1" 3 runs/choose30_annealed --val-split 5000 \
-    --gate-temperature 1 --gate-temperature-end 0.05
+  sweep 30 "random4 topk4-plain topk4-centered" "0 1" 3 runs/choose30_annealed --val-split 5000 "${annealed[@]}"
   ;;
 sweep)
   sweep 30 "full topk4 random4 real4 topk1" "0 1" 5 runs/sweep30
@@ -110,7 +110,7 @@ protocol)
 claim)
   sweep 30 "topk4 random4 full" "$seeds" 2 runs/sweep30 &
   paper=$!
-  sweep 30 topk4-centered "$seeds" 1 runs/sweep30_annealed --gate-temperature 1 --gate-temperature-end 0.05 &
+  sweep 30 topk4-centered "$seeds" 1 runs/sweep30_annealed "${annealed[@]}" &
   wait "$paper" $!
   ;;
 esac

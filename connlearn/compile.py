@@ -231,8 +231,9 @@ class ConnectivityNet(nn.Module):
         self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
         self._init_residuals(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
-        self.generator = torch.Generator().manual_seed(int(graph.graph.get("seed", 0)))
-        ties = tie_generator(int(graph.graph.get("seed", 0)))
+        seed = int(graph.graph.get("seed", 0))
+        self.generator = torch.Generator().manual_seed(seed)
+        ties = tie_generator(seed)
         for module, stage in zip(self.module_ids, self.stages, strict=True):
             if hasattr(stage.gate, "tie_order"):  # the graph's ties; a graph without them: drawn from the seed
                 given = graph.tie_matrix(module)

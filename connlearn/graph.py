@@ -74,34 +74,30 @@ class BranchGraph(nx.DiGraph):
             sources.update(u for u, _, _ in self.gate_edges(node))
         return sorted(sources, key=lambda n: (self.nodes[n]["module"], self.nodes[n]["branch"]))
 
-    def gate_matrix(self, module: int) -> tuple[list[list[float]], list[list[bool]]]:
-        """Real gate values and active flags of ``module``: rows are its branches, columns ``candidates``."""
+    def _edge_matrix(self, module: int, key: str, default: Any) -> list[list[Any]]:
+        """Attribute ``key`` of ``module``'s gate edges (``default`` where an edge lacks it, or where there is
+        no edge): rows are its branches, columns ``candidates``."""
         cols = self.candidates(module)
         index = {c: k for k, c in enumerate(cols)}
-        values, active = [], []
+        rows = []
         for node in self.branches(module):
-            v_row, a_row = [0.0] * len(cols), [False] * len(cols)
+            row = [default] * len(cols)
             for u, _, d in self.gate_edges(node):
-                v_row[index[u]] = float(d.get("gate", 0.0))
-                a_row[index[u]] = bool(d.get("active", False))
-            values.append(v_row)
-            active.append(a_row)
+                row[index[u]] = d.get(key, default)
+            rows.append(row)
+        return rows
+
+    def gate_matrix(self, module: int) -> tuple[list[list[float]], list[list[bool]]]:
+        """Real gate values and active flags of ``module``: rows are its branches, columns ``candidates``."""
+        values = [[float(v) for v in row] for row in self._edge_matrix(module, "gate", 0.0)]
+        active = [[bool(a) for a in row] for row in self._edge_matrix(module, "active", False)]
         return values, active
 
     def tie_matrix(self, module: int) -> list[list[int]] | None:
         """The ``tie`` ranks of ``module``'s gate edges (rows and columns as in :meth:`gate_matrix`): the
         order in which equal gates enter the top-K, the larger first; ``None`` if an edge has none."""
-        cols = self.candidates(module)
-        index = {c: k for k, c in enumerate(cols)}
-        ties = []
-        for node in self.branches(module):
-            row = [0] * len(cols)
-            for u, _, d in self.gate_edges(node):
-                if "tie" not in d:
-                    return None
-                row[index[u]] = int(d["tie"])
-            ties.append(row)
-        return ties
+        ties = self._edge_matrix(module, "tie", None)
+        return None if any(t is None for row in ties for t in row) else [[int(t) for t in row] for row in ties]
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name for the fan-in
