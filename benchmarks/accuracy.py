@@ -2,14 +2,14 @@
 
 Trains, for one architecture, budget and list of seeds, the arms ``full`` (ResNeXt), ``topk`` K=4
 (GateConnect), ``random`` K=4 (Fixed-Random), ``real`` K=4 (real-valued gates) and optionally ``topk``
-K=1, all with the paper's four-phase schedule scaled to the budget, the same data order per seed and the
-same augmentation. Each run lives in ``OUT/<arm>-s<seed>``; ``OUT/sweep.json`` holds every finished run
-and ``OUT/results.md`` the table in the paper's format (best and mean ± std of top-1, Params-Train,
-Params-Test after pruning dead blocks, time), next to the paper's numbers. Running the same command
-again skips finished runs and resumes an unfinished one from its last checkpoint, so a long sweep can
-be split into pieces with ``--time-limit``. More arms and seeds may join a sweep folder later, with the
-settings it was started with (``--device``, ``--amp``, ``--compile``, ``--data`` and ``--parallel`` may
-change); other settings are refused, naming what differs.
+K=1 with its baseline ``random`` K=1, all with the paper's four-phase schedule scaled to the budget, the
+same data order per seed and the same augmentation. Each run lives in ``OUT/<arm>-s<seed>``;
+``OUT/sweep.json`` holds every finished run and ``OUT/results.md`` the table in the paper's format (best
+and mean ± std of top-1, Params-Train, Params-Test after pruning dead blocks, time), next to the paper's
+numbers. Running the same command again skips finished runs and resumes an unfinished one from its last
+checkpoint, so a long sweep can be split into pieces with ``--time-limit``. More arms and seeds may join
+a sweep folder later, with the settings it was started with (``--device``, ``--amp``, ``--compile``,
+``--data`` and ``--parallel`` may change); other settings are refused, naming what differs.
 
     python benchmarks/accuracy.py --preset cifar-20-4-8 --budget 30 --seeds 0 1 --out runs/sweep
     python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
@@ -55,6 +55,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "random4": {"gate": "random", "K": 4, "label": "Fixed-Random, K=4"},
     "real4": {"gate": "real", "K": 4, "label": "Real-valued gates, K=4"},
     "topk1": {"gate": "topk", "K": 1, "label": "Learned, K=1"},
+    "random1": {"gate": "random", "K": 1, "label": "Fixed-Random, K=1"},
 }
 
 #: The paper's CIFAR-10 table (appendix): best (mean ± std) over 4 runs of 320 epochs.
@@ -305,6 +306,14 @@ def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str
             "| arm | seeds | difference | seeds above |", "| --- | --- | --- | --- |", *rows]
 
 
+def _paired_by_density(by_arm: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each arm paired with the Fixed-Random arm of its density: the K=1 arms with ``random1``, the others
+    (K=4, and Fixed-Full) with ``random4``."""
+    k1 = {arm for arm, runs in by_arm.items() if runs[0]["K"] == 1}
+    return (_paired({a: r for a, r in by_arm.items() if a not in k1}, "random4")
+            + _paired({a: r for a, r in by_arm.items() if a in k1}, "random1"))
+
+
 def _temperature(run: dict[str, Any]) -> str:
     """A run's phase-1 sampling temperature as a label: ``"1"`` (the paper's), ``"0.5"``, or ``"1→0.05"``."""
     start, end = run.get("gate_temperature") or 1.0, run.get("gate_temperature_end")
@@ -380,7 +389,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
             f"{statistics.mean(r['epoch_time_s'] for r in runs):.1f} s | "
             f"{sum(r['wall_time_s'] for r in runs) / 60:.1f} min |"
         )
-    lines += _paired(by_arm, "random4")
+    lines += _paired_by_density(by_arm)
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     if logs:

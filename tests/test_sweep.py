@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from accuracy import _mean_curves, _paired, main, parse_arm, write_table
+from accuracy import _mean_curves, _paired, _paired_by_density, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
 
@@ -153,6 +153,16 @@ def test_arms_are_paired_by_seed_against_fixed_random():
     rows = _paired(runs, "random4")
     assert rows[-1] == "| topk4-centered | 2 | +0.25 ± 1.06 | 1 of 2 |" and not any("| full |" in r for r in rows)
     assert _paired({"topk4": runs["topk4-centered"]}, "random4") == []
+
+
+def test_each_arm_is_paired_with_the_fixed_random_arm_of_its_density():
+    runs = {"random4": [{"seed": 0, "K": 4, "test_top1": 50.0}], "topk4": [{"seed": 0, "K": 4, "test_top1": 51.0}],
+            "random1": [{"seed": 0, "K": 1, "test_top1": 40.0}], "topk1": [{"seed": 0, "K": 1, "test_top1": 38.0}]}
+    rows = _paired_by_density(runs)
+    k4, k1 = "\n".join(rows).split("Paired by seed against random1")
+    assert "against random4" in k4 and "| topk4 | 1 | +1.00 | 1 of 1 |" in k4 and "topk1" not in k4
+    assert "| topk1 | 1 | -2.00 | 0 of 1 |" in k1 and "topk4" not in k1
+    assert parse_arm("random1") == ("random1", None)
 
 
 def test_the_curves_are_the_mean_over_seeds_per_arm():
