@@ -7,6 +7,7 @@ import torch
 from accuracy import _mean_curves, _paired, _paired_by_density, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
+from study import main as study
 
 import connlearn
 from connlearn.data import pack, synthetic
@@ -269,3 +270,22 @@ def test_a_refused_setting_does_not_lock_the_sweep_folder(tmp_path, data):
     assert not (tmp_path / "sweep.json").exists()
     state = main(_args(tmp_path, data, "--arms", "full"))
     assert set(state["runs"]) == {"full-s0"}
+
+
+def test_a_study_table_pairs_arms_of_separate_folders_by_seed(tmp_path, data, capsys):
+    for arm in ("full", "topk4"):  # each arm in its own folder, as the CPU studies run them
+        main([*_args(tmp_path / arm, data, "--arms", arm, "--seeds", "0", "1")])
+    with pytest.raises(ConnlearnError, match="no finished run"):
+        study([f"R={tmp_path}/nothing-s*"])
+    capsys.readouterr()
+    png = tmp_path / "study.png"
+    text = study(["--reference", "Fixed-Full", f"Fixed-Full={tmp_path}/full/full-s*",
+                  f"Learned K=4={tmp_path}/topk4/topk4-s*", "--png", str(png)])
+    assert text == capsys.readouterr().out and png.exists()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()[2:]}
+    sweep = {arm: json.loads((tmp_path / arm / "sweep.json").read_text())["runs"] for arm in ("full", "topk4")}
+    top1 = {arm: [sweep[arm][f"{arm}-s{s}"]["test_top1"] for s in (0, 1)] for arm in sweep}
+    assert rows["Learned K=4"][1:3] == [f"{v:.2f}" for v in top1["topk4"]]
+    diffs = [a - b for a, b in zip(top1["topk4"], top1["full"], strict=True)]
+    assert rows["Learned K=4"][4].startswith(f"{sum(diffs) / 2:+.2f}".replace("-", "−"))
+    assert rows["Learned K=4"][5] == f"{sum(d > 0 for d in diffs)} of 2" and rows["Fixed-Full"][4] == ""

@@ -1,0 +1,153 @@
+"""The table of a small study: arms of single runs, one run per seed, paired by seed with a reference arm.
+
+The CPU studies of BENCHMARKS.md train each arm and seed in its own folder (arms that differ in gate rule
+or sampling temperature cannot share a sweep folder). This gathers them into one markdown table: each
+seed's last top-1, the mean ± std over seeds, the difference to the reference arm paired by seed (the
+same data order, so the seed-to-seed spread both share drops out), and the measures that say what the
+gates did: top-1 at the end of phase 1, Params-Test after pruning (and the share it keeps), the final
+input overlap (``connlearn.prune.input_overlap``; independent random draws in brackets), how often a
+draw equalled the block's top-K in phase 1's last epoch, and the real gates then.
+
+    python benchmarks/study.py --reference "Fixed-Random K=1" \\
+        "Fixed-Random K=1=runs/k1_cpu/random/random1-s*" "Learned K=1=runs/k1_cpu/plain/topk1-s*" \\
+        --png runs/k1_cpu/study.png > runs/k1_cpu/study.md
+
+A folder may be a run (it holds ``summary.json``) or hold one (an accuracy.py sweep folder of one run);
+its seed is the number after the last ``-s`` of its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from connlearn import plots
+from connlearn.errors import ConfigError
+from connlearn.prune import random_overlap
+from connlearn.train import read_jsonl
+
+SEED = re.compile(r"-s(\d+)$")
+
+
+def find_runs(pattern: str) -> dict[int, Path]:
+    """Seed -> run folder for the folders matching ``pattern``."""
+    runs: dict[int, Path] = {}
+    for name in sorted(glob.glob(pattern)):
+        folder = Path(name)
+        match = SEED.search(folder.name)
+        if not match or not folder.is_dir():
+            continue
+        inner = [folder] if (folder / "summary.json").exists() else \
+            [p for p in folder.iterdir() if (p / "summary.json").exists()]
+        if len(inner) == 1:
+            runs[int(match[1])] = inner[0]
+    if not runs:
+        raise ConfigError(f"no finished run (a folder ending in -s<seed> with a summary.json) matches {pattern!r}")
+    return runs
+
+
+def measures(run: Path) -> dict[str, Any]:
+    """What the table shows of one run."""
+    summary = json.loads((run / "summary.json").read_text())
+    log = read_jsonl(run / "log.jsonl")
+    phase1 = [r for r in log if r.get("phase") == 1]
+    end1 = phase1[-1] if phase1 else {}
+    overlaps = list(summary.get("input_overlap", {}).values())
+    chances = list(summary.get("input_overlap_chance", {}).values())
+    C = summary.get("run", {}).get("C")
+    return {
+        "top1": summary["test_top1"],
+        "phase1_top1": end1.get("test_top1"),
+        "params_train": summary["params_train"],
+        "params_test": summary["params_test"],
+        "overlap": statistics.mean(overlaps) if overlaps else None,
+        "chance": statistics.mean(chances) if chances else (random_overlap(C, summary["K"]) if C else None),
+        "share": end1.get("drawn_topk_share"),
+        "gates": (end1.get("gate_mean"), end1.get("gate_row_std"), end1.get("gate_at_1")),
+        "log": log,
+    }
+
+
+def _ms(values: list[float | None], sign: str = "") -> str:
+    """Mean ± std (the value alone for one); ``sign="+"`` writes the sign of the mean, with a true minus."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    mean = f"{statistics.mean(values):{sign}.2f}".replace("-", "−")
+    return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.2f}"
+
+
+def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None) -> str:
+    seeds = sorted({s for runs in arms.values() for s in runs})
+    head = ["arm", *(f"seed {s}" for s in seeds), "mean ± std"]
+    if reference:
+        head += [f"against {reference}, paired", "seeds above"]
+    head += ["end of phase 1", "Params-Test (kept)", "input overlap (random)", "draws = top-K",
+             "gate mean / row std / at 1, end of phase 1"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    ref = arms.get(reference, {}) if reference else {}
+    for label, runs in arms.items():
+        m = list(runs.values())
+        row = [label, *(f"{runs[s]['top1']:.2f}" if s in runs else "" for s in seeds), _ms([r["top1"] for r in m])]
+        if reference:
+            diffs = [runs[s]["top1"] - ref[s]["top1"] for s in runs if s in ref]
+            paired = label != reference and diffs
+            row += [_ms(diffs, sign="+") if paired else "",
+                    f"{sum(d > 0 for d in diffs)} of {len(diffs)}" if paired else ""]
+        kept = [r["params_test"] / r["params_train"] for r in m]
+        overlap = _ms([r["overlap"] for r in m])
+        chance = [r["chance"] for r in m if r["chance"] is not None]
+        gates = [_ms([r["gates"][i] for r in m]) for i in range(3)]
+        row += [_ms([r["phase1_top1"] for r in m]),
+                f"{statistics.mean(r['params_test'] for r in m) / 1e6:.4f}M ({statistics.mean(kept):.0%})",
+                f"{overlap} ({statistics.mean(chance):.2f})" if overlap and chance else overlap,
+                _ms([r["share"] for r in m]),
+                " / ".join(gates) if any(gates) else ""]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def mean_curves(arms: dict[str, dict[int, dict[str, Any]]]) -> dict[str, list[dict[str, float]]]:
+    """Per arm, top-1 after each epoch averaged over the seeds that evaluated it."""
+    curves = {}
+    for label, runs in arms.items():
+        per_epoch: dict[int, list[float]] = {}
+        for run in runs.values():
+            for record in run["log"]:
+                if record.get("test_top1") is not None:
+                    per_epoch.setdefault(record["epoch"], []).append(record["test_top1"])
+        curves[f"{label}, {len(runs)} seeds"] = [{"epoch": e, "test_top1": statistics.mean(v)}
+                                                 for e, v in sorted(per_epoch.items())]
+    return curves
+
+
+def _arm(text: str) -> tuple[str, str]:
+    label, sep, pattern = text.rpartition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an arm as LABEL=GLOB, e.g. 'Learned K=1=runs/k1/topk1-s*'")
+    return label, pattern
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arms", nargs="+", type=_arm, metavar="LABEL=GLOB", help="an arm and its run folders")
+    parser.add_argument("--reference", help="the label of the arm to pair the others with, by seed")
+    parser.add_argument("--png", type=Path, help="also plot each arm's mean top-1 over epochs here")
+    args = parser.parse_args(argv)
+    arms = {label: {s: measures(p) for s, p in find_runs(pattern).items()} for label, pattern in args.arms}
+    if args.reference and args.reference not in arms:
+        parser.error(f"--reference {args.reference!r} is not one of the arms: {', '.join(arms)}")
+    text = table(arms, args.reference)
+    print(text, end="")
+    if args.png:
+        plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",))
+    return text
+
+
+if __name__ == "__main__":
+    main()
