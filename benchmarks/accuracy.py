@@ -308,7 +308,10 @@ def _paired(by_arm: dict[str, list[dict[str, Any]]], reference: str) -> list[str
 
 def _paired_by_density(by_arm: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Each arm paired with the Fixed-Random arm of its density: the K=1 arms with ``random1``, the others
-    (K=4, and Fixed-Full) with ``random4``."""
+    (K=4, and Fixed-Full) with ``random4``. Without ``random1`` (a sweep that has not reached it, or one
+    from before it existed) every arm is paired with ``random4``."""
+    if "random1" not in by_arm:
+        return _paired(by_arm, "random4")
     k1 = {arm for arm, runs in by_arm.items() if runs[0]["K"] == 1}
     return (_paired({a: r for a, r in by_arm.items() if a not in k1}, "random4")
             + _paired({a: r for a, r in by_arm.items() if a in k1}, "random1"))

@@ -13,7 +13,7 @@
 #             runs/choose30; then random4, topk4-plain and topk4-centered with phase 1's sampling
 #             temperature annealed from 1 to 0.05 in runs/choose30_annealed (random4 draws nothing: it is
 #             there so that the folder's table pairs the learned arms with it by seed)
-#   sweep     the 30-epoch sweep: full, topk4, random4, real4, topk1 and its baseline random1, seeds 0 and 1,
+#   sweep     the 30-epoch sweep: full, topk4, random4, topk1, its baseline random1 and real4, seeds 0 and 1,
 #             five runs at a time (seed 0 first) in runs/sweep30; then, with time left, the 320-epoch protocol
 #   protocol  the 320-epoch protocol only: full vs topk4, seed 0, in runs/sweep320
 #   claim     the comparison the claim rests on, on the test set, for the seeds in SEEDS (default 0; a
@@ -42,11 +42,12 @@ esac
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/suite-site .whl/*.whl &&
-    export PYTHONPATH="$PYTHONPATH:/tmp/suite-site"
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl &&
+    export PYTHONPATH="$PYTHONPATH:$site"
 fi
-if ! python3 -c 'import connlearn.experiment' 2>/tmp/suite-import.log; then
-  cat /tmp/suite-import.log >&2
+if ! python3 -c 'import connlearn.experiment' 2>"$results/import.log"; then
+  cat "$results/import.log" >&2
   echo "connlearn does not import here; put wheels of the missing packages in .whl/, e.g." \
     "python -m pip download --no-deps --only-binary=:all: -d .whl graphviz" >&2
   exit 3
@@ -101,7 +102,7 @@ choose)
   sweep 30 "random4 topk4-plain topk4-centered" "0 1" 3 runs/choose30_annealed --val-split 5000 "${annealed[@]}"
   ;;
 sweep)
-  sweep 30 "full topk4 random4 real4 topk1 random1" "0 1" 5 runs/sweep30
+  sweep 30 "full topk4 random4 topk1 random1 real4" "0 1" 5 runs/sweep30
   [ "$(left)" -gt 100 ] && sweep 320 "full topk4" 0 2 runs/sweep320
   ;;
 protocol)

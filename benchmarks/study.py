@@ -13,7 +13,7 @@ draw equalled the block's top-K in phase 1's last epoch, and the real gates then
         --png runs/k1_cpu/study.png > runs/k1_cpu/study.md
 
 A folder may be a run (it holds ``summary.json``) or hold one (an accuracy.py sweep folder of one run);
-its seed is the number after the last ``-s`` of its name.
+a run's folder name ends in ``-s<seed>``. Unfinished runs are left out.
 """
 
 from __future__ import annotations
@@ -27,25 +27,37 @@ from pathlib import Path
 from typing import Any
 
 from connlearn import plots
-from connlearn.errors import ConfigError
+from connlearn.errors import ConfigError, ConnlearnError
 from connlearn.prune import random_overlap
+from connlearn.topologies import PRESETS
 from connlearn.train import read_jsonl
 
 SEED = re.compile(r"-s(\d+)$")
 
 
 def find_runs(pattern: str) -> dict[int, Path]:
-    """Seed -> run folder for the folders matching ``pattern``."""
+    """Seed -> run folder for the folders matching ``pattern`` that hold a finished run."""
     runs: dict[int, Path] = {}
     for name in sorted(glob.glob(pattern)):
         folder = Path(name)
-        match = SEED.search(folder.name)
-        if not match or not folder.is_dir():
+        if not folder.is_dir() or not SEED.search(folder.name):
             continue
-        inner = [folder] if (folder / "summary.json").exists() else \
-            [p for p in folder.iterdir() if (p / "summary.json").exists()]
-        if len(inner) == 1:
-            runs[int(match[1])] = inner[0]
+        if (folder / "summary.json").exists():
+            run = folder
+        else:  # a sweep folder of one run, finished or not
+            inner = sorted(p for p in folder.iterdir() if p.is_dir() and SEED.search(p.name))
+            if len(inner) > 1:
+                raise ConfigError(f"{folder} holds {len(inner)} runs ({', '.join(p.name for p in inner)}): "
+                                  "give a pattern that matches one run per folder")
+            if not inner or not (inner[0] / "summary.json").exists():
+                continue  # not finished
+            run = inner[0]
+            if SEED.search(run.name)[1] != SEED.search(folder.name)[1]:
+                raise ConfigError(f"{run}: its seed differs from its folder's ({folder.name})")
+        seed = int(SEED.search(run.name)[1])
+        if seed in runs:
+            raise ConfigError(f"{pattern!r} matches two runs of seed {seed}: {runs[seed]} and {run}")
+        runs[seed] = run
     if not runs:
         raise ConfigError(f"no finished run (a folder ending in -s<seed> with a summary.json) matches {pattern!r}")
     return runs
@@ -59,13 +71,15 @@ def measures(run: Path) -> dict[str, Any]:
     end1 = phase1[-1] if phase1 else {}
     overlaps = list(summary.get("input_overlap", {}).values())
     chances = list(summary.get("input_overlap_chance", {}).values())
-    C = summary.get("run", {}).get("C")
+    run_options = summary.get("run", {})
+    C = run_options.get("C") or PRESETS.get(run_options.get("preset") or summary.get("preset"), {}).get("C")
+    full = summary["gate"] == "full"
     return {
         "top1": summary["test_top1"],
         "phase1_top1": end1.get("test_top1"),
         "params_train": summary["params_train"],
         "params_test": summary["params_test"],
-        "overlap": statistics.mean(overlaps) if overlaps else None,
+        "overlap": statistics.mean(overlaps) if overlaps and not full else None,
         "chance": statistics.mean(chances) if chances else (random_overlap(C, summary["K"]) if C else None),
         "share": end1.get("drawn_topk_share"),
         "gates": (end1.get("gate_mean"), end1.get("gate_row_std"), end1.get("gate_at_1")),
@@ -86,7 +100,7 @@ def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None) -> 
     seeds = sorted({s for runs in arms.values() for s in runs})
     head = ["arm", *(f"seed {s}" for s in seeds), "mean ± std"]
     if reference:
-        head += [f"against {reference}, paired", "seeds above"]
+        head += [f"against {reference}, paired (common seeds)", "seeds above"]
     head += ["end of phase 1", "Params-Test (kept)", "input overlap (random)", "draws = top-K",
              "gate mean / row std / at 1, end of phase 1"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -139,7 +153,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--reference", help="the label of the arm to pair the others with, by seed")
     parser.add_argument("--png", type=Path, help="also plot each arm's mean top-1 over epochs here")
     args = parser.parse_args(argv)
-    arms = {label: {s: measures(p) for s, p in find_runs(pattern).items()} for label, pattern in args.arms}
+    try:
+        arms = {label: {s: measures(p) for s, p in find_runs(pattern).items()} for label, pattern in args.arms}
+    except ConnlearnError as exc:
+        parser.error(str(exc))
     if args.reference and args.reference not in arms:
         parser.error(f"--reference {args.reference!r} is not one of the arms: {', '.join(arms)}")
     text = table(arms, args.reference)

@@ -30,9 +30,9 @@ def _suite(tmp_path, *args, import_rc=0, **env):
         (bin_dir / name).write_text(STUB)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
     log = tmp_path / "calls.log"
-    inherited = {k: v for k, v in os.environ.items() if k not in ("EXTRA", "SEEDS")}
-    env = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log), "DEVICE": "cpu",
-           "STUB_IMPORT_RC": str(import_rc), **env}
+    # nothing else of the caller's environment: bash would read SECONDS, BASH_ENV or exported functions
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "STUB_LOG": str(log), "DEVICE": "cpu", "STUB_IMPORT_RC": str(import_rc), **env}
     done = subprocess.run(["bash", str(SUITE), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     calls = log.read_text().splitlines() if log.exists() else []
@@ -75,7 +75,7 @@ def test_the_claim_takes_seed_0_by_default_and_extra_reaches_both_folders(tmp_pa
 def test_the_sweep_has_every_arm_and_its_k1_baseline(tmp_path):
     _, calls = _suite(tmp_path, "sweep", "data.npz", "out", "600")
     sweep30 = next(c for c in _runs(calls) if "--out runs/sweep30 " in c)
-    assert "--arms full topk4 random4 real4 topk1 random1 --seeds 0 1 --parallel 5" in sweep30
+    assert "--arms full topk4 random4 topk1 random1 real4 --seeds 0 1 --parallel 5" in sweep30
 
 
 def test_without_time_left_no_run_starts(tmp_path):

@@ -7,6 +7,7 @@ import torch
 from accuracy import _mean_curves, _paired, _paired_by_density, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
+from study import find_runs
 from study import main as study
 
 import connlearn
@@ -164,6 +165,8 @@ def test_each_arm_is_paired_with_the_fixed_random_arm_of_its_density():
     assert "against random4" in k4 and "| topk4 | 1 | +1.00 | 1 of 1 |" in k4 and "topk1" not in k4
     assert "| topk1 | 1 | -2.00 | 0 of 1 |" in k1 and "topk4" not in k1
     assert parse_arm("random1") == ("random1", None)
+    del runs["random1"]  # not reached yet: the K=1 arms keep a partner
+    assert "| topk1 | 1 | -12.00 | 0 of 1 |" in _paired_by_density(runs)
 
 
 def test_the_curves_are_the_mean_over_seeds_per_arm():
@@ -275,9 +278,10 @@ def test_a_refused_setting_does_not_lock_the_sweep_folder(tmp_path, data):
 def test_a_study_table_pairs_arms_of_separate_folders_by_seed(tmp_path, data, capsys):
     for arm in ("full", "topk4"):  # each arm in its own folder, as the CPU studies run them
         main([*_args(tmp_path / arm, data, "--arms", arm, "--seeds", "0", "1")])
-    with pytest.raises(ConnlearnError, match="no finished run"):
-        study([f"R={tmp_path}/nothing-s*"])
     capsys.readouterr()
+    with pytest.raises(SystemExit):
+        study([f"R={tmp_path}/nothing-s*"])
+    assert "no finished run" in capsys.readouterr().err
     png = tmp_path / "study.png"
     text = study(["--reference", "Fixed-Full", f"Fixed-Full={tmp_path}/full/full-s*",
                   f"Learned K=4={tmp_path}/topk4/topk4-s*", "--png", str(png)])
@@ -289,3 +293,27 @@ def test_a_study_table_pairs_arms_of_separate_folders_by_seed(tmp_path, data, ca
     diffs = [a - b for a, b in zip(top1["topk4"], top1["full"], strict=True)]
     assert rows["Learned K=4"][4].startswith(f"{sum(diffs) / 2:+.2f}".replace("-", "−"))
     assert rows["Learned K=4"][5] == f"{sum(d > 0 for d in diffs)} of 2" and rows["Fixed-Full"][4] == ""
+
+
+def test_a_study_finds_one_finished_run_per_seed_or_says_what_is_wrong(tmp_path):
+    def run(path, finished=True):
+        path.mkdir(parents=True)
+        if finished:
+            (path / "summary.json").write_text("{}")
+        return path
+
+    plain = run(tmp_path / "a" / "topk4-s0")  # a run folder itself
+    swept = run(tmp_path / "a" / "x-s1" / "topk4-s1")  # a sweep folder of one run
+    run(tmp_path / "a" / "x-s2" / "topk4-s2", finished=False)  # not finished: left out
+    assert find_runs(f"{tmp_path}/a/*-s*") == {0: plain, 1: swept}
+    run(tmp_path / "b" / "x-s0" / "topk4-s0")
+    run(tmp_path / "b" / "x-s0" / "random4-s0", finished=False)
+    with pytest.raises(ConnlearnError, match="holds 2 runs"):
+        find_runs(f"{tmp_path}/b/*-s*")
+    run(tmp_path / "c" / "x-s0" / "topk4-s1")
+    with pytest.raises(ConnlearnError, match="seed differs"):
+        find_runs(f"{tmp_path}/c/*-s*")
+    run(tmp_path / "d" / "one" / "topk4-s0")
+    run(tmp_path / "d" / "two" / "topk4-s0")
+    with pytest.raises(ConnlearnError, match="two runs of seed 0"):
+        find_runs(f"{tmp_path}/d/*/topk4-s*")
