@@ -161,3 +161,12 @@ def test_input_overlap_of_a_module_lies_in_0_1_and_covers_the_gated_modules(seed
     overlap = input_overlap(graph)
     assert set(overlap) == {m for m in graph.modules() if graph.candidates(m)}
     assert all(0 <= v <= 1 for v in overlap.values())
+
+
+def test_the_k1_pruning_baseline_counts_what_pruning_removes():
+    from k1_pruning import prune_counts
+
+    train, test, blocks, left = prune_counts("cifar-20-4-8", seed=0)
+    assert test < train and left < blocks == 48  # any K=1 connectivity leaves branches unread
+    train, test, blocks, left = prune_counts("cifar-20-4-8", seed=0, K=8)
+    assert (test, left) == (train, blocks)  # every block reads every branch: nothing to prune
