@@ -400,18 +400,23 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     return path
 
 
+def mean_curve(logs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Top-1 after each epoch, the mean over the logs (one per seed) that evaluated that epoch."""
+    per_epoch: dict[int, list[float]] = {}
+    for log in logs:
+        for record in log:
+            if record.get("test_top1") is not None:
+                per_epoch.setdefault(record["epoch"], []).append(record["test_top1"])
+    return [{"epoch": e, "test_top1": statistics.mean(v)} for e, v in sorted(per_epoch.items())]
+
+
 def _mean_curves(by_arm: dict[str, list[dict[str, Any]]], logs: dict[str, list[dict[str, Any]]]):
     """One curve per arm: top-1 after each epoch, the mean over the arm's seeds that reached that epoch."""
     curves = {}
     for arm in sorted(by_arm, key=_order):
-        per_epoch: dict[int, list[float]] = {}
-        for run in by_arm[arm]:
-            for record in logs[f"{arm}-s{run['seed']}"]:
-                if record.get("test_top1") is not None:
-                    per_epoch.setdefault(record["epoch"], []).append(record["test_top1"])
         seeds = len(by_arm[arm])
         label = arm if seeds == 1 else f"{arm}, mean of {seeds} seeds"
-        curves[label] = [{"epoch": e, "test_top1": statistics.mean(v)} for e, v in sorted(per_epoch.items())]
+        curves[label] = mean_curve([logs[f"{arm}-s{run['seed']}"] for run in by_arm[arm]])
     return curves
 
 

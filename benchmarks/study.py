@@ -26,6 +26,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from accuracy import mean_curve
+
 from connlearn import plots
 from connlearn.errors import ConfigError, ConnlearnError
 from connlearn.prune import random_overlap
@@ -128,16 +130,8 @@ def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None) -> 
 
 def mean_curves(arms: dict[str, dict[int, dict[str, Any]]]) -> dict[str, list[dict[str, float]]]:
     """Per arm, top-1 after each epoch averaged over the seeds that evaluated it."""
-    curves = {}
-    for label, runs in arms.items():
-        per_epoch: dict[int, list[float]] = {}
-        for run in runs.values():
-            for record in run["log"]:
-                if record.get("test_top1") is not None:
-                    per_epoch.setdefault(record["epoch"], []).append(record["test_top1"])
-        curves[f"{label}, {len(runs)} seeds"] = [{"epoch": e, "test_top1": statistics.mean(v)}
-                                                 for e, v in sorted(per_epoch.items())]
-    return curves
+    return {f"{label}, {len(runs)} seeds": mean_curve([run["log"] for run in runs.values()])
+            for label, runs in arms.items()}
 
 
 def _arm(text: str) -> tuple[str, str]:

@@ -24,9 +24,8 @@ from connlearn.prune import dead_blocks, input_overlap, prune_dead_blocks
 def measure(net: ConnectivityNet) -> tuple[float, int, int]:
     """Mean input overlap, dead blocks, parameters after pruning."""
     graph = net.graph()
-    pruned, _ = prune_dead_blocks(net)
-    return statistics.mean(input_overlap(graph).values()), len(dead_blocks(graph)), sum(
-        p.numel() for p in pruned.parameters())
+    _, report = prune_dead_blocks(net)
+    return statistics.mean(input_overlap(graph).values()), len(dead_blocks(graph)), report.params_after
 
 
 def main(argv: list[str] | None = None) -> None:
