@@ -2,8 +2,9 @@
 
 A run's checkpoint keeps the real gate values it froze (``FrozenGate.gate_values``). This ranks them again,
 equal gates by the tie order that ``resnext`` now draws from the run's seed (module by module), and compares
-the two connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the dead
-blocks and the parameters left after pruning.
+the two connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the
+dead blocks and the parameters left after pruning, "as frozen" (the index order, for runs from before the
+seeded order) and under the seeded order.
 
     python benchmarks/tie_counterfactual.py runs/sweep30/topk4-s0/last.pt ...
 """
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
             gate.mask.copy_(topk_mask(gate.gate_values, K, random_tie_order(*gate.gate_values.shape, ties)))
         after = measure(net)
         print(f"{path}: rows tied across the top-K boundary {tied} of {rows}; "
-              f"index order: overlap {before[0]:.3f}, dead blocks {before[1]}, parameters {before[2]:,}; "
+              f"as frozen: overlap {before[0]:.3f}, dead blocks {before[1]}, parameters {before[2]:,}; "
               f"seeded order: overlap {after[0]:.3f}, dead blocks {after[1]}, parameters {after[2]:,}")
 
 
