@@ -159,7 +159,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     for w in caught:
         print(f"connlearn: {w.message}", file=sys.stderr)
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    # without Graphviz only the .dot file comes: the drawing asked for is missing, so the command failed
+    return 0 if Path(args.output) in files else 1
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
