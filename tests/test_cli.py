@@ -63,14 +63,24 @@ def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, ca
     assert pruned.num_parameters() < net.num_parameters()
 
 
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's 'dot' program is not installed")
 def test_render_writes_dot_and_svg(ckpt, tmp_path, capsys):
-    if shutil.which("dot") is None:  # the .dot file still comes; the missing SVG is an error that names the fix
-        code, _, err = _run(["render", ckpt, "-o", tmp_path / "fig.svg", "--side-by-side"], capsys)
-        assert code == 1 and "install Graphviz" in err
-        assert (tmp_path / "fig.dot").exists() and not (tmp_path / "fig.svg").exists()
-        return
     code, _, _ = _run(["render", ckpt, "-o", tmp_path / "fig.svg", "--side-by-side"], capsys)
     assert code == 0 and (tmp_path / "fig.dot").exists() and (tmp_path / "fig.svg").exists()
+
+
+def test_render_without_graphviz_writes_the_dot_file_and_fails_naming_the_fix(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, _, err = _run(["render", ckpt, "-o", tmp_path / "fig.svg"], capsys)
+    assert code == 1 and err.startswith("connlearn: error: ") and "install Graphviz" in err
+    assert (tmp_path / "fig.dot").exists() and not (tmp_path / "fig.svg").exists()
+
+
+@pytest.mark.parametrize("name", ["fig.dot", "fig.DOT"])
+def test_render_to_dot_needs_no_graphviz(ckpt, tmp_path, capsys, monkeypatch, name):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, _, err = _run(["render", ckpt, "-o", tmp_path / name], capsys)
+    assert code == 0 and not err and (tmp_path / "fig.dot").read_text().startswith("digraph")
 
 
 def test_plot_writes_pictures(ckpt, tmp_path, capsys):
