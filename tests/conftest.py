@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 
 import pytest
@@ -13,6 +14,9 @@ torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
 # the benchmarks' plain ResNeXt is the independent oracle of tests/test_resnext.py
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+# tests that render .svg/.png/.pdf need Graphviz's program (CI installs it; without it only .dot is written)
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's 'dot' program is not installed")
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cifar10_jpeg.npz")
 

@@ -1,13 +1,12 @@
 """The connlearn command: every subcommand works and fails with one clear line and a non-zero exit code."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import needs_dot, tiny
 
 import connlearn
 from connlearn.checkpoint import make_checkpoint, save_atomic
@@ -63,7 +62,7 @@ def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, ca
     assert pruned.num_parameters() < net.num_parameters()
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's 'dot' program is not installed")
+@needs_dot
 def test_render_writes_dot_and_svg(ckpt, tmp_path, capsys):
     code, _, _ = _run(["render", ckpt, "-o", tmp_path / "fig.svg", "--side-by-side"], capsys)
     assert code == 0 and (tmp_path / "fig.dot").exists() and (tmp_path / "fig.svg").exists()

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import tiny
+from conftest import needs_dot, tiny
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,8 +13,6 @@ import connlearn
 from connlearn import render
 from connlearn.errors import ConfigError, UnknownNameError
 from connlearn.prune import dead_blocks, live_blocks
-
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's 'dot' program is not installed")
 
 
 def _graph(**overrides):
