@@ -396,7 +396,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     if logs:
-        plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",))
+        plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",),
+                                   eval_set="validation" if config.get("val_split") else "test")
     return path
 
 

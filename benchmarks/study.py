@@ -30,6 +30,7 @@ from accuracy import mean_curve
 
 from connlearn import plots
 from connlearn.errors import ConfigError, ConnlearnError
+from connlearn.experiment import eval_set_of
 from connlearn.prune import random_overlap
 from connlearn.topologies import PRESETS
 from connlearn.train import read_jsonl
@@ -86,6 +87,7 @@ def measures(run: Path) -> dict[str, Any]:
         "share": end1.get("drawn_topk_share"),
         "gates": (end1.get("gate_mean"), end1.get("gate_row_std"), end1.get("gate_at_1")),
         "log": log,
+        "eval_set": eval_set_of(run_options),
     }
 
 
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> str:
     text = table(arms, args.reference)
     print(text, end="")
     if args.png:
-        plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",))
+        evaluated_on = sorted({m["eval_set"] for runs in arms.values() for m in runs.values()})
+        plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",), eval_set=" / ".join(evaluated_on))
     return text
 
 

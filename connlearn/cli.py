@@ -168,6 +168,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
+    from connlearn.experiment import eval_set_of
 
     source, out = Path(args.source), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,14 +179,26 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
             files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
-            files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"))]
+            files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
+                                                eval_set=eval_set_of(_run_options(source.parent)))]
     else:
-        _, net = _load_net(str(source))
+        ckpt, net = _load_net(str(source))
         log = source.parent / "log.jsonl"
         log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
-        files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl")
+        files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl",
+                               eval_set=eval_set_of(ckpt.get("meta", {}).get("run") or {}))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _run_options(folder: Path) -> dict[str, Any]:
+    """The options of the run whose files lie in ``folder``, from its ``summary.json`` (written when the
+    run finished); empty when there is none or it is not readable."""
+    try:
+        options = json.loads((folder / "summary.json").read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return options if isinstance(options, dict) else {}
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +271,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         run = attrs.evolve(run, residual_init=started_with)
     pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
     save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
-    pictures = _draw(out, graph, history, trained.K)
+    pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     last = history[-1]
     overlap = input_overlap(graph)
     chance = {m: random_overlap(len(graph.candidates(m)), trained.K) for m in overlap}  # independent draws
@@ -302,7 +303,14 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     return summary
 
 
-def _draw(out: Path, graph, history: list[dict[str, Any]], K: int) -> list[Path]:
+def eval_set_of(run: Mapping[str, Any]) -> str:
+    """The name of the data a run was evaluated on, from its options (``CifarRun.to_dict()``, as its
+    checkpoints' ``meta["run"]`` and its ``summary.json``'s ``"run"`` hold them): ``"validation"`` when it
+    held out a split of the training set, else ``"test"``."""
+    return "validation" if run.get("val_split") else "test"
+
+
+def _draw(out: Path, graph, history: list[dict[str, Any]], K: int, eval_set: str) -> list[Path]:
     """Diagrams and plots of a finished run; a missing Graphviz only costs the SVGs (one message)."""
     files: list[Path] = []
     with warnings.catch_warnings(record=True) as caught:
@@ -311,6 +319,6 @@ def _draw(out: Path, graph, history: list[dict[str, Any]], K: int) -> list[Path]
         files += render.save(render.side_by_side(graph), out / "resnext_vs_learned.svg")
     for message in {str(w.message) for w in caught}:
         _say(f"connlearn: {message}")
-    files += plots.plot_run(graph, out, K, log=history, snapshots=out / "gates.jsonl")
+    files += plots.plot_run(graph, out, K, log=history, snapshots=out / "gates.jsonl", eval_set=eval_set)
     return files
 

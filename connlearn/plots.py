@@ -122,18 +122,19 @@ GATE_LOG_KEYS = ("gate_mean", "gate_at_1", "gate_entropy", "drawn_distinct", "dr
 
 
 def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Records | None = None,
-             snapshots: str | os.PathLike[str] | None = None) -> list[Path]:
+             snapshots: str | os.PathLike[str] | None = None, eval_set: str = "test") -> list[Path]:
     """The standard pictures of a run in folder ``out``: active branches, gate heatmaps (when the graph has
-    gates), test top-1 and train loss over epochs (when ``log`` is given), the per-epoch gate numbers and
-    draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a non-empty
-    ``snapshots`` file is given). Returns the files written."""
+    gates), top-1 on ``eval_set`` and train loss over epochs (when ``log`` is given), the per-epoch gate
+    numbers and draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a
+    non-empty ``snapshots`` file is given). Returns the files written."""
     out = Path(out)
     files = [plot_active_branches({f"K={K}": graph}, out / "active_branches.png")]
     if any(graph.candidates(m) for m in graph.modules()):
         files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
     if log is not None:
         records = _records(log, "log")
-        files.append(plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss")))
+        files.append(plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
+                                          eval_set=eval_set))
         if any(r.get("drawn_distinct") is not None for r in records):
             files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
     if snapshots is not None and Path(snapshots).is_file() and Path(snapshots).stat().st_size:
@@ -234,21 +235,43 @@ def plot_gate_evolution(snapshots: Records, path: str | os.PathLike[str], K: int
 
 
 # ---------------------------------------------------------------------------- training
+#: Axis labels of the trainer's log keys; ``{eval}`` is the evaluation set's name. Other keys label
+#: their axis with the key itself.
+LOG_LABELS = {
+    "test_top1": "{eval} top-1 (%)", "test_top5": "{eval} top-5 (%)", "test_loss": "{eval} loss",
+    "train_top1": "train top-1 (%)", "train_loss": "train loss", "lr": "learning rate",
+    "gate_mean": "gate mean", "gate_row_std": "gate std within a row", "gate_at_1": "gates at 1 (fraction)",
+    "gate_entropy": "sampling entropy", "drawn_distinct": "distinct draws", "drawn_topk_share": "draws = top-K",
+}
+
+
+def axis_label(key: str, eval_set: str = "test") -> str:
+    """The axis label of log key ``key``; ``eval_set`` names the data the ``test_*`` values come from
+    (``"validation"`` for a run evaluated on a split of the training set)."""
+    return LOG_LABELS.get(key, key).format(eval=eval_set)
+
+
 def plot_training_curves(
     log: Records | Mapping[str, Records],
     path: str | os.PathLike[str],
     keys: str | Sequence[str] = ("test_top1",),
+    eval_set: str = "test",
 ) -> Path:
     """Per-epoch values of ``keys`` (one panel each) from the trainer's ``log.jsonl``.
 
     ``log`` is the log's path or its records (dicts with ``"epoch"`` and the keys), or a dict
     label -> log for several runs in one figure, one line per run (e.g. test accuracy per arm). Records
-    without a key (e.g. epochs without a test pass) are skipped for that key.
+    without a key (e.g. epochs without a test pass) are skipped for that key. ``eval_set`` names the data
+    behind the ``test_*`` keys on the axes (the trainer logs every evaluation under ``test_*``; say
+    ``"validation"`` for a run evaluated on a held-out split of the training set).
     """
     path = _figure_path(path)
     keys = (keys,) if isinstance(keys, str) else tuple(keys)
     if not keys:
         raise ConfigError("keys is empty: name at least one logged value to plot, e.g. 'test_top1'")
+    if not isinstance(eval_set, str) or not eval_set.strip():
+        raise ConfigError(f"eval_set must be a non-empty name of the evaluation data, e.g. 'test' or "
+                          f"'validation', got {eval_set!r}")
     if isinstance(log, Mapping):
         if not log:
             raise ConfigError("log is an empty dict: give at least one run (label -> log path or records)")
@@ -261,7 +284,7 @@ def plot_training_curves(
         for label, records in runs.items():
             epochs, values = _series(records, key, f"log {label!r}" if label else "the log")
             ax.plot(epochs, values, marker=".", label=label or key)
-        ax.set_ylabel(key)
+        ax.set_ylabel(axis_label(key, eval_set))
         ax.grid(alpha=0.3)
         if len(runs) > 1:
             ax.legend(fontsize=8)

@@ -2,6 +2,7 @@
 
 import json
 
+import matplotlib
 import pytest
 from conftest import tiny
 
@@ -77,6 +78,29 @@ def test_training_curves_plot_compares_runs_given_as_files_or_records(log, tmp_p
     runs = {"topk": _write_jsonl(tmp_path / "log.jsonl", log), "random": log[:3]}
     path = plots.plot_training_curves(runs, tmp_path / "curves.png")
     assert path.read_bytes().startswith(PNG)
+
+
+@pytest.mark.parametrize("eval_set", ["test", "validation"])
+def test_training_curves_name_the_evaluation_set_on_the_axis(log, tmp_path, eval_set):
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text, to read it back
+        path = plots.plot_training_curves(log, tmp_path / "curves.svg", keys=("test_top1", "train_loss"),
+                                          eval_set=eval_set)
+    text = path.read_text()
+    other = "validation" if eval_set == "test" else "test"
+    assert f"{eval_set} top-1 (%)" in text and "train loss" in text
+    assert f"{other} top-1" not in text and "test_top1" not in text
+
+
+def test_an_unknown_log_key_labels_its_axis_with_the_key():
+    assert plots.axis_label("my_metric", "validation") == "my_metric"
+    assert plots.axis_label("test_loss", "validation") == "validation loss"
+
+
+@pytest.mark.parametrize("eval_set", ["", "  ", None])
+def test_an_empty_evaluation_set_name_is_a_config_error(log, tmp_path, eval_set):
+    with pytest.raises(ConfigError, match="eval_set"):
+        plots.plot_training_curves(log, tmp_path / "curves.png", eval_set=eval_set)
+    assert not list(tmp_path.iterdir())
 
 
 def test_format_follows_the_suffix(log, tmp_path):
