@@ -186,18 +186,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
         log = source.parent / "log.jsonl"
         log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
         files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl",
-                               eval_set=eval_set_of(ckpt.get("meta", {}).get("run") or {}))
+                               eval_set=eval_set_of((ckpt.get("meta") or {}).get("run") or {}))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
 def _run_options(folder: Path) -> dict[str, Any]:
-    """The options of the run whose files lie in ``folder``, from its ``summary.json`` (written when the
-    run finished); empty when there is none or it is not readable."""
+    """The options of the run whose files lie in ``folder``: from its ``summary.json`` (written when the
+    run finished), else from its ``last.pt``; empty when neither is there or readable."""
+    from connlearn.checkpoint import load_checkpoint
+
     try:
         options = json.loads((folder / "summary.json").read_text()).get("run")
     except (OSError, ValueError, AttributeError):
-        return {}
+        try:
+            options = (load_checkpoint(folder / "last.pt").get("meta") or {}).get("run")
+        except (ConnlearnError, AttributeError):
+            options = None
     return options if isinstance(options, dict) else {}
 
 
