@@ -42,7 +42,7 @@ import attrs
 from connlearn import plots
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
-from connlearn.experiment import CIFAR_PRESETS, CifarRun, run_cifar
+from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
 from connlearn.prune import random_overlap
 from connlearn.recipe import get_recipe
 from connlearn.topologies import PRESETS, resnext
@@ -324,7 +324,8 @@ def _temperature(run: dict[str, Any]) -> str:
 
 
 def write_table(out: Path, state: dict[str, Any]) -> Path:
-    """``results.md``: one row per arm, the paper's format, and a plot of test accuracy over epochs.
+    """``results.md``: one row per arm, the paper's format, and a plot of top-1 over epochs (on the test
+    set, or on the validation split when the sweep holds one out).
 
     Learned arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms
     with their ``residual_init`` unless it is the default, arms that draw with their sampling temperature
@@ -339,7 +340,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for summary in state["runs"].values():
         by_arm.setdefault(summary["arm"], []).append(summary)
-    evaluated_on = "validation split" if config.get("val_split") else "test set"
+    evaluated_on = {"validation": "validation split", "test": "test set"}[eval_set_of(config)]
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
@@ -397,7 +398,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     path.write_text("\n".join(lines) + "\n")
     if logs:
         plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",),
-                                   eval_set="validation" if config.get("val_split") else "test")
+                                   eval_set=eval_set_of(config))
     return path
 
 

@@ -100,9 +100,21 @@ def _ms(values: list[float | None], sign: str = "") -> str:
     return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.2f}"
 
 
+def eval_set(arms: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """The data every run of the study was evaluated on; runs evaluated on different data do not compare."""
+    found: dict[str, list[str]] = {}
+    for label, runs in arms.items():
+        for m in runs.values():
+            found.setdefault(m["eval_set"], []).append(label)
+    if len(found) > 1:
+        raise ConfigError("the arms were not evaluated on the same data: " + "; ".join(
+            f"{name}: {', '.join(dict.fromkeys(labels))}" for name, labels in sorted(found.items())))
+    return next(iter(found))
+
+
 def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None) -> str:
     seeds = sorted({s for runs in arms.values() for s in runs})
-    head = ["arm", *(f"seed {s}" for s in seeds), "mean ± std"]
+    head = [f"arm ({eval_set(arms)} top-1 %, last epoch)", *(f"seed {s}" for s in seeds), "mean ± std"]
     if reference:
         head += [f"against {reference}, paired (common seeds)", "seeds above"]
     head += ["end of phase 1", "Params-Test (kept)", "input overlap (random)", "draws = top-K",
@@ -155,11 +167,13 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(str(exc))
     if args.reference and args.reference not in arms:
         parser.error(f"--reference {args.reference!r} is not one of the arms: {', '.join(arms)}")
-    text = table(arms, args.reference)
+    try:
+        text = table(arms, args.reference)
+        if args.png:
+            plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",), eval_set=eval_set(arms))
+    except ConnlearnError as exc:
+        parser.error(str(exc))
     print(text, end="")
-    if args.png:
-        evaluated_on = sorted({m["eval_set"] for runs in arms.values() for m in runs.values()})
-        plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",), eval_set=" / ".join(evaluated_on))
     return text
 
 

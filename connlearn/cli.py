@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -179,16 +180,27 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
             files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
+            options = _run_options(source.parent)
+            eval_set = args.eval_set or (eval_set_of(options) if options else "eval")
             files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
-                                                eval_set=eval_set_of(_run_options(source.parent)))]
+                                                eval_set=eval_set)]
     else:
         ckpt, net = _load_net(str(source))
         log = source.parent / "log.jsonl"
         log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
+        options = _options_in(ckpt)
+        eval_set = args.eval_set or (eval_set_of(options) if options else "eval")
         files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl",
-                               eval_set=eval_set_of((ckpt.get("meta") or {}).get("run") or {}))
+                               eval_set=eval_set)
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _options_in(record: Any) -> dict[str, Any]:
+    """The run options a checkpoint (``meta["run"]``) or ``summary.json`` (``"run"``) holds; empty if none."""
+    holder = record.get("meta", record) if isinstance(record, dict) else None
+    options = holder.get("run") if isinstance(holder, dict) else None
+    return options if isinstance(options, dict) else {}
 
 
 def _run_options(folder: Path) -> dict[str, Any]:
@@ -197,13 +209,13 @@ def _run_options(folder: Path) -> dict[str, Any]:
     from connlearn.checkpoint import load_checkpoint
 
     try:
-        options = json.loads((folder / "summary.json").read_text()).get("run")
-    except (OSError, ValueError, AttributeError):
-        try:
-            options = (load_checkpoint(folder / "last.pt").get("meta") or {}).get("run")
-        except (ConnlearnError, AttributeError):
-            options = None
-    return options if isinstance(options, dict) else {}
+        options = _options_in(json.loads((folder / "summary.json").read_text()))
+    except (OSError, ValueError):
+        options = {}
+    if not options:
+        with contextlib.suppress(ConnlearnError):
+            options = _options_in(load_checkpoint(folder / "last.pt"))
+    return options
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -305,10 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot", help="plots of a checkpoint or log",
                        description="Active branches and gate heatmaps of a checkpoint (plus its run's log and gate "
-                                   "snapshots when beside it), or the curves of a log.jsonl / gates.jsonl.")
+                                   "snapshots when beside it), or the curves of a log.jsonl / gates.jsonl. The "
+                                   "accuracy axis names the data the run was evaluated on (validation or test), "
+                                   "read from the run's options in the checkpoint, summary.json or last.pt.")
     p.add_argument("source", help="a checkpoint (.pt), log.jsonl or gates.jsonl")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.add_argument("--K", type=int, help="fan-in, for gates.jsonl")
+    p.add_argument("--eval-set", choices=("test", "validation"),
+                   help="the data the log's evaluations ran on, where the run's options cannot say "
+                        "(default: read from them; 'eval' when they are not found)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("info", help="describe a checkpoint", description="Architecture, gates, parameters, accuracy.")

@@ -307,6 +307,8 @@ def eval_set_of(run: Mapping[str, Any]) -> str:
     """The name of the data a run was evaluated on, from its options (``CifarRun.to_dict()``, as its
     checkpoints' ``meta["run"]`` and its ``summary.json``'s ``"run"`` hold them): ``"validation"`` when it
     held out a split of the training set, else ``"test"``."""
+    if not isinstance(run, Mapping):
+        raise ConfigError(f"run options must be a dict (CifarRun.to_dict()), got {type(run).__name__}")
     return "validation" if run.get("val_split") else "test"
 
 

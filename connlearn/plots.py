@@ -127,6 +127,7 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Recor
     gates), top-1 on ``eval_set`` and train loss over epochs (when ``log`` is given), the per-epoch gate
     numbers and draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a
     non-empty ``snapshots`` file is given). Returns the files written."""
+    _check_eval_set(eval_set)
     out = Path(out)
     files = [plot_active_branches({f"K={K}": graph}, out / "active_branches.png")]
     if any(graph.candidates(m) for m in graph.modules()):
@@ -248,7 +249,13 @@ LOG_LABELS = {
 def axis_label(key: str, eval_set: str = "test") -> str:
     """The axis label of log key ``key``; ``eval_set`` names the data the ``test_*`` values come from
     (``"validation"`` for a run evaluated on a split of the training set)."""
-    return LOG_LABELS.get(key, key).format(eval=eval_set)
+    return LOG_LABELS[key].format(eval=eval_set) if key in LOG_LABELS else key
+
+
+def _check_eval_set(eval_set: Any) -> None:
+    if not isinstance(eval_set, str) or not eval_set.strip():
+        raise ConfigError(f"eval_set must be a non-empty name of the evaluation data, e.g. 'test' or "
+                          f"'validation', got {eval_set!r}")
 
 
 def plot_training_curves(
@@ -269,9 +276,7 @@ def plot_training_curves(
     keys = (keys,) if isinstance(keys, str) else tuple(keys)
     if not keys:
         raise ConfigError("keys is empty: name at least one logged value to plot, e.g. 'test_top1'")
-    if not isinstance(eval_set, str) or not eval_set.strip():
-        raise ConfigError(f"eval_set must be a non-empty name of the evaluation data, e.g. 'test' or "
-                          f"'validation', got {eval_set!r}")
+    _check_eval_set(eval_set)
     if isinstance(log, Mapping):
         if not log:
             raise ConfigError("log is an empty dict: give at least one run (label -> log path or records)")

@@ -87,24 +87,49 @@ def test_plot_writes_pictures(ckpt, tmp_path, capsys):
     assert code == 0 and (tmp_path / "active_branches.png").exists()
 
 
-@pytest.mark.parametrize(("options", "expected"), [({"val_split": 500}, "validation"), ({"val_split": None}, "test")])
-@pytest.mark.parametrize("source", ["checkpoint", "log", "log of an unfinished run"])
-def test_plot_names_the_evaluation_set_the_run_used(tmp_path, capsys, monkeypatch, options, expected, source):
+def _plot_eval_set(tmp_path, capsys, monkeypatch, source, meta=None, summary=None, last=True, extra=()):
+    """Run ``connlearn plot`` on a run folder holding the given files; the eval_set its curves got."""
     from connlearn import plots
 
     run = tmp_path / "run"
     run.mkdir()
-    net = connlearn.build(**tiny(gate="random", K=1, M=6))
-    save_atomic(make_checkpoint(net, meta={"run": options}), run / "last.pt")
+    if last:
+        save_atomic(make_checkpoint(connlearn.build(**tiny(gate="random", K=1, M=6)), meta=meta), run / "last.pt")
+    if summary is not None:
+        (run / "summary.json").write_text(summary)
     (run / "log.jsonl").write_text("".join(json.dumps({"epoch": e, "test_top1": 10.0 * e, "train_loss": 2.0 / e})
                                            + "\n" for e in (1, 2)))
-    if source != "log of an unfinished run":  # the run's options come from its last.pt then
-        (run / "summary.json").write_text(json.dumps({"run": options}))
     seen, plot = [], plots.plot_training_curves
     monkeypatch.setattr(plots, "plot_training_curves", lambda *a, **kw: seen.append(kw["eval_set"]) or plot(*a, **kw))
-    code, _, _ = _run(["plot", run / ("last.pt" if source == "checkpoint" else "log.jsonl"), "-o", tmp_path / "out"],
-                      capsys)
-    assert code == 0 and seen == [expected]
+    code, _, err = _run(["plot", run / source, "-o", tmp_path / "out", *extra], capsys)
+    assert code == 0, err
+    assert len(seen) == 1
+    return seen[0]
+
+
+@pytest.mark.parametrize(("options", "expected"), [({"val_split": 500}, "validation"), ({"val_split": None}, "test")])
+def test_plot_names_the_evaluation_set_the_run_used(tmp_path, capsys, monkeypatch, options, expected):
+    run = {"run": options}
+    summary = json.dumps(run)
+    for name, kwargs in {
+        "checkpoint": dict(source="last.pt", meta=run),
+        "log of a finished run": dict(source="log.jsonl", summary=summary, last=False),
+        "log of an unfinished run (its last.pt)": dict(source="log.jsonl", meta=run),
+        "log beside an unreadable summary.json": dict(source="log.jsonl", meta=run, summary="{not json"),
+    }.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        assert _plot_eval_set(folder, capsys, monkeypatch, **kwargs) == expected, name
+
+
+@pytest.mark.parametrize(("source", "meta"), [("log.jsonl", None), ("last.pt", None), ("last.pt", {"run": "a name"}),
+                                              ("last.pt", {"run": {"val_split": 500}})])
+def test_plot_says_eval_where_the_run_does_not_say_or_as_told(tmp_path, capsys, monkeypatch, source, meta):
+    told = meta is not None and isinstance(meta["run"], dict)  # a run that says validation, told test
+    last = source == "last.pt"  # a log alone: no options anywhere
+    extra = ("--eval-set", "test") if told else ()
+    expected = "test" if told else "eval"
+    assert _plot_eval_set(tmp_path, capsys, monkeypatch, source, meta=meta, last=last, extra=extra) == expected
 
 
 def test_export_writes_torchscript(ckpt, tmp_path, capsys):

@@ -15,8 +15,8 @@ import connlearn
 from connlearn import experiment
 from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
-from connlearn.errors import DataError
-from connlearn.experiment import CifarRun, run_cifar
+from connlearn.errors import ConfigError, DataError
+from connlearn.experiment import CifarRun, eval_set_of, run_cifar
 from connlearn.recipe import get_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,3 +267,10 @@ def test_a_run_s_temperature_reaches_phase_one_only_and_bad_ones_are_refused():
     for bad in (dict(gate_temperature=0), dict(gate_temperature_end=-1.0)):
         with pytest.raises(connlearn.ConnlearnError, match=next(iter(bad))):
             CifarRun(**bad)
+
+
+def test_a_run_is_evaluated_on_the_validation_split_it_holds_out_else_on_the_test_set():
+    assert eval_set_of(CifarRun(val_split=500).to_dict()) == "validation"
+    assert eval_set_of(CifarRun().to_dict()) == "test"
+    with pytest.raises(ConfigError, match="got str"):
+        eval_set_of("validation")

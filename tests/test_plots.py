@@ -93,6 +93,7 @@ def test_training_curves_name_the_evaluation_set_on_the_axis(log, tmp_path, eval
 
 def test_an_unknown_log_key_labels_its_axis_with_the_key():
     assert plots.axis_label("my_metric", "validation") == "my_metric"
+    assert plots.axis_label("acc{1}", "validation") == "acc{1}"
     assert plots.axis_label("test_loss", "validation") == "validation loss"
 
 
@@ -100,6 +101,8 @@ def test_an_unknown_log_key_labels_its_axis_with_the_key():
 def test_an_empty_evaluation_set_name_is_a_config_error(log, tmp_path, eval_set):
     with pytest.raises(ConfigError, match="eval_set"):
         plots.plot_training_curves(log, tmp_path / "curves.png", eval_set=eval_set)
+    with pytest.raises(ConfigError, match="eval_set"):  # with or without a log
+        plots.plot_run(_graph(), tmp_path, K=1, eval_set=eval_set)
     assert not list(tmp_path.iterdir())
 
 

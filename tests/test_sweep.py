@@ -7,6 +7,7 @@ import torch
 from accuracy import _mean_curves, _paired, _paired_by_density, main, parse_arm, write_table
 from conftest import tiny
 from gate_dynamics import from_runs, gradient_split, movement
+from study import eval_set as study_eval_set
 from study import find_runs
 from study import main as study
 
@@ -286,6 +287,7 @@ def test_a_study_table_pairs_arms_of_separate_folders_by_seed(tmp_path, data, ca
     text = study(["--reference", "Fixed-Full", f"Fixed-Full={tmp_path}/full/full-s*",
                   f"Learned K=4={tmp_path}/topk4/topk4-s*", "--png", str(png)])
     assert text == capsys.readouterr().out and png.exists()
+    assert text.startswith("| arm (test top-1 %, last epoch) |")
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()[2:]}
     sweep = {arm: json.loads((tmp_path / arm / "sweep.json").read_text())["runs"] for arm in ("full", "topk4")}
     top1 = {arm: [sweep[arm][f"{arm}-s{s}"]["test_top1"] for s in (0, 1)] for arm in sweep}
@@ -293,6 +295,13 @@ def test_a_study_table_pairs_arms_of_separate_folders_by_seed(tmp_path, data, ca
     diffs = [a - b for a, b in zip(top1["topk4"], top1["full"], strict=True)]
     assert rows["Learned K=4"][4].startswith(f"{sum(diffs) / 2:+.2f}".replace("-", "−"))
     assert rows["Learned K=4"][5] == f"{sum(d > 0 for d in diffs)} of 2" and rows["Fixed-Full"][4] == ""
+
+
+def test_a_study_refuses_to_compare_runs_evaluated_on_different_data():
+    arms = {"Fixed-Random": {0: {"eval_set": "validation"}}, "Learned": {0: {"eval_set": "test"}}}
+    with pytest.raises(ConnlearnError, match="not evaluated on the same data: test: Learned; validation: Fixed"):
+        study_eval_set(arms)
+    assert study_eval_set({"Learned": {0: {"eval_set": "test"}, 1: {"eval_set": "test"}}}) == "test"
 
 
 def test_a_study_finds_one_finished_run_per_seed_or_says_what_is_wrong(tmp_path):
