@@ -340,7 +340,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for summary in state["runs"].values():
         by_arm.setdefault(summary["arm"], []).append(summary)
-    evaluated_on = {"validation": "validation split", "test": "test set"}[eval_set_of(config)]
+    eval_set = eval_set_of(config)
+    evaluated_on = {"validation": "validation split", "test": "test set"}[eval_set]
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
@@ -398,7 +399,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     path.write_text("\n".join(lines) + "\n")
     if logs:
         plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",),
-                                   eval_set=eval_set_of(config))
+                                   eval_set=eval_set)
     return path
 
 

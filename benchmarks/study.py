@@ -112,9 +112,9 @@ def eval_set(arms: dict[str, dict[int, dict[str, Any]]]) -> str:
     return next(iter(found))
 
 
-def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None) -> str:
+def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None, evaluated_on: str) -> str:
     seeds = sorted({s for runs in arms.values() for s in runs})
-    head = [f"arm ({eval_set(arms)} top-1 %, last epoch)", *(f"seed {s}" for s in seeds), "mean ± std"]
+    head = [f"arm ({evaluated_on} top-1 %, last epoch)", *(f"seed {s}" for s in seeds), "mean ± std"]
     if reference:
         head += [f"against {reference}, paired (common seeds)", "seeds above"]
     head += ["end of phase 1", "Params-Test (kept)", "input overlap (random)", "draws = top-K",
@@ -168,9 +168,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.reference and args.reference not in arms:
         parser.error(f"--reference {args.reference!r} is not one of the arms: {', '.join(arms)}")
     try:
-        text = table(arms, args.reference)
+        evaluated_on = eval_set(arms)
+        text = table(arms, args.reference, evaluated_on)
         if args.png:
-            plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",), eval_set=eval_set(arms))
+            plots.plot_training_curves(mean_curves(arms), args.png, keys=("test_top1",), eval_set=evaluated_on)
     except ConnlearnError as exc:
         parser.error(str(exc))
     print(text, end="")

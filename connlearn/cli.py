@@ -169,7 +169,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
-    from connlearn.experiment import eval_set_of
 
     source, out = Path(args.source), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,20 +179,25 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
             files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
-            options = _run_options(source.parent)
-            eval_set = args.eval_set or (eval_set_of(options) if options else "eval")
+            eval_set = args.eval_set or _eval_set(_run_options(source.parent))
             files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
                                                 eval_set=eval_set)]
     else:
         ckpt, net = _load_net(str(source))
         log = source.parent / "log.jsonl"
         log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
-        options = _options_in(ckpt)
-        eval_set = args.eval_set or (eval_set_of(options) if options else "eval")
+        eval_set = args.eval_set or _eval_set(_options_in(ckpt))
         files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl",
                                eval_set=eval_set)
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _eval_set(options: dict[str, Any]) -> str:
+    """The name of the data a run was evaluated on, from its options; "eval" where there are none."""
+    from connlearn.experiment import eval_set_of
+
+    return eval_set_of(options) if options else "eval"
 
 
 def _options_in(record: Any) -> dict[str, Any]:
