@@ -254,6 +254,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
         "epochs_done": ckpt.get("epoch"),
         "best_top1": ckpt.get("best_top1"),
+        # the checkpoint's own run options say which data best_top1 is on; without them nobody can
+        "evaluated_on": _eval_set(options) if (options := _options_in(ckpt)) else "unknown",
     }
     if args.json:
         print(json.dumps(info))

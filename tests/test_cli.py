@@ -50,6 +50,16 @@ def test_info_describes_the_checkpoint(ckpt, capsys):
     assert info["gate"] == "random" and info["K"] == 1 and info["best_top1"] == 12.5
     assert info["params_test"] < info["params_train"]
     assert [part.split(":")[0] for part in info["input_overlap"].split(", ")] == ["m2", "m3", "m4", "m5", "m6"]
+    assert info["evaluated_on"] == "unknown"  # a checkpoint without run options cannot say which data
+
+
+@pytest.mark.parametrize(("val_split", "named"), [(None, "test"), (500, "validation")])
+def test_info_names_the_data_best_top1_was_measured_on(val_split, named, tmp_path, capsys):
+    net = connlearn.build(**tiny(gate="random", K=1))
+    path = tmp_path / "last.pt"
+    save_atomic(make_checkpoint(net, best_top1=40.0, epoch=2, meta={"run": {"val_split": val_split}}), path)
+    code, out, _ = _run(["info", path], capsys)
+    assert code == 0 and f"evaluated_on    {named}" in out
 
 
 def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, capsys):
