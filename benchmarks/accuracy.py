@@ -15,6 +15,7 @@ a sweep folder later, with the settings it was started with (``--device``, ``--a
     python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
     python benchmarks/accuracy.py --budget 320 --arms full topk4 --seeds 0 --time-limit 540   # repeat
     python benchmarks/accuracy.py ... --val-split 5000      # choose settings on a validation split
+    python benchmarks/accuracy.py ... --phases 10 3 2 1     # 16 epochs, 10 of them learning the connectivity
     python benchmarks/accuracy.py ... --arms random4 topk4 topk4-centered topk4-renormalized --val-split 5000
 
 An arm of learned gates (``topk4``, ``real4``, ``topk1``) takes a gate-gradient rule as a suffix
@@ -106,7 +107,7 @@ def _known(arm: str) -> bool:
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
              "batch_size", "gate_grad", "gate_lr", "gate_init", "gate_temperature", "gate_temperature_end",
-             "residual_init", "device", "amp", "compile", "data")
+             "residual_init", "phases", "device", "amp", "compile", "data")
 
 
 def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -345,6 +346,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
+    if config.get("phases"):
+        data = f" (phases {'/'.join(str(e) for e in config['phases'])})" + data
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
     logs = {name: read_jsonl(out / name / "log.jsonl") for name in state["runs"]}
@@ -426,7 +429,10 @@ def _mean_curves(by_arm: dict[str, list[dict[str, Any]]], logs: dict[str, list[d
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="cifar-20-4-8", choices=CIFAR_PRESETS)
-    parser.add_argument("--budget", type=int, default=30, help="total epochs of each run (paper: 320)")
+    parser.add_argument("--budget", type=int,
+                        help="total epochs of each run (paper: 320; default 30, or the sum of --phases)")
+    parser.add_argument("--phases", type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"),
+                        help="epochs of each phase instead of the budget's scaled split")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--arms", nargs="+", default=["full", "topk4", "random4", "real4"], type=_arm,
                         metavar="ARM", help=f"{', '.join(ARMS)}; a learned arm may add -RULE (topk4-centered)")
@@ -454,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error(f"--parallel must be at least 1, got {args.parallel}")
+    if args.budget is None:
+        args.budget = sum(args.phases) if args.phases else 30
     if args.only is not None:
         match = RUN_NAME.fullmatch(args.only)
         run_one(args, match["arm"], int(match["seed"]), args.time_limit)

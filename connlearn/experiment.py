@@ -45,9 +45,15 @@ def _optional_int(name: str):
     return check
 
 
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # from JSON; anything else is checked as given
+
+
 @attrs.frozen
 class CifarRun:
-    """One CIFAR run. ``epochs`` scales the paper's 320-epoch, four-phase schedule; ``train_subset`` /
+    """One CIFAR run. ``epochs`` scales the paper's 320-epoch, four-phase schedule (120/100/50/50), keeping
+    its proportions; ``phases`` gives each phase's epochs instead (four counts that add up to ``epochs``:
+    ``phases=(10, 3, 2, 1), epochs=16`` learns the connectivity for 10 epochs). ``train_subset`` /
     ``test_subset`` take class-balanced subsets for short runs; ``val_split`` holds out that many training
     images and evaluates on them instead of the test set (for choosing settings without the test set).
     ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset.
@@ -62,6 +68,7 @@ class CifarRun:
     gate: str = "topk"
     K: int | None = attrs.field(default=None, validator=_optional_int("K"))
     epochs: int = attrs.field(default=320, validator=_optional_int("epochs"))
+    phases: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     seed: int = 0
     data: str | None = None
     out: str = "runs/cifar"
@@ -97,6 +104,12 @@ class CifarRun:
         if self.preset not in CIFAR_PRESETS:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
         check_residual_init(self.residual_init)
+        if self.phases is not None:
+            total = get_recipe("cifar").with_phase_epochs(self.phases).total_epochs  # checks each count
+            if total != self.epochs:
+                split = "/".join(str(e) for e in self.phases)
+                raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
+                                  f"epochs={total} (connlearn train fills it in when --epochs is left out)")
         check_temperature("gate_temperature", self.gate_temperature)
         if self.gate_temperature_end is not None:
             check_temperature("gate_temperature_end", self.gate_temperature_end)
@@ -217,7 +230,8 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
 
 
 def make_recipe(run: CifarRun):
-    recipe = get_recipe("cifar").scaled(run.epochs)
+    paper = get_recipe("cifar")
+    recipe = paper.scaled(run.epochs) if run.phases is None else paper.with_phase_epochs(run.phases)
     if run.batch_size is not None:
         recipe = attrs.evolve(recipe, batch_size=run.batch_size)
     first = attrs.evolve(recipe.phases[0], temperature=run.gate_temperature, temperature_end=run.gate_temperature_end)

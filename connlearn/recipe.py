@@ -8,6 +8,7 @@ gates and only the weights are fine-tuned at decreasing learning rates. Gate kin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -118,6 +119,16 @@ class Recipe:
             i = max(range(n), key=lambda i: ideal[i] - alloc[i])
             alloc[i] += 1
         return attrs.evolve(self, phases=[attrs.evolve(p, epochs=e) for p, e in zip(self.phases, alloc, strict=True)])
+
+    def with_phase_epochs(self, epochs: Sequence[int]) -> Recipe:
+        """The same schedule with ``epochs[i]`` epochs in phase ``i``: one positive count per phase (the
+        paper's CIFAR schedule is ``(120, 100, 50, 50)``), for a split other than :meth:`scaled`'s."""
+        split = "/".join(str(p.epochs) for p in self.phases)
+        if not isinstance(epochs, (list, tuple)) or len(epochs) != len(self.phases):
+            raise ConfigError(f"phase epochs must be {len(self.phases)} counts, one per phase of the {self.name!r} "
+                              f"recipe (its own: {split}), got {epochs!r}")
+        counts = [check_int(f"epochs of phase {i}", e, minimum=1) for i, e in enumerate(epochs, 1)]
+        return attrs.evolve(self, phases=[attrs.evolve(p, epochs=e) for p, e in zip(self.phases, counts, strict=True)])
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -18,6 +18,7 @@ from connlearn.data import DATA_ENV
 from connlearn.errors import ConfigError, DataError
 from connlearn.experiment import CifarRun, eval_set_of, run_cifar
 from connlearn.recipe import get_recipe
+from connlearn.train import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--M", "3", "--C", "2", "--K", "1", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
@@ -267,6 +268,34 @@ def test_a_run_s_temperature_reaches_phase_one_only_and_bad_ones_are_refused():
     for bad in (dict(gate_temperature=0), dict(gate_temperature_end=-1.0)):
         with pytest.raises(connlearn.ConnlearnError, match=next(iter(bad))):
             CifarRun(**bad)
+
+
+def test_a_run_takes_its_phase_split_as_given_and_the_cli_fills_in_the_total():
+    from connlearn.cli import build_parser, run_from_args
+
+    recipe = experiment.make_recipe(CifarRun(epochs=16, phases=[10, 3, 2, 1], gate_temperature_end=0.05))
+    assert [p.epochs for p in recipe.phases] == [10, 3, 2, 1]  # instead of the scaled 6/5/3/2
+    assert recipe.phases[0].temperature_end == 0.05 and recipe.phases[0].gate_lr == 0.2
+    with pytest.raises(ConfigError, match="phases 10/3/2/1 add up to 16 epochs, but epochs is 320"):
+        CifarRun(phases=(10, 3, 2, 1))
+    with pytest.raises(ConfigError, match="4 counts"):
+        CifarRun(phases=(10, 6), epochs=16)
+    parse = build_parser().parse_args
+    assert run_from_args(parse(["train", "--phases", "10", "3", "2", "1"])).epochs == 16
+    with pytest.raises(ConfigError, match="but epochs is 20"):
+        run_from_args(parse(["train", "--phases", "10", "3", "2", "1", "--epochs", "20"]))
+
+
+def test_a_run_trains_its_phase_split_and_resumes_only_with_it(offline, tmp_path):
+    from connlearn.errors import CheckpointError
+
+    run = CifarRun(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=5,
+                   phases=(1, 2, 1, 1), train_subset=100, test_subset=50, batch_size=50, out=str(tmp_path),
+                   progress=False, snapshot_every=0)
+    assert run_cifar(run)["epochs"] == 5
+    assert [r["phase"] for r in read_jsonl(tmp_path / "log.jsonl")] == [1, 2, 2, 3, 4]  # scaled: 2/1/1/1
+    with pytest.raises(CheckpointError, match="another recipe"):
+        run_cifar(attrs.evolve(run, phases=None))  # the scaled split of the same 5 epochs
 
 
 def test_a_run_is_evaluated_on_the_validation_split_it_holds_out_else_on_the_test_set():

@@ -1,6 +1,9 @@
 """Recipes: the paper's presets, proportional scaling, validation."""
 
+import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from connlearn.errors import ConnlearnError, check_temperature
 from connlearn.recipe import Phase, Recipe, get_recipe
@@ -32,6 +35,24 @@ def test_scaled_keeps_the_total_and_the_order_of_phase_lengths(total):
 
 def test_scaled_below_the_number_of_phases_keeps_the_first_phases():
     assert [p.epochs for p in get_recipe("cifar").scaled(2).phases] == [1, 1]
+
+
+@given(st.lists(st.integers(1, 500), min_size=4, max_size=4))
+def test_a_given_split_keeps_every_phase_but_its_length(epochs):
+    paper = get_recipe("cifar")
+    r = paper.with_phase_epochs(epochs)
+    assert [p.epochs for p in r.phases] == epochs and r.total_epochs == sum(epochs)
+    assert [attrs.evolve(p, epochs=1) for p in r.phases] == [attrs.evolve(p, epochs=1) for p in paper.phases]
+    assert (r.batch_size, r.momentum, r.weight_decay) == (paper.batch_size, paper.momentum, paper.weight_decay)
+
+
+@pytest.mark.parametrize(("epochs", "message"), [((10, 3, 2), "4 counts, one per phase .* 120/100/50/50"),
+                                                  ("10 3 2 1", "4 counts"),
+                                                  ((10, 0, 2, 1), "epochs of phase 2 must be >= 1"),
+                                                  ((10, 3, 2.5, 1), "epochs of phase 3 must be an integer")])
+def test_a_bad_split_is_refused_naming_the_phase(epochs, message):
+    with pytest.raises(ConnlearnError, match=message):
+        get_recipe("cifar").with_phase_epochs(epochs)
 
 
 def test_phase_at_maps_epochs_to_phases():

@@ -243,6 +243,18 @@ def test_a_sweep_with_a_sampling_temperature_labels_its_drawing_arms_and_keeps_i
         main(_args(tmp_path, data, "--arms", "topk4", "random4"))
 
 
+def test_a_sweep_with_a_phase_split_takes_its_budget_from_it_and_keeps_it(tmp_path, data):
+    args = _args(tmp_path, data, "--arms", "topk4", "--phases", "1", "2", "1", "1")[2:]  # no --budget
+    state = main(args)
+    assert state["config"]["budget"] == 5 and state["config"]["phases"] == [1, 2, 1, 1]
+    assert [r["phase"] for r in read_jsonl(tmp_path / "topk4-s0" / "log.jsonl")] == [1, 2, 2, 3, 4]  # scaled: 2/1/1/1
+    assert "budget 5 epochs (phases 1/2/1/1), " in (tmp_path / "results.md").read_text()
+    with pytest.raises(SystemExit, match=r"phases=\[1, 2, 1, 1\] there, None here"):
+        main(_args(tmp_path, data, "--arms", "random4", "--budget", "5"))
+    with pytest.raises(SystemExit, match="add up to 5 epochs, but epochs is 6"):
+        main([*args, "--budget", "6"])
+
+
 def test_architecture_options_given_at_what_the_preset_builds_are_no_change(tmp_path):
     from accuracy import _check_same_sweep
 
