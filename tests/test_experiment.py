@@ -298,6 +298,23 @@ def test_a_run_trains_its_phase_split_and_resumes_only_with_it(offline, tmp_path
         run_cifar(attrs.evolve(run, phases=None))  # the scaled split of the same 5 epochs
 
 
+def test_a_run_on_a_validation_split_labels_its_curves_validation(offline, tmp_path, monkeypatch):
+    from connlearn import plots
+
+    told, plot_run = [], plots.plot_run
+
+    def recording(*args, eval_set, **kw):
+        told.append(eval_set)
+        return plot_run(*args, eval_set=eval_set, **kw)
+
+    monkeypatch.setattr(plots, "plot_run", recording)
+    run = CifarRun(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=1,
+                   train_subset=100, val_split=50, batch_size=50, progress=False, snapshot_every=0)
+    for held_out, name in ((run, "validation"), (attrs.evolve(run, val_split=None, test_subset=50), "test")):
+        run_cifar(attrs.evolve(held_out, out=str(tmp_path / name)))
+        assert told.pop() == name and (tmp_path / name / "curves.png").exists()
+
+
 def test_a_run_is_evaluated_on_the_validation_split_it_holds_out_else_on_the_test_set():
     assert eval_set_of(CifarRun(val_split=500).to_dict()) == "validation"
     assert eval_set_of(CifarRun().to_dict()) == "test"
