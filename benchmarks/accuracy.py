@@ -2,11 +2,11 @@
 
 Trains, for one architecture, budget and list of seeds, the arms ``full`` (ResNeXt), ``topk`` K=4
 (GateConnect), ``random`` K=4 (Fixed-Random), ``real`` K=4 (real-valued gates) and optionally ``topk``
-K=1 with its baseline ``random`` K=1, all with the paper's four-phase schedule scaled to the budget, the
-same data order per seed and the same augmentation. Each run lives in ``OUT/<arm>-s<seed>``;
-``OUT/sweep.json`` holds every finished run and ``OUT/results.md`` the table in the paper's format (best
-and mean ± std of top-1, Params-Train, Params-Test after pruning dead blocks, time), next to the paper's
-numbers. Running the same command again skips finished runs and resumes an unfinished one from its last
+K=1 with its baseline ``random`` K=1, all with the paper's four-phase schedule scaled to the budget (or
+split by ``--phases``), the same data order per seed and the same augmentation. Each run lives in
+``OUT/<arm>-s<seed>``; ``OUT/sweep.json`` holds every finished run and ``OUT/results.md`` the table in the
+paper's format (best and mean ± std of top-1, Params-Train, Params-Test after pruning dead blocks, time),
+next to the paper's numbers. Running the same command again skips finished runs and resumes an unfinished one from its last
 checkpoint, so a long sweep can be split into pieces with ``--time-limit``. More arms and seeds may join
 a sweep folder later, with the settings it was started with (``--device``, ``--amp``, ``--compile``,
 ``--data`` and ``--parallel`` may change); other settings are refused, naming what differs.
@@ -182,7 +182,12 @@ def _resolved(config: dict[str, Any]) -> dict[str, Any]:
     defaults.update(M=len(graph.modules()), C=graph.graph["options"]["C"], width=graph.graph["options"]["width"],
                     base_channels=graph.nodes[first]["out_channels"],
                     stem_channels=graph.nodes["input"]["out_channels"])
-    return {**defaults, **config}
+    resolved = {**defaults, **config}
+    budget, phases = resolved.get("budget"), resolved.get("phases")
+    if phases is not None and isinstance(budget, int) and budget >= 1 and list(phases) == [
+            p.epochs for p in get_recipe("cifar").scaled(budget).phases]:
+        resolved["phases"] = None  # the split the budget gives anyway: the same schedule
+    return resolved
 
 
 def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -460,6 +465,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error(f"--parallel must be at least 1, got {args.parallel}")
+    if args.phases and min(args.phases) < 1:
+        parser.error(f"--phases: every phase needs at least one epoch, got {' '.join(map(str, args.phases))}")
     if args.budget is None:
         args.budget = sum(args.phases) if args.phases else 30
     if args.only is not None:

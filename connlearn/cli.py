@@ -45,10 +45,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--preset", choices=CIFAR_PRESETS, help=f"architecture {{D,w,C}} (default {defaults.preset})")
     a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
     a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
-    a("--epochs", type=int, help="total epochs; the paper's 120/100/50/50 schedule is scaled to it (default 320)")
+    a("--epochs", type=int, help="total epochs; the paper's 120/100/50/50 schedule is scaled to it (default 320, "
+                                 "or the sum of --phases)")
     a("--phases", type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"),
-      help="epochs of each phase instead of the scaled split (phase 1 learns the connectivity); "
-           "--epochs defaults to their sum")
+      help="epochs of each phase instead of the scaled split (phase 1 is where learned gates are trained; "
+           "from phase 2 on the connectivity is fixed)")
     a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (default 0)")
     a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download)")
     a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
@@ -94,8 +95,10 @@ def run_from_args(args: argparse.Namespace, dataset: str | None = None):
     if args.config:
         options.update(_read_config(Path(args.config), fields))
     options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
-    if isinstance(options.get("phases"), (list, tuple)) and "epochs" not in options:
-        options["epochs"] = sum(e for e in options["phases"] if isinstance(e, int))  # CifarRun checks the counts
+    phases = options.get("phases")
+    if "epochs" not in options and isinstance(phases, (list, tuple)) and phases and all(
+            isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in phases):
+        options["epochs"] = sum(phases)  # bad counts are left for CifarRun to name
     if dataset is not None:
         options["dataset"] = dataset
     return CifarRun(**options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import numbers
 import os
 import time
 import warnings
@@ -46,7 +47,11 @@ def _optional_int(name: str):
 
 
 def _as_tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value  # from JSON; anything else is checked as given
+    """A list (from JSON or the command line) as a tuple, NumPy integers as ints (they must reach
+    ``summary.json``); anything else is left for the check to name."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    return tuple(int(e) if isinstance(e, numbers.Integral) and not isinstance(e, bool) else e for e in value)
 
 
 @attrs.frozen
@@ -109,7 +114,7 @@ class CifarRun:
             if total != self.epochs:
                 split = "/".join(str(e) for e in self.phases)
                 raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
-                                  f"epochs={total} (connlearn train fills it in when --epochs is left out)")
+                                  f"{total}, or leave the total (--epochs, --budget) out to take their sum")
         check_temperature("gate_temperature", self.gate_temperature)
         if self.gate_temperature_end is not None:
             check_temperature("gate_temperature_end", self.gate_temperature_end)
@@ -216,6 +221,10 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
         differ.append(("data", meta["source"], source))
+    saved = [p.get("epochs") for p in (ckpt.get("recipe") or {}).get("phases", [])]
+    asked_split = [p.epochs for p in make_recipe(run).phases]
+    if saved and saved != asked_split:  # the trainer refuses any other recipe; this names the split
+        differ.append(("phases", "/".join(map(str, saved)), "/".join(map(str, asked_split))))
     if started and (started.get("connectivity") is None) != (run.connectivity is None):
         differ.append(("connectivity", started.get("connectivity"), run.connectivity))
     elif run.connectivity is not None:

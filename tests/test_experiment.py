@@ -284,17 +284,44 @@ def test_a_run_takes_its_phase_split_as_given_and_the_cli_fills_in_the_total():
     assert run_from_args(parse(["train", "--phases", "10", "3", "2", "1"])).epochs == 16
     with pytest.raises(ConfigError, match="but epochs is 20"):
         run_from_args(parse(["train", "--phases", "10", "3", "2", "1", "--epochs", "20"]))
+    with pytest.raises(ConfigError, match="epochs of phase 1 must be >= 1, got 0"):  # not a complaint about epochs
+        run_from_args(parse(["train", "--phases", "0", "0", "0", "0"]))
+
+
+@pytest.mark.parametrize(("phases", "message"), [([10, 3, 2, 1], None),
+                                                 (["10", "3", "2", "1"], "phase 1 must be an integer"),
+                                                 ([-5, 1, 1, 1], "phase 1 must be >= 1"), ([], "4 counts"),
+                                                 ([10.0, 3, 2, 1], "phase 1 must be an integer")])
+def test_a_config_file_gives_the_split_and_bad_counts_are_named(phases, message, tmp_path):
+    from connlearn.cli import build_parser, run_from_args
+
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"phases": phases, "dataset": "cifar10"}))
+    args = build_parser().parse_args(["train", "--config", str(config)])
+    if message is None:
+        run = run_from_args(args)
+        assert run.phases == (10, 3, 2, 1) and run.epochs == 16
+        assert json.loads(json.dumps(run.to_dict()))["phases"] == phases
+    else:
+        with pytest.raises(connlearn.ConnlearnError, match=message):
+            run_from_args(args)
+
+
+def test_numpy_counts_become_ints_that_a_summary_can_hold():
+    import numpy as np
+
+    for counts in (tuple(np.array([10, 3, 2, 1])), list(np.array([10, 3, 2, 1]))):
+        run = CifarRun(phases=counts, epochs=16)
+        assert all(type(e) is int for e in run.phases) and json.dumps(run.to_dict())
 
 
 def test_a_run_trains_its_phase_split_and_resumes_only_with_it(offline, tmp_path):
-    from connlearn.errors import CheckpointError
-
     run = CifarRun(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=5,
                    phases=(1, 2, 1, 1), train_subset=100, test_subset=50, batch_size=50, out=str(tmp_path),
                    progress=False, snapshot_every=0)
     assert run_cifar(run)["epochs"] == 5
     assert [r["phase"] for r in read_jsonl(tmp_path / "log.jsonl")] == [1, 2, 2, 3, 4]  # scaled: 2/1/1/1
-    with pytest.raises(CheckpointError, match="another recipe"):
+    with pytest.raises(ConfigError, match="phases='1/2/1/1' there, '2/1/1/1' here"):
         run_cifar(attrs.evolve(run, phases=None))  # the scaled split of the same 5 epochs
 
 

@@ -243,7 +243,7 @@ def test_a_sweep_with_a_sampling_temperature_labels_its_drawing_arms_and_keeps_i
         main(_args(tmp_path, data, "--arms", "topk4", "random4"))
 
 
-def test_a_sweep_with_a_phase_split_takes_its_budget_from_it_and_keeps_it(tmp_path, data):
+def test_a_sweep_with_a_phase_split_takes_its_budget_from_it_and_keeps_it(tmp_path, data, capsys):
     args = _args(tmp_path, data, "--arms", "topk4", "--phases", "1", "2", "1", "1")[2:]  # no --budget
     state = main(args)
     assert state["config"]["budget"] == 5 and state["config"]["phases"] == [1, 2, 1, 1]
@@ -253,6 +253,19 @@ def test_a_sweep_with_a_phase_split_takes_its_budget_from_it_and_keeps_it(tmp_pa
         main(_args(tmp_path, data, "--arms", "random4", "--budget", "5"))
     with pytest.raises(SystemExit, match="add up to 5 epochs, but epochs is 6"):
         main([*args, "--budget", "6"])
+    with pytest.raises(SystemExit):
+        main([*args[:-4], "1", "0", "1", "1"])
+    assert "--phases: every phase needs at least one epoch, got 1 0 1 1" in capsys.readouterr().err
+
+
+def test_a_split_equal_to_the_scaled_one_is_the_same_sweep_and_old_folders_resume(tmp_path):
+    from accuracy import _check_same_sweep
+
+    started = {"preset": "cifar-20-4-8", "budget": 16}  # recorded before --phases existed: no "phases"
+    _check_same_sweep(tmp_path, started, {**started, "phases": None})
+    _check_same_sweep(tmp_path, started, {**started, "phases": [6, 5, 3, 2]})  # what 16 epochs scale to
+    with pytest.raises(ConnlearnError, match=r"phases=None there, \[10, 3, 2, 1\] here"):
+        _check_same_sweep(tmp_path, started, {**started, "phases": [10, 3, 2, 1]})
 
 
 def test_architecture_options_given_at_what_the_preset_builds_are_no_change(tmp_path):
