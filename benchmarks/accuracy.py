@@ -1,15 +1,15 @@
 """Learned vs Fixed-Full vs Fixed-Random vs real-valued gates on CIFAR-10: the paper's central claim.
 
 Trains, for one architecture, budget and list of seeds, the arms ``full`` (ResNeXt), ``topk`` K=4
-(GateConnect), ``random`` K=4 (Fixed-Random), ``real`` K=4 (real-valued gates) and optionally ``topk``
-K=1 with its baseline ``random`` K=1, all with the paper's four-phase schedule scaled to the budget (or
-split by ``--phases``), the same data order per seed and the same augmentation. Each run lives in
+(GateConnect), ``random`` K=4 (Fixed-Random), ``real`` K=4 (real-valued gates) and optionally ``topk`` K=1
+with its baseline ``random`` K=1, all with the paper's four-phase schedule scaled to the budget (or split
+by ``--phases``), the same data order per seed and the same augmentation. Each run lives in
 ``OUT/<arm>-s<seed>``; ``OUT/sweep.json`` holds every finished run and ``OUT/results.md`` the table in the
 paper's format (best and mean ± std of top-1, Params-Train, Params-Test after pruning dead blocks, time),
-next to the paper's numbers. Running the same command again skips finished runs and resumes an unfinished one from its last
-checkpoint, so a long sweep can be split into pieces with ``--time-limit``. More arms and seeds may join
-a sweep folder later, with the settings it was started with (``--device``, ``--amp``, ``--compile``,
-``--data`` and ``--parallel`` may change); other settings are refused, naming what differs.
+next to the paper's numbers. Running the same command again skips finished runs and resumes an unfinished
+one from its last checkpoint, so a long sweep can be split into pieces with ``--time-limit``. More arms
+and seeds may join a sweep folder later, with the settings it was started with (``--device``, ``--amp``,
+``--compile``, ``--data`` and ``--parallel`` may change); other settings are refused, naming what differs.
 
     python benchmarks/accuracy.py --preset cifar-20-4-8 --budget 30 --seeds 0 1 --out runs/sweep
     python benchmarks/accuracy.py ... --parallel 8      # 8 runs at once (one GPU trains several small nets)
