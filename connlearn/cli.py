@@ -88,17 +88,16 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
 
 def run_from_args(args: argparse.Namespace, dataset: str | None = None):
     """A :class:`CifarRun` from parsed flags, on top of ``--config``."""
-    from connlearn.experiment import CifarRun
+    from connlearn.experiment import CifarRun, phases_total
 
     fields = {f.name for f in attrs.fields(CifarRun)}
     options: dict[str, Any] = {}
     if args.config:
         options.update(_read_config(Path(args.config), fields))
     options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
-    phases = options.get("phases")
-    if "epochs" not in options and isinstance(phases, (list, tuple)) and phases and all(
-            isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in phases):
-        options["epochs"] = sum(phases)  # bad counts are left for CifarRun to name
+    if "epochs" not in options and "phases" in options:
+        with contextlib.suppress(ConnlearnError):  # a bad split is left for CifarRun to name
+            options["epochs"] = phases_total(options["phases"])
     if dataset is not None:
         options["dataset"] = dataset
     return CifarRun(**options)

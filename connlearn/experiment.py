@@ -30,7 +30,7 @@ from connlearn.errors import ConfigError, DataError, check_int, check_temperatur
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
-from connlearn.recipe import get_recipe
+from connlearn.recipe import Recipe, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -44,6 +44,12 @@ def _optional_int(name: str):
             check_int(name, value, minimum=1)
 
     return check
+
+
+def phases_total(phases: Any) -> int:
+    """The epochs of the paper's CIFAR schedule split as ``phases`` (one count per phase); a bad split is a
+    :class:`ConfigError` naming the phase."""
+    return get_recipe("cifar").with_phase_epochs(phases).total_epochs
 
 
 def _as_tuple(value: Any) -> Any:
@@ -110,7 +116,7 @@ class CifarRun:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
         check_residual_init(self.residual_init)
         if self.phases is not None:
-            total = get_recipe("cifar").with_phase_epochs(self.phases).total_epochs  # checks each count
+            total = phases_total(self.phases)
             if total != self.epochs:
                 split = "/".join(str(e) for e in self.phases)
                 raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
@@ -211,7 +217,7 @@ RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "gate_temper
 
 
 def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
-                    source: str) -> None:
+                    source: str, recipe: Recipe) -> None:
     """Refuse to resume the run in ``out`` (``ckpt``: the checkpoint the trainer is about to resume from)
     when ``run`` asks for other data, seed, gate options or connectivity than the one that started it:
     resuming would mix two runs under one record."""
@@ -222,7 +228,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
         differ.append(("data", meta["source"], source))
     saved = [p.get("epochs") for p in (ckpt.get("recipe") or {}).get("phases", [])]
-    asked_split = [p.epochs for p in make_recipe(run).phases]
+    asked_split = [p.epochs for p in recipe.phases]
     if saved and saved != asked_split:  # the trainer refuses any other recipe; this names the split
         differ.append(("phases", "/".join(map(str, saved)), "/".join(map(str, asked_split))))
     if started and (started.get("connectivity") is None) != (run.connectivity is None):
@@ -277,7 +283,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
         progress=run.progress, meta={"run": run.to_dict(), "source": source},
-        resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source),
+        resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe),
     )
     # the time limit counts from this call: loading the data is part of it
     history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))
