@@ -10,7 +10,8 @@ statistics at the end of phase 1 and the validation top-1) and ``OUT/gate_dynami
     python benchmarks/gate_dynamics.py --runs runs/sweep30/topk4-s0 runs/sweep30/topk1-s0 --out runs/dyn
 
 Questions it answers: do the gates of a row drift together towards the clip bound (a flat sampling
-distribution), how far does the within-row spread grow, how many blocks still change their top-K?
+distribution), how far does the within-row spread grow, how many blocks still change their top-K, and from
+which epoch on is the top-K the one phase 1 ends with?
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import connlearn
 from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.checkpoint import net_from_checkpoint
 from connlearn.data import BatchLoader, load_dataset, make_loaders
-from connlearn.plots import gate_statistics
+from connlearn.plots import gate_statistics, settled_epoch
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer, read_jsonl
 from connlearn.updater import GRAD_MODES
@@ -71,7 +72,8 @@ def _row(label: str, stats: list[dict], last: dict, moved: dict[str, float]) -> 
     return (f"| {label} | {end['epoch']:.1f} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
             f"{end['frac_at_0']:.3f} | {moved['drift']:.3f} ({moved['drift_persistence']:.2f}) | "
             f"{moved['structure']:.3f} ({moved['structure_persistence']:.2f}) | {last['gate_entropy']:.3f} | "
-            f"{_share(last.get('drawn_topk_share'))} | {changed_share:.3f} | {last['test_top1']:.2f} |")
+            f"{_share(last.get('drawn_topk_share'))} | {changed_share:.3f} | {settled_epoch(stats):.2f} | "
+            f"{last['test_top1']:.2f} |")
 
 
 def _last_learning(log: list[dict]) -> dict:
@@ -94,27 +96,30 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
              f"| run | epoch | gate mean | within-row std | at 1 | at 0 | row-mean move (persistence) | "
              f"within-row move (persistence) | sampling entropy (uniform: "
              f"{uniform:.3f}) | draws equal to the top-K (last epoch) | "
-             "top-K changed (last 5 snapshots) | eval top-1 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             "top-K changed (last 5 snapshots) | top-K final since epoch | eval top-1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              *(_row(label, stats[label], _last_learning(logs[label]), moves[label]) for label in stats)]
     (out / "dynamics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    fig = Figure(figsize=(10, 10), layout="constrained")
-    axes = fig.subplots(3, 2)
+    fig = Figure(figsize=(10, 13), layout="constrained")
+    axes = fig.subplots(4, 2)
+    axes.flat[7].set_axis_off()
     for label, series in stats.items():
         epochs = [s["epoch"] for s in series]
-        for ax, key, title in zip(axes.flat[:4], ("mean", "row_std", "frac_at_1", "topk_changed"),
+        for ax, key, title in zip(axes.flat[[0, 1, 2, 3, 6]],
+                                  ("mean", "row_std", "frac_at_1", "topk_changed", "final_topk_share"),
                                   ("mean real gate", "mean within-row std", "share of gates at 1",
-                                   "share of blocks whose top-K changed"), strict=True):
+                                   "share of blocks whose top-K changed",
+                                   "share of the last snapshot's top-K already in the top-K"), strict=True):
             ax.plot(epochs, [s[key] for s in series], label=label)
             ax.set_title(title)
-        for ax, key, title in zip(axes.flat[4:], ("gate_entropy", "drawn_topk_share"),
+        for ax, key, title in zip(axes.flat[4:6], ("gate_entropy", "drawn_topk_share"),
                                   (f"sampling entropy (uniform {uniform:.3f})",
                                    "share of draws equal to the top-K (per epoch)"), strict=True):
             points = [(r["epoch"], r[key]) for r in logs[label] if r.get(key) is not None]
             ax.plot([e for e, _ in points], [v for _, v in points], marker=".", label=label)
             ax.set_title(title)
-    for ax in axes.flat:
+    for ax in axes.flat[:7]:
         ax.set_xlabel("epoch")
     axes.flat[0].legend()
     fig.savefig(out / "gate_dynamics.png", dpi=110)

@@ -154,16 +154,20 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     Returns one dict per snapshot with ``step``, ``epoch``, and over all gate entries of all modules:
     ``mean``, ``std`` (sample standard deviation, n-1), ``row_std`` (the mean over blocks of the sample std
     within the block's row, as the trainer logs it; 0 for rows of one entry), ``frac_at_0`` and
-    ``frac_at_1`` (the fractions clipped at ≤ 0 and ≥ 1), and ``topk_changed``: the fraction of blocks
-    whose top-K input set differs from the previous snapshot's (``None`` for the first snapshot). Equal
-    gates are ranked as the network ranks them, by the ``tie_order`` the snapshots record; where they
-    record none (files written before it, or a gate kind without one), ties go to the lower column index.
+    ``frac_at_1`` (the fractions clipped at ≤ 0 and ≥ 1), ``topk_changed``: the fraction of blocks
+    whose top-K input set differs from the previous snapshot's (``None`` for the first snapshot), and
+    ``final_topk_share``: the share of the last snapshot's top-K inputs that this snapshot's top-K already
+    holds (1 at the last snapshot; the trainer snapshots the gates at the freeze, so in a run's
+    ``gates.jsonl`` that is the connectivity phase 1 froze). Equal gates are ranked as the network ranks
+    them, by the ``tie_order`` the snapshots record; where they record none (files written before it, or a
+    gate kind without one), ties go to the lower column index.
     """
     K = check_int("K", K, minimum=1)
     records = _records(snapshots, "gate snapshots")
     stats: list[dict[str, Any]] = []
     shapes: dict[str, tuple[int, ...]] | None = None
     previous: list[frozenset[int]] | None = None
+    topks: list[list[frozenset[int]]] = []
     orders: dict[str, np.ndarray] = {}
     for index, record in enumerate(records):
         matrices = _gate_matrices(record, index)
@@ -197,14 +201,30 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
             "topk_changed": changed,
         })
         previous = topk
+        topks.append(topk)
+    for record, topk in zip(stats, topks, strict=True):
+        record["final_topk_share"] = float(np.mean([len(a & b) for a, b in zip(topk, topks[-1], strict=True)]) / K)
     return stats
+
+
+def settled_epoch(stats: list[dict[str, Any]]) -> float | None:
+    """The epoch from which the top-K of every block stays the last snapshot's, in the numbers of
+    :func:`gate_statistics`: that of the earliest snapshot after which every ``final_topk_share`` is 1
+    (``None`` for no snapshots). When it is the last snapshot's epoch, the top-K changed until the end."""
+    settled = None
+    for record in reversed(stats):
+        if record["final_topk_share"] < 1:
+            break
+        settled = record["epoch"]
+    return settled
 
 
 def plot_gate_evolution(snapshots: Records, path: str | os.PathLike[str], K: int) -> Path:
     """The real gates over training, against epoch, in three stacked panels (numbers: :func:`gate_statistics`).
 
     (a) mean ± std of all gate entries and the mean within-row std; (b) the fractions clipped at 0 and at 1;
-    (c) the fraction of blocks whose top-K inputs changed since the previous snapshot.
+    (c) the fraction of blocks whose top-K inputs changed since the previous snapshot, and the share of the
+    last snapshot's top-K (in a run: the frozen connectivity) that each snapshot's top-K holds.
     """
     path = _figure_path(path)
     stats = gate_statistics(snapshots, K)
@@ -223,15 +243,17 @@ def plot_gate_evolution(snapshots: Records, path: str | os.PathLike[str], K: int
     clipped.plot(epoch, series("frac_at_0"), marker=".", label="at 0")
     clipped.plot(epoch, series("frac_at_1"), marker=".", label="at 1")
     clipped.set_ylabel("fraction clipped")
-    changed.plot(epoch, series("topk_changed"), marker=".", color="C3")
-    changed.set_ylabel(f"blocks whose top-{K}\nchanged (fraction)")
+    changed.plot(epoch, series("topk_changed"), marker=".", color="C3", label="blocks whose top-K changed")
+    changed.plot(epoch, series("final_topk_share"), marker=".", color="C2",
+                 label="share of the last top-K already in it")
+    changed.set_ylabel(f"top-{K} (fraction)")
     changed.set_xlabel("epoch")
     for ax in (clipped, changed):
         ax.set_ylim(-0.02, 1.02)
     for ax in (spread, clipped, changed):
         ax.grid(alpha=0.3)
-    spread.legend(fontsize=8)
-    clipped.legend(fontsize=8)
+    for ax in (spread, clipped, changed):
+        ax.legend(fontsize=8)
     return _save(fig, path)
 
 

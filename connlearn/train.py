@@ -4,7 +4,8 @@ Per epoch it writes one JSON line to ``log.jsonl`` (train/test loss, top-1/top-5
 time, images/s, active branches per module, gate statistics, and for sampled gates how many distinct
 connectivities each block drew and how often a draw was its top-K) and a checkpoint (``last.pt``, the one before
 it as ``previous.pt``, and ``best.pt``), written atomically. Every ``snapshot_every`` steps of a network
-with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots).
+with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots), and once
+more at the freeze, so that the last snapshot holds the gates whose top-K became the fixed connectivity.
 
 Resuming (``fit(resume=...)``) continues exactly: a run stopped after epoch e and resumed ends with the
 same weights, gates and log (timings aside) as an uninterrupted run, on the CPU; on a GPU up to the
@@ -213,6 +214,7 @@ class Trainer:
         self.best_top1: float | None = None
         self._tb = None
         self._last_connectivity: dict[int, torch.Tensor] | None = None
+        self._snapshot_step: int | None = None  # the step of the last line of gates.jsonl
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -249,9 +251,12 @@ class Trainer:
         self.updater.attach(opt)
         return opt
 
-    def _freeze(self) -> None:
-        """Fix the connectivity to the top-K of the real gates and stop updating gates."""
+    def _freeze(self, epoch: int) -> None:
+        """Fix the connectivity to the top-K of the real gates and stop updating gates. The first time, the
+        gates it reads are snapshotted (at ``epoch``, unless the step's regular snapshot holds them)."""
         gates = self.net.gate_parameters()
+        if gates and self.snapshot_every and self._snapshot_step != self.step:
+            self._snapshot(float(epoch))
         self.net.freeze()
         if gates:
             self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if g.get("name") != "gates"]
@@ -316,7 +321,9 @@ class Trainer:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
             snaps = self.out_dir / "gates.jsonl"
             if snaps.exists():
-                write_jsonl(snaps, [r for r in read_jsonl(snaps) if r["step"] <= self.step])
+                kept = [r for r in read_jsonl(snaps) if r["step"] <= self.step]
+                write_jsonl(snaps, kept)
+                self._snapshot_step = kept[-1]["step"] if kept else None
 
     def state(self) -> dict[str, Any]:
         """The checkpoint dict of the current training state."""
@@ -380,7 +387,7 @@ class Trainer:
     def _run_epoch(self, epoch: int) -> None:
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen:
-            self._freeze()
+            self._freeze(epoch)
         for group in self.optimizer.param_groups:
             group["lr"] = phase.gate_lr if group.get("name") == "gates" else phase.lr
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
@@ -486,6 +493,7 @@ class Trainer:
             record["tie_order"] = {str(m): g.tie_order.cpu().tolist() for m, g in learnable if hasattr(g, "tie_order")}
         with open(self.out_dir / "gates.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._snapshot_step = self.step
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:

@@ -5,6 +5,8 @@ import json
 import matplotlib
 import pytest
 from conftest import tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import connlearn
 from connlearn import plots
@@ -156,6 +158,39 @@ def test_gate_statistics_topk_changed_is_the_fraction_of_blocks_with_a_new_top_k
     stats = plots.gate_statistics(snapshots, K=1)
     assert stats[0]["topk_changed"] is None  # nothing to compare with
     assert stats[1]["topk_changed"] == pytest.approx(1 / 2)  # block 1 moved from input 1 to 2; block 2 kept a tie
+
+
+def test_gate_statistics_final_topk_share_is_the_share_of_the_last_top_k_already_held(snapshots):
+    stats = plots.gate_statistics(snapshots, K=1)
+    # block 1 moves from input 0 to input 1 (not yet held), block 2 keeps input 0 (a tie, by index)
+    assert [s["final_topk_share"] for s in stats] == [0.5, 1.0]
+    assert plots.settled_epoch(stats) == 0.5
+
+
+def test_settled_epoch_is_the_first_snapshot_of_the_final_top_k_for_good():
+    rows = [[[1.0, 0.0]], [[0.0, 1.0]], [[1.0, 0.0]], [[0.9, 0.1]], [[0.8, 0.2]]]
+    stats = plots.gate_statistics([_snapshot(i, float(i), {"2": r}) for i, r in enumerate(rows)], K=1)
+    assert [s["final_topk_share"] for s in stats] == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert plots.settled_epoch(stats) == 2.0  # held at epoch 0 too, but lost in between
+    assert plots.settled_epoch([]) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 8), st.data())
+def test_final_topk_share_laws(K, snapshots_n, data):
+    """In [0, 1] in steps of 1/(K·blocks), 1 at the last snapshot, and 1 from the settled epoch on."""
+    blocks, inputs = 2, 4
+    value = st.sampled_from([0.0, 0.25, 0.5, 1.0])  # coarse values, so ties occur
+    row = st.lists(value, min_size=inputs, max_size=inputs)
+    matrices = [data.draw(st.lists(row, min_size=blocks, max_size=blocks)) for _ in range(snapshots_n)]
+    stats = plots.gate_statistics([_snapshot(i, i / 2, {"2": m}) for i, m in enumerate(matrices)], K=K)
+    shares = [s["final_topk_share"] for s in stats]
+    assert shares[-1] == 1.0
+    assert all(0 <= v <= 1 and v * K * blocks == pytest.approx(round(v * K * blocks)) for v in shares)
+    settled = plots.settled_epoch(stats)
+    assert all(s["final_topk_share"] == 1.0 for s in stats if s["epoch"] >= settled)
+    before = [s for s in stats if s["epoch"] < settled]
+    assert not before or before[-1]["final_topk_share"] < 1
 
 
 def test_gate_statistics_ranks_ties_by_the_tie_order_of_the_step_0_snapshot():

@@ -195,7 +195,9 @@ def test_the_gate_dynamics_of_sweep_runs_are_reported(tmp_path, data):
     main(_args(tmp_path / "sweep", data))
     from_runs([str(tmp_path / "sweep" / "topk4-s0")], tmp_path / "report")
     table = (tmp_path / "report" / "dynamics.md").read_text()
-    assert "| topk4-s0 | 0.0 | 0.500 |" in table and "sampling entropy (uniform: 1.386)" in table  # one snapshot
+    # two snapshots: step 0 and the freeze after the one epoch of phase 1
+    assert "| topk4-s0 | 1.0 | 0.500 |" in table and "sampling entropy (uniform: 1.386)" in table
+    assert "top-K final since epoch" in table
     assert (tmp_path / "report" / "gate_dynamics.png").exists()
 
 

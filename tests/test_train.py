@@ -20,7 +20,7 @@ RECIPE = get_recipe("cifar").scaled(4)
 def _trainer(out, **kw):
     net = connlearn.build(**tiny(gate_init="uniform"))
     return Trainer(net, RandomLoader(), RandomLoader(n=32, seed=1), kw.pop("recipe", RECIPE), out_dir=out,
-                   progress=False, snapshot_every=2, **kw)
+                   progress=False, **{"snapshot_every": 2, **kw})
 
 
 def _without_timings(log):
@@ -53,6 +53,27 @@ def test_a_stopped_and_resumed_run_ends_bit_identical(uninterrupted, tmp_path, s
     assert _without_timings(resumed.history) == _without_timings(uninterrupted.history)
     assert _without_timings(read_jsonl(tmp_path / "log.jsonl")) == _without_timings(uninterrupted.history)
     assert read_jsonl(tmp_path / "gates.jsonl") == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
+
+
+def test_the_gates_the_freeze_reads_are_the_last_snapshot_once_also_across_a_resume(tmp_path):
+    """Phase 1 ends at step 4, between snapshots every 3 steps: the freeze adds one at step 4, whose
+    top-K (by the tie order of the step-0 snapshot) is the connectivity the run froze."""
+    whole = _trainer(tmp_path / "whole", snapshot_every=3)
+    whole.fit()
+    snaps = read_jsonl(tmp_path / "whole" / "gates.jsonl")
+    assert [(s["step"], s["epoch"]) for s in snaps] == [(0, 0.0), (3, 0.75), (4, 1.0)]
+    for m, frozen in whole.net.connectivity().items():
+        order = torch.tensor(snaps[0]["tie_order"][str(m)])
+        assert torch.equal(topk_mask(torch.tensor(snaps[-1]["gates"][str(m)]), whole.net.K, order), frozen)
+    _trainer(tmp_path / "resumed", snapshot_every=3).fit(max_epochs=1)  # stopped before the freeze
+    _trainer(tmp_path / "resumed", snapshot_every=3).fit(resume=True)
+    assert read_jsonl(tmp_path / "resumed" / "gates.jsonl") == snaps
+    # stopped after the freeze wrote its snapshot but before the next checkpoint: not written twice
+    crashed = _trainer(tmp_path / "crashed", snapshot_every=3)
+    crashed.fit(max_epochs=1)
+    shutil.copy(tmp_path / "whole" / "gates.jsonl", tmp_path / "crashed" / "gates.jsonl")
+    _trainer(tmp_path / "crashed", snapshot_every=3).fit(resume=True)
+    assert read_jsonl(tmp_path / "crashed" / "gates.jsonl") == snaps
 
 
 def test_a_truncated_checkpoint_is_refused_and_the_previous_one_resumes(uninterrupted, tmp_path):
