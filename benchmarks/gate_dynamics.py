@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -126,17 +127,19 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
 
 
 def from_runs(folders: list[str], out: Path) -> None:
-    """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K."""
+    """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K (from
+    summary.json, or from last.pt while a run is unfinished; a finished run needs no checkpoint)."""
     stats, logs, moves, widths = {}, {}, {}, set()
     paths = [Path(f) for f in folders]
     unique = len({p.name for p in paths}) == len(paths)
     for folder in paths:
         label = folder.name if unique else f"{folder.parent.name}/{folder.name}"
-        net = net_from_checkpoint(folder / "last.pt")
+        summary = folder / "summary.json"
+        K = json.loads(summary.read_text())["K"] if summary.exists() else net_from_checkpoint(folder / "last.pt").K
         snapshots = read_jsonl(folder / "gates.jsonl")
-        stats[label], moves[label] = gate_statistics(snapshots, net.K), movement(snapshots)
+        stats[label], moves[label] = gate_statistics(snapshots, K), movement(snapshots)
         logs[label] = read_jsonl(folder / "log.jsonl")
-        widths.add(max(g.shape[1] for _, g in net.gates()))
+        widths.add(max(len(rows[0]) for rows in snapshots[0]["gates"].values()))
     header = f"gate snapshots of {', '.join(folders)}; eval top-1 on each run's own evaluation set"
     write_report(out, header, max(widths), stats, logs, moves)
 
