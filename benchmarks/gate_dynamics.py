@@ -73,8 +73,16 @@ def _row(label: str, stats: list[dict], last: dict, moved: dict[str, float]) -> 
     return (f"| {label} | {end['epoch']:.1f} | {end['mean']:.3f} | {end['row_std']:.3f} | {end['frac_at_1']:.3f} | "
             f"{end['frac_at_0']:.3f} | {moved['drift']:.3f} ({moved['drift_persistence']:.2f}) | "
             f"{moved['structure']:.3f} ({moved['structure_persistence']:.2f}) | {last['gate_entropy']:.3f} | "
-            f"{_share(last.get('drawn_topk_share'))} | {changed_share:.3f} | {settled_epoch(stats):.2f} | "
+            f"{_share(last.get('drawn_topk_share'))} | {changed_share:.3f} | {_settled(stats)} | "
             f"{last['test_top1']:.2f} |")
+
+
+def _settled(stats: list[dict]) -> str:
+    """The epoch from which on the top-K is the last snapshot's; "never" when it changed up to the last."""
+    if len(stats) < 2:
+        return "-"
+    settled = settled_epoch(stats)
+    return "never" if settled == stats[-1]["epoch"] else f"{settled:.2f}"
 
 
 def _last_learning(log: list[dict]) -> dict:
@@ -90,7 +98,12 @@ def _share(value: float | None) -> str:
 def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], logs: dict[str, list[dict]],
                  moves: dict[str, dict[str, float]]) -> None:
     """``out/dynamics.md`` (the gate statistics at the last snapshot and the :func:`movement` of the gates,
-    one row per run) and ``out/gate_dynamics.png`` (their course over training)."""
+    one row per run) and ``out/gate_dynamics.png`` (their course over training).
+
+    "top-K changed (last 5 snapshots)" is the mean of the last snapshots' ``topk_changed``; in a run that
+    snapshotted its gates at the freeze, the last interval is shorter than the others (the freeze falls
+    between two regular snapshots). "top-K final since epoch" is :func:`connlearn.plots.settled_epoch`
+    ("never": it changed up to the last snapshot)."""
     out.mkdir(parents=True, exist_ok=True)
     uniform = math.log(C)  # entropy of a uniform choice among C inputs
     lines = [header, "",

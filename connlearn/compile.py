@@ -500,6 +500,18 @@ class ConnectivityNet(nn.Module):
         self.generator.set_state(state["generator"])
         self.sample_temperature = state.get("temperature", 1.0)  # checkpoints before it: the default
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ConnectivityNet:
+        """``copy.deepcopy`` as for any module, with the generator copied by its seed and state: a
+        ``torch.Generator`` cannot be deep-copied before torch 2.4."""
+        if id(self.generator) not in memo:
+            twin = torch.Generator(device=self.generator.device).manual_seed(self.generator.initial_seed())
+            twin.set_state(self.generator.get_state())
+            memo[id(self.generator)] = twin
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # as nn.Module's: without a compiled call
+        return new
+
 
 @functools.cache
 def _draws_with_temperature(gate: type[Gate]) -> bool:

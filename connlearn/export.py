@@ -1,7 +1,7 @@
 """Export a (pruned) network for deployment: TorchScript, ONNX, or a ``torch.export`` program.
 
 The exported model computes the network's eval-mode function: the connectivity is fixed (top-K for
-learnable gates) and the batch dimension is dynamic. ONNX needs the ``onnx`` extra
+learnable gates) and the batch dimension is dynamic. ONNX needs PyTorch 2.5 or newer and the ``onnx`` extra
 (``pip install 'connlearn[onnx]'``: onnx, onnxscript, and onnxruntime to run the result).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -19,6 +20,11 @@ from connlearn.compile import ConnectivityNet
 from connlearn.errors import ConfigError, unknown_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
+
+
+def onnx_supported() -> bool:
+    """Whether this PyTorch has the exporter the ONNX format uses (``torch.onnx.export(dynamo=True)``, 2.5+)."""
+    return "dynamo" in inspect.signature(torch.onnx.export).parameters
 
 
 def example_input(net: ConnectivityNet, batch: int = 2) -> torch.Tensor:
@@ -48,6 +54,9 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
                 traced = torch.jit.trace(model, example, check_trace=False)
             traced.save(str(path))
     elif format == "onnx":
+        if not onnx_supported():
+            raise ConfigError(f"ONNX export needs PyTorch 2.5 or newer (torch.onnx.export(dynamo=True)); this is "
+                              f"torch {torch.__version__}: export as 'torchscript' or 'export' instead")
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"ONNX export needs {', '.join(missing)}: pip install 'connlearn[onnx]'")

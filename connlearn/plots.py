@@ -11,7 +11,9 @@ one row per block of the module and one column per candidate input, values the r
 ``temperature`` is the sampling temperature of the step just taken (of the first step for the snapshot
 at step 0; files written before it was recorded lack it: 1). The snapshot at step 0 also holds
 ``"tie_order": {"<module index>": [[...], ...]}``, the order that ranks equal gates of each row in the
-network's top-K (the larger wins; see ``connlearn.gates``); files written before 2026-11-26 lack it.
+network's top-K (the larger wins; see ``connlearn.gates``); files written before 2026-11-26 lack it. So
+does the snapshot the trainer writes at the freeze (the gates whose top-K phase 2 keeps) when it falls
+between the regular ones.
 """
 
 from __future__ import annotations
@@ -157,8 +159,9 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     ``frac_at_1`` (the fractions clipped at ≤ 0 and ≥ 1), ``topk_changed``: the fraction of blocks
     whose top-K input set differs from the previous snapshot's (``None`` for the first snapshot), and
     ``final_topk_share``: the share of the last snapshot's top-K inputs that this snapshot's top-K already
-    holds (1 at the last snapshot; the trainer snapshots the gates at the freeze, so in a run's
-    ``gates.jsonl`` that is the connectivity phase 1 froze). Equal gates are ranked as the network ranks
+    holds (1 at the last snapshot; the trainer snapshots the gates at the freeze, so where a run reached
+    phase 2 with this snapshot, the last one's top-K is the connectivity phase 1 froze; in older files and
+    unfinished runs it is only the latest snapshot's). Equal gates are ranked as the network ranks
     them, by the ``tie_order`` the snapshots record; where they record none (files written before it, or a
     gate kind without one), ties go to the lower column index.
     """
@@ -208,9 +211,10 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
 
 
 def settled_epoch(stats: list[dict[str, Any]]) -> float | None:
-    """The epoch from which the top-K of every block stays the last snapshot's, in the numbers of
-    :func:`gate_statistics`: that of the earliest snapshot after which every ``final_topk_share`` is 1
-    (``None`` for no snapshots). When it is the last snapshot's epoch, the top-K changed until the end."""
+    """The epoch from which on the top-K of every block is the last snapshot's, in the numbers of
+    :func:`gate_statistics`: that of the earliest snapshot from which on every ``final_topk_share`` is 1
+    (``None`` for no snapshots). Measured at snapshots only; when it is the last snapshot's epoch, the
+    top-K changed until the end."""
     settled = None
     for record in reversed(stats):
         if record["final_topk_share"] < 1:

@@ -5,7 +5,8 @@ time, images/s, active branches per module, gate statistics, and for sampled gat
 connectivities each block drew and how often a draw was its top-K) and a checkpoint (``last.pt``, the one before
 it as ``previous.pt``, and ``best.pt``), written atomically. Every ``snapshot_every`` steps of a network
 with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots), and once
-more at the freeze, so that the last snapshot holds the gates whose top-K became the fixed connectivity.
+more at the freeze (with the tie order), so that in a run that reached phase 2 the last snapshot holds the
+gates whose top-K became the fixed connectivity.
 
 Resuming (``fit(resume=...)``) continues exactly: a run stopped after epoch e and resumed ends with the
 same weights, gates and log (timings aside) as an uninterrupted run, on the CPU; on a GPU up to the
@@ -256,7 +257,7 @@ class Trainer:
         gates it reads are snapshotted (at ``epoch``, unless the step's regular snapshot holds them)."""
         gates = self.net.gate_parameters()
         if gates and self.snapshot_every and self._snapshot_step != self.step:
-            self._snapshot(float(epoch))
+            self._snapshot(float(epoch), freeze=True)
         self.net.freeze()
         if gates:
             self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if g.get("name") != "gates"]
@@ -320,6 +321,7 @@ class Trainer:
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
             snaps = self.out_dir / "gates.jsonl"
+            self._snapshot_step = None
             if snaps.exists():
                 kept = [r for r in read_jsonl(snaps) if r["step"] <= self.step]
                 write_jsonl(snaps, kept)
@@ -481,7 +483,7 @@ class Trainer:
             record["temperature"] = self.net.sample_temperature  # at the epoch's last step
         return record
 
-    def _snapshot(self, epoch: float) -> None:
+    def _snapshot(self, epoch: float, freeze: bool = False) -> None:
         if not self.is_main:
             return
         learnable = [(m, g) for m, g in self.net.gates() if g.learnable]
@@ -489,7 +491,7 @@ class Trainer:
             return
         record = {"step": self.step, "epoch": epoch, "temperature": self.net.sample_temperature,
                   "gates": {str(m): g.values().float().cpu().tolist() for m, g in learnable}}
-        if self.step == 0:  # what ranks equal gates in the top-K, once
+        if self.step == 0 or freeze:  # what ranks equal gates in the top-K: at the start and at the freeze
             record["tie_order"] = {str(m): g.tie_order.cpu().tolist() for m, g in learnable if hasattr(g, "tie_order")}
         with open(self.out_dir / "gates.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -42,9 +42,32 @@ def test_bf16_autocast_and_channels_last(images):
 
 
 def test_deepcopy_keeps_the_generator_state(images):
-    net = connlearn.build(**tiny()).train()
+    net = connlearn.build(**tiny(seed=3)).train()
+    net(images)  # the generator has moved on from its seed
     twin = copy.deepcopy(net)
+    assert twin.generator is not net.generator and twin.generator.initial_seed() == 3
+    assert torch.equal(twin.generator.get_state(), net.generator.get_state())
     torch.testing.assert_close(net(images), twin(images))
+    net(images)  # the copies draw independently
+    assert not torch.equal(twin.generator.get_state(), net.generator.get_state())
+    assert twin.state_dict().keys() == net.state_dict().keys() and twin.training
+
+
+def test_a_deepcopy_of_a_compiled_net_runs_its_own_weights(images):
+    net = connlearn.build(**tiny()).eval()
+    net.compile()  # nn.Module.compile: the module keeps a compiled call, bound to itself
+    twin = copy.deepcopy(net)
+    assert "_compiled_call_impl" not in vars(twin) or twin._compiled_call_impl is None
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(1.0)
+        assert not torch.allclose(twin(images), net.forward(images))
+
+
+def test_deepcopy_of_a_holder_shares_the_copied_generator_with_its_net():
+    net = connlearn.build(**tiny())
+    holder = copy.deepcopy({"net": net, "generator": net.generator})
+    assert holder["generator"] is holder["net"].generator is not net.generator
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import torch
 from conftest import tiny
 
 import connlearn
-from connlearn.errors import UnknownNameError
-from connlearn.export import export
+from connlearn.errors import ConfigError, UnknownNameError
+from connlearn.export import export, onnx_supported
 from connlearn.prune import prune_dead_blocks
 
 
@@ -38,6 +38,7 @@ def test_torch_export_program_gives_the_same_outputs(pruned, tmp_path):
     any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxscript", "onnxruntime")),
     reason="the onnx extra (onnx, onnxscript, onnxruntime) is not installed",
 )
+@pytest.mark.skipif(not onnx_supported(), reason="ONNX export needs PyTorch 2.5 or newer")
 def test_onnx_export_gives_the_same_outputs(pruned, tmp_path):
     import onnxruntime
 
@@ -46,6 +47,16 @@ def test_onnx_export_gives_the_same_outputs(pruned, tmp_path):
     x = torch.randn(4, 3, 32, 32)
     out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(out), pruned(x), atol=1e-4, rtol=1e-4)
+
+
+def test_onnx_export_on_a_pytorch_without_its_exporter_names_the_version(pruned, tmp_path, monkeypatch):
+    def old_export(model, args, f, verbose=False, dynamic_axes=None):  # the signature before 2.5
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(torch.onnx, "export", old_export)
+    with pytest.raises(ConfigError, match=r"PyTorch 2\.5 or newer.*'torchscript' or 'export'"):
+        export(pruned, tmp_path / "net.onnx", "onnx")
+    assert not (tmp_path / "net.onnx").exists()
 
 
 def test_an_unfrozen_topk_net_exports_its_top_k(tmp_path):

@@ -197,7 +197,9 @@ def test_the_gate_dynamics_of_sweep_runs_are_reported(tmp_path, data):
     table = (tmp_path / "report" / "dynamics.md").read_text()
     # two snapshots: step 0 and the freeze after the one epoch of phase 1
     assert "| topk4-s0 | 1.0 | 0.500 |" in table and "sampling entropy (uniform: 1.386)" in table
-    assert "top-K final since epoch" in table
+    header, row = [line.split(" | ") for line in table.splitlines() if line.startswith("| run |")
+                   or line.startswith("| topk4-s0 |")]
+    assert row[header.index("top-K final since epoch")] == "0.00"  # K=4 of 4 inputs: the top-K is every input
     assert (tmp_path / "report" / "gate_dynamics.png").exists()
 
 

@@ -62,13 +62,16 @@ def test_the_gates_the_freeze_reads_are_the_last_snapshot_once_also_across_a_res
     whole.fit()
     snaps = read_jsonl(tmp_path / "whole" / "gates.jsonl")
     assert [(s["step"], s["epoch"]) for s in snaps] == [(0, 0.0), (3, 0.75), (4, 1.0)]
+    assert snaps[-1]["tie_order"] == snaps[0]["tie_order"]  # the freeze snapshot can be read on its own
     for m, frozen in whole.net.connectivity().items():
-        order = torch.tensor(snaps[0]["tie_order"][str(m)])
+        order = torch.tensor(snaps[-1]["tie_order"][str(m)])
         assert torch.equal(topk_mask(torch.tensor(snaps[-1]["gates"][str(m)]), whole.net.K, order), frozen)
-    _trainer(tmp_path / "resumed", snapshot_every=3).fit(max_epochs=1)  # stopped before the freeze
+    # stopped before the freeze: the resume writes the freeze snapshot as an uninterrupted run does
+    _trainer(tmp_path / "resumed", snapshot_every=3).fit(max_epochs=1)
     _trainer(tmp_path / "resumed", snapshot_every=3).fit(resume=True)
     assert read_jsonl(tmp_path / "resumed" / "gates.jsonl") == snaps
-    # stopped after the freeze wrote its snapshot but before the next checkpoint: not written twice
+    # stopped after the freeze wrote its snapshot but before the next checkpoint: not written twice (what
+    # load() remembers of the truncated file)
     crashed = _trainer(tmp_path / "crashed", snapshot_every=3)
     crashed.fit(max_epochs=1)
     shutil.copy(tmp_path / "whole" / "gates.jsonl", tmp_path / "crashed" / "gates.jsonl")
@@ -150,6 +153,7 @@ def test_the_log_has_the_documented_fields(uninterrupted, tmp_path):
     assert frozen["drawn_distinct"] is None and frozen["drawn_topk_share"] is None
     snaps = read_jsonl(uninterrupted.out_dir / "gates.jsonl")
     assert snaps[0]["step"] == 0 and set(snaps[0]["gates"]) == {"2", "3"}
+    assert [s["step"] for s in snaps] == [0, 2, 4]  # the freeze at step 4 adds none: that step has one
     orders = {str(m): g.tie_order.tolist() for m, g in _trainer(tmp_path).net.gates()}
     assert snaps[0]["tie_order"] == orders and all("tie_order" not in s for s in snaps[1:])
 
