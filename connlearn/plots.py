@@ -169,8 +169,7 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     records = _records(snapshots, "gate snapshots")
     stats: list[dict[str, Any]] = []
     shapes: dict[str, tuple[int, ...]] | None = None
-    previous: list[frozenset[int]] | None = None
-    topks: list[list[frozenset[int]]] = []
+    topks: list[list[frozenset[int]]] = []  # each snapshot's top-K input set of every block
     orders: dict[str, np.ndarray] = {}
     for index, record in enumerate(records):
         matrices = _gate_matrices(record, index)
@@ -192,7 +191,7 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
         rows = [row for a in matrices.values() for row in a]
         ranks = [row for m, a in matrices.items() for row in orders.get(m, -np.indices(a.shape)[1])]
         topk = [frozenset(np.lexsort((-rank, -row))[:K].tolist()) for row, rank in zip(rows, ranks, strict=True)]
-        changed = None if previous is None else float(np.mean([a != b for a, b in zip(previous, topk, strict=True)]))
+        changed = None if not topks else float(np.mean([a != b for a, b in zip(topks[-1], topk, strict=True)]))
         stats.append({
             "step": int(record["step"]),
             "epoch": float(record["epoch"]),
@@ -203,7 +202,6 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
             "frac_at_1": float((flat >= 1).mean()),
             "topk_changed": changed,
         })
-        previous = topk
         topks.append(topk)
     for record, topk in zip(stats, topks, strict=True):
         record["final_topk_share"] = float(np.mean([len(a & b) for a, b in zip(topk, topks[-1], strict=True)]) / K)
@@ -256,7 +254,6 @@ def plot_gate_evolution(snapshots: Records, path: str | os.PathLike[str], K: int
         ax.set_ylim(-0.02, 1.02)
     for ax in (spread, clipped, changed):
         ax.grid(alpha=0.3)
-    for ax in (spread, clipped, changed):
         ax.legend(fontsize=8)
     return _save(fig, path)
 
