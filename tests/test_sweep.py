@@ -6,7 +6,7 @@ import pytest
 import torch
 from accuracy import _mean_curves, _paired, _paired_by_density, main, parse_arm, write_table
 from conftest import tiny
-from gate_dynamics import from_runs, gradient_split, movement
+from gate_dynamics import _settled, from_runs, gradient_split, movement
 from study import eval_set as study_eval_set
 from study import find_runs
 from study import main as study
@@ -14,6 +14,7 @@ from study import main as study
 import connlearn
 from connlearn.data import pack, synthetic
 from connlearn.errors import ConnlearnError
+from connlearn.plots import gate_statistics
 from connlearn.train import Trainer, read_jsonl
 
 
@@ -189,6 +190,15 @@ def test_rules_with_a_hyphen_parse():
 def test_parallel_must_be_positive(tmp_path, data):
     with pytest.raises(SystemExit):
         main(_args(tmp_path, data, "--parallel", "0"))
+
+
+def test_the_dynamics_report_says_never_for_a_top_k_that_changed_up_to_the_last_snapshot():
+    def stats(*rows):
+        return gate_statistics([{"step": i, "epoch": i / 2, "gates": {"2": r}} for i, r in enumerate(rows)], K=1)
+
+    assert _settled(stats([[1.0, 0.0]], [[0.0, 1.0]])) == "never"
+    assert _settled(stats([[1.0, 0.0]], [[0.0, 1.0]], [[0.2, 0.9]])) == "0.50"
+    assert _settled(stats([[1.0, 0.0]])) == "-"  # one snapshot says nothing
 
 
 def test_the_gate_dynamics_of_sweep_runs_are_reported(tmp_path, data):
