@@ -43,7 +43,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
-    if model.gate_kind == "topk":  # its eval function is its top-K: fixed, the graph holds no sort
+    if model.stochastic:  # its eval function is its top-K: fixed, the graph holds no sort
         model.freeze()
     example = example_input(model) if example is None else example
     batch = torch.export.Dim("batch", min=1)
