@@ -132,7 +132,7 @@ def clean_gates():
     yield from _restored(GATES)
 
 
-def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_gates):
+def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_gates, tmp_path):
     connlearn.register_gate("firstk", FirstK)
     net = connlearn.build(**tiny(gate="firstk"))
     _train_one_step(net)  # the default temperature is not passed to its draw
@@ -141,7 +141,7 @@ def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_ano
         net.sample_temperature = 0.5
     recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2, temperature_end=0.1)], batch_size=4)
     with pytest.raises(connlearn.ConfigError, match="the recipe's temperature must stay 1"):
-        Trainer(net, [], None, recipe, out_dir="unused", progress=False)  # refused when built, not mid-run
+        Trainer(net, [], None, recipe, out_dir=tmp_path, progress=False)  # refused when built, not mid-run
 
 
 class FirstKWithOptions(FirstK):
