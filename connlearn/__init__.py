@@ -18,7 +18,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, Looped
 from connlearn.compile import ConnectivityNet, compile_graph
-from connlearn.errors import ConfigError, ConnlearnError, closest
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, closest
 from connlearn.gates import GATES, Gate
 from connlearn.graph import BranchGraph
 from connlearn.topologies import PRESETS, TOPOLOGIES
@@ -42,6 +42,9 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
     fn = TOPOLOGIES.get(topology)
     _check_options(topology, fn, options)
     graph = fn(**options)
+    if not isinstance(graph, BranchGraph):
+        raise ConfigTypeError(f"topology {topology!r} returned {type(graph).__name__}, not a "
+                              "connlearn.graph.BranchGraph; see connlearn.topologies")
     seed = int(graph.graph.get("seed", 0))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -30,9 +30,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.blocks import BLOCKS, check_residual_init, init_residual_scale, residual_scale, scales_residual
-from connlearn.errors import ConfigError, ShapeError, check_int, check_temperature, unknown_name
-from connlearn.gates import GATES, FrozenGate, Gate, random_tie_order, tie_generator
+from connlearn.blocks import (
+    BLOCKS,
+    check_residual_init,
+    init_residual_scale,
+    make_block,
+    require_block_method,
+    residual_scale,
+    scales_residual,
+)
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_int, check_temperature, unknown_name
+from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph
 
 ENGINES = ("fused", "reference", "auto")
@@ -79,6 +87,7 @@ class FusedModule(nn.Module):
         super().__init__()
         self.block, self.proj, self.gate = block, proj, gate
         self.branches, self.in_ch, self.out_ch = info["branches"], info["in_channels"], info["out_channels"]
+        self.kind, self.module = info["block"], info["module"]
 
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
         c, ch = self.branches, self.in_ch
@@ -88,18 +97,36 @@ class FusedModule(nn.Module):
         b, _, h, w = x.shape
         out = self.block(x)
         if self.proj is None:
+            check_block_output(self, out, x, (b, c * self.out_ch, h, w))
             return x + out
         short = self.proj(x.reshape(b * c, ch, h, w))
+        check_block_output(self, out, x, (b, c * self.out_ch, *short.shape[-2:]))
         return short.reshape(b, c * self.out_ch, *short.shape[-2:]) + out
 
     def _first(self, stem: torch.Tensor) -> torch.Tensor:
         """The first module: every branch reads the stem, so its shortcut is computed once."""
         b, _, h, w = stem.shape
         c = self.branches
-        out = self.block(stem.unsqueeze(1).expand(b, c, self.in_ch, h, w).reshape(b, c * self.in_ch, h, w))
+        x = stem.unsqueeze(1).expand(b, c, self.in_ch, h, w).reshape(b, c * self.in_ch, h, w)
+        out = self.block(x)
         short = stem if self.proj is None else self.proj(stem)
-        oh, ow = out.shape[-2:]
+        oh, ow = short.shape[-2:]
+        check_block_output(self, out, x, (b, c * self.out_ch, oh, ow))
         return (out.reshape(b, c, self.out_ch, oh, ow) + short.unsqueeze(1)).reshape(b, c * self.out_ch, oh, ow)
+
+
+def check_block_output(stage: nn.Module, out: Any, x: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """A :class:`~connlearn.errors.ShapeError` naming the block kind and module unless the block of
+    ``stage`` mapped ``x`` to a tensor of shape ``expected`` (the shortcut's: channels and resolution)."""
+    if torch.jit.is_tracing():
+        return
+    if not isinstance(out, torch.Tensor) or out.shape != expected:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ShapeError(
+            f"block kind {stage.kind!r} in module {stage.module} mapped an input of shape {list(x.shape)} to "
+            f"{got}; expected {list(expected)}: {stage.out_ch} output channels per branch at the shortcut's "
+            "resolution (stride applied)"
+        )
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
@@ -126,7 +153,8 @@ class ReferenceModule(nn.Module):
     def __init__(self, blocks: list[nn.Module], proj: nn.Module | None, gate: Gate | None, info: dict[str, Any]):
         super().__init__()
         self.blocks, self.proj, self.gate = nn.ModuleList(blocks), proj, gate
-        self.branches = info["branches"]
+        self.branches, self.out_ch = info["branches"], info["out_channels"]
+        self.kind, self.module = info["block"], info["module"]
 
     def gated_sums(self, inputs: list[torch.Tensor], mix: torch.Tensor) -> list[torch.Tensor]:
         """The pre-ReLU gated sums s_j = Σ_k mix_jk · y_k, one per branch."""
@@ -142,10 +170,15 @@ class ReferenceModule(nn.Module):
         if mix is None:  # the first module: every branch reads the stem, its shortcut is computed once
             stem = inputs[0]
             short = stem if self.proj is None else self.proj(stem)
-            return [short + blk(stem) for blk in self.blocks]
+            return [short + self._run(blk, stem, short) for blk in self.blocks]
         xs = [s.relu() for s in self.gated_sums(inputs, mix)]
         shorts = xs if self.proj is None else list(self.proj(torch.cat(xs, dim=0)).chunk(self.branches, dim=0))
-        return [s + blk(x) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
+        return [s + self._run(blk, x, s) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
+
+    def _run(self, block: nn.Module, x: torch.Tensor, short: torch.Tensor) -> torch.Tensor:
+        out = block(x)
+        check_block_output(self, out, x, (x.shape[0], self.out_ch, *short.shape[-2:]))
+        return out
 
 
 class SingleStreamModule(nn.Module):
@@ -167,6 +200,8 @@ def _module_info(graph: BranchGraph, module: int) -> dict[str, Any]:
     d = graph.nodes[nodes[0]]
     return {
         "nodes": nodes,
+        "module": module,
+        "block": d["block"],
         "branches": len(nodes),
         "in_channels": d["in_channels"],
         "out_channels": d["out_channels"],
@@ -180,8 +215,24 @@ def _module_info(graph: BranchGraph, module: int) -> dict[str, Any]:
 
 def _make_block(graph: BranchGraph, nodes: list[str], info: dict[str, Any]) -> nn.Module:
     d = graph.nodes[nodes[0]]
-    kind = BLOCKS.get(d["block"])
-    return kind(info["in_channels"], info["out_channels"], info["stride"], len(nodes), **d.get("params", {}))
+    return make_block(d["block"], BLOCKS.get(d["block"]), info["in_channels"], info["out_channels"], info["stride"],
+                      len(nodes), d.get("params", {}))
+
+
+def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor, K: int) -> Gate:
+    """One module's gate of kind ``gate_cls``, with the shapes of what it gives checked once here."""
+    name = getattr(gate_cls, "kind", "") or gate_cls.__qualname__
+    try:
+        gate = gate_cls(values, active, K)
+    except TypeError as exc:
+        raise ConfigTypeError(f"gate kind {name!r} could not be built as {gate_cls.__qualname__}(values, active, K): "
+                              f"{exc}") from None
+    if not isinstance(gate, Gate):
+        raise ConfigTypeError(f"gate kind {name!r} built a {type(gate).__name__}, not a connlearn.gates.Gate")
+    with torch.no_grad():
+        for what, fn in (("values()", gate.values), ("active()", gate.active), ("matrix()", gate.matrix)):
+            check_gate_shape(gate, what, fn())
+    return gate
 
 
 class ConnectivityNet(nn.Module):
@@ -200,6 +251,8 @@ class ConnectivityNet(nn.Module):
         super().__init__()
         if engine not in ENGINES:
             raise unknown_name("engine", engine, ENGINES)
+        if not isinstance(graph, BranchGraph):
+            raise ConfigTypeError(f"a network is compiled from a BranchGraph, not a {type(graph).__name__}")
         graph.validate()
         self._graph = copy.deepcopy(graph)
         self.K = graph.K
@@ -275,7 +328,7 @@ class ConnectivityNet(nn.Module):
         gate = None
         if graph.candidates(module):
             values, active = graph.gate_matrix(module)
-            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K)
+            gate = _make_gate(gate_cls, torch.tensor(values), torch.tensor(active), graph.K)
         if self.engine == "fused":
             return FusedModule(_make_block(graph, nodes, info), proj, gate, info)
         blocks = [_make_block(graph, [n], info) for n in nodes]
@@ -357,6 +410,12 @@ class ConnectivityNet(nn.Module):
             group = [g for g in gates if type(g) is cls]
             # the default temperature is not passed: gate kinds without one keep working
             draws = cls.draw(group, self.generator, **({"temperature": t} if (t := self._temperature) != 1.0 else {}))
+            if not isinstance(draws, (list, tuple)) or len(draws) != len(group):
+                got = len(draws) if isinstance(draws, (list, tuple)) else type(draws).__name__
+                raise ShapeError(f"gate kind {cls.kind!r}: draw() gave {got} draws for {len(group)} gates; it "
+                                 "returns one [rows, cols] tensor per gate, in order")
+            for g, d in zip(group, draws, strict=True):
+                check_gate_shape(g, "draw()", d)
             drawn.update(zip((id(g) for g in group), draws, strict=True))
         if self._draws is not None and gates:
             step = []
@@ -525,10 +584,12 @@ def _convert_state(net: ConnectivityNet, engine: str) -> dict[str, torch.Tensor]
     state = {k: v for k, v in net.state_dict().items() if ".block." not in k and ".blocks." not in k}
     for pos, stage in enumerate(net.stages):
         if engine == "reference" and isinstance(stage, FusedModule):
+            require_block_method(stage.block, "select", "to_engine('reference')")
             for j in range(stage.branches):
                 for k, v in stage.block.select([j]).state_dict().items():
                     state[f"stages.{pos}.blocks.{j}.{k}"] = v
         elif engine == "fused" and isinstance(stage, ReferenceModule):
+            require_block_method(stage.blocks[0], "merge", "to_engine('fused')")
             merged = type(stage.blocks[0]).merge(list(stage.blocks))
             for k, v in merged.state_dict().items():
                 state[f"stages.{pos}.block.{k}"] = v

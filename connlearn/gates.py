@@ -24,7 +24,14 @@ closely (τ → 0: always the top-K), above 1 they are closer to uniform; the gr
 Keeping gates in [0, 1] is the job of ``connlearn.updater.GateUpdater``.
 
 New kinds subclass :class:`Gate` and are registered with ``connlearn.register_gate(name, cls)`` or the
-entry-point group ``connlearn.gates``.
+entry-point group ``connlearn.gates``. A kind is built as ``cls(values, active, K)`` for each module
+(``values`` float and ``active`` boolean ``[rows, cols]``: the graph's initial gates; ``Gate.__init__`` keeps
+only ``K`` and ``shape``, the kind stores what it needs) and defines ``values()`` and ``active()``; the
+default ``matrix()`` is ``active()`` as 0/1. A stochastic kind (``stochastic = True``) also defines the
+classmethod ``draw``, a learnable one ``real_parameters()``: note that ``GateUpdater`` clamps those to
+[0, 1] after every step, the range of the paper's gates. ``kind`` is set to the registered name where a
+class does not set it itself. Registration checks these; the network checks the shapes of ``matrix()``,
+``active()`` and ``draw()`` against ``[rows, cols]``.
 """
 
 from __future__ import annotations
@@ -36,9 +43,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from connlearn.errors import ConfigTypeError, ShapeError
 from connlearn.registry import Registry
-
-GATES: Registry = Registry("gate kind", "connlearn.gates")
 
 # Keys of zero-probability entries: below every log-probability a float32 can hold (about -104), so they are
 # drawn only once the positive entries are exhausted, and in random order among themselves.
@@ -207,6 +213,36 @@ class _LearnableGate(Gate):
 
     def real_parameters(self) -> list[nn.Parameter]:
         return [self.real]
+
+
+def check_gate_kind(name: str, cls: Any) -> type[Gate]:
+    """``cls`` if it can be the gate kind ``name`` (what ``register_gate`` accepts): a :class:`Gate`
+    subclass defining ``values`` and ``active`` (and ``draw`` when stochastic); else a
+    :class:`~connlearn.errors.ConfigTypeError` saying what is missing. Sets ``cls.kind`` to ``name`` where
+    the class itself does not set it."""
+    if not (isinstance(cls, type) and issubclass(cls, Gate)):
+        raise ConfigTypeError(f"gate kind {name!r}: {cls!r} is not a subclass of connlearn.gates.Gate")
+    missing = [m for m in ("values", "active") if getattr(cls, m) is getattr(Gate, m)]
+    if cls.stochastic and getattr(cls.draw, "__func__", None) is Gate.draw.__func__:
+        missing.append("draw (it is stochastic)")
+    if missing:
+        raise ConfigTypeError(f"gate kind {name!r} ({cls.__qualname__}) does not define {', '.join(missing)}; "
+                              "see connlearn.gates.Gate")
+    if "kind" not in vars(cls) or not cls.kind:
+        cls.kind = name
+    return cls
+
+
+def check_gate_shape(gate: Gate, what: str, value: Any) -> None:
+    """A :class:`~connlearn.errors.ShapeError` unless ``value`` (``gate``'s ``what``) is a
+    ``[rows, cols]`` tensor."""
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(gate.shape):
+        got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ShapeError(f"gate kind {gate.kind!r}: {what} gave {got}; expected a tensor of shape "
+                         f"{list(gate.shape)} (rows: the module's blocks, columns: its candidate inputs)")
+
+
+GATES: Registry = Registry("gate kind", "connlearn.gates", check=check_gate_kind)
 
 
 @GATES.register("topk")

@@ -121,6 +121,7 @@ class BranchGraph(nx.DiGraph):
 
             known_blocks = BLOCKS.names()
         known_blocks = set(known_blocks)
+        self._check_attributes()
         for name in ("input", "output"):
             if name not in self or self.nodes[name].get("kind") != name:
                 raise GraphError(f"the graph has no {name!r} node")
@@ -142,6 +143,22 @@ class BranchGraph(nx.DiGraph):
         for module in self.modules():
             self._check_module(module)
         return self
+
+    def _check_attributes(self) -> None:
+        from connlearn.gates import GATES
+
+        for key, what in (("gate", "the gate kind, e.g. 'topk'"), ("K", "the fan-in, an integer >= 1")):
+            if key not in self.graph:
+                raise GraphError(f"the graph has no {key!r} attribute: set graph.graph[{key!r}] to {what}")
+        K = self.graph["K"]
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise GraphError(f"the graph's K must be an integer >= 1, got {K!r}")
+        if self.graph["gate"] not in GATES:
+            raise GraphError(str(unknown_name("gate kind", self.graph["gate"], GATES.names())) + " (graph['gate'])")
+        for node in self.block_nodes():
+            params = self.nodes[node].get("params", {})
+            if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+                raise GraphError(f"block {node} has params {params!r}; they must be a dict of keyword parameters")
 
     def _check_edge(self, u: str, v: str, d: dict[str, Any]) -> None:
         if d.get("kind") not in ("gate", "fixed"):
@@ -193,6 +210,15 @@ class BranchGraph(nx.DiGraph):
                 )
             if len(sources) < K:
                 raise GraphError(f"fan-in K={K} is larger than the {len(sources)} possible inputs of block {node}")
+        if self.gate_kind == "full":
+            for node in nodes:
+                inactive = [u for u, _, d in self.gate_edges(node) if not d.get("active")]
+                if inactive:
+                    raise GraphError(f"block {node} has inactive inputs {inactive}; a 'full' connectivity has "
+                                     "every input active (use 'random' or 'frozen' for a fixed subset)")
+            if len(cols) != K:
+                raise GraphError(f"module {module} has {len(cols)} inputs per block and K={K}; a 'full' "
+                                 "connectivity averages every input, so K must equal their number")
         if self.gate_kind in ("frozen", "random"):
             for node in nodes:
                 n_active = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node))

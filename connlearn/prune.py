@@ -15,6 +15,7 @@ import attrs
 import networkx as nx
 import torch
 
+from connlearn.blocks import require_block_method
 from connlearn.compile import ConnectivityNet, FusedModule
 from connlearn.errors import ConfigError
 from connlearn.graph import BranchGraph
@@ -117,7 +118,10 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
         for old, new, module in zip(net.stages, pruned.stages, net.module_ids, strict=True):
             keep = [j for j, n in enumerate(graph.branches(module)) if n not in dead]
             new.proj = copy.deepcopy(old.proj)
-            if isinstance(old, FusedModule):
+            if isinstance(old, FusedModule) and len(keep) == old.branches:
+                new.block = copy.deepcopy(old.block)
+            elif isinstance(old, FusedModule):
+                require_block_method(old.block, "select", "pruning dead blocks")
                 new.block = old.block.select(keep)
             else:
                 new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from typing import Generic, TypeVar
@@ -16,13 +17,20 @@ class Registry(Generic[T]):
     """A registry of named objects of one kind (``what``), extended by the entry-point group ``group``.
 
     Entry points are loaded lazily, the first time a name is looked up or listed, so that a third-party
-    package can add blocks without being imported by hand.
+    package can add blocks without being imported by hand. An entry point that fails to load (or to pass
+    ``check``) is skipped with a warning, and looking its name up raises an error that says why; the
+    others load as usual.
+
+    ``check(name, obj)``, if given, vets every object before it is registered (by ``register`` or an entry
+    point) and returns it, or raises a :class:`~connlearn.errors.ConnlearnError` saying what is wrong.
     """
 
-    def __init__(self, what: str, group: str) -> None:
+    def __init__(self, what: str, group: str, check: Callable[[str, T], T] | None = None) -> None:
         self.what = what
         self.group = group
+        self._check = check
         self._items: dict[str, T] = {}
+        self._broken: dict[str, str] = {}  # entry-point name -> why it did not load
         self._entry_points_loaded = False
 
     def register(self, name: str, obj: T | None = None, *, overwrite: bool = False) -> T | Callable[[T], T]:
@@ -35,7 +43,8 @@ class Registry(Generic[T]):
                 raise ConfigError(
                     f"{self.what} {name!r} is already registered; pass overwrite=True to replace it"
                 )
-            self._items[name] = item
+            self._items[name] = self._check(name, item) if self._check is not None else item
+            self._broken.pop(name, None)
             return item
 
         return add if obj is None else add(obj)
@@ -44,6 +53,8 @@ class Registry(Generic[T]):
         """The object registered as ``name``; an unknown name lists the known ones and the closest."""
         self._load_entry_points()
         if name not in self._items:
+            if name in self._broken:
+                raise ConfigError(self._broken[name])
             raise unknown_name(self.what, name, self._items)
         return self._items[name]
 
@@ -61,5 +72,13 @@ class Registry(Generic[T]):
             return
         self._entry_points_loaded = True
         for ep in metadata.entry_points(group=self.group):
-            if ep.name not in self._items:
-                self._items[ep.name] = ep.load()
+            if ep.name in self._items:
+                continue
+            try:
+                obj = ep.load()
+                self._items[ep.name] = self._check(ep.name, obj) if self._check is not None else obj
+            except Exception as exc:  # a broken plug-in must not hide the others
+                why = (f"{self.what} {ep.name!r} is installed (entry point {ep.name} = {ep.value} in group "
+                       f"{self.group!r}) but failed to load: {type(exc).__name__}: {exc}")
+                self._broken[ep.name] = why
+                warnings.warn(why, RuntimeWarning, stacklevel=3)

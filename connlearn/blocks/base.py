@@ -19,6 +19,7 @@ and ``init_residual_scale`` for those that name their last normalisation in ``re
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, check_int, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_int, unknown_name
 
 #: How a branch's output scale starts (the ``residual_init`` option of a topology).
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
@@ -185,11 +186,23 @@ class Looped:
 
     def __init__(self, factory: Callable[..., nn.Module]) -> None:
         if not callable(factory):
-            raise ConfigError(f"Looped needs a callable factory, got {factory!r}")
+            raise ConfigTypeError(f"Looped needs a callable factory, got {factory!r}")
+        signature = _signature(factory)
+        if signature is not None:
+            try:
+                signature.bind_partial(1, 1, 1)
+            except TypeError as exc:
+                raise ConfigTypeError(
+                    f"Looped({_describe(factory)}): the factory must take (in_ch, out_ch, stride, **params): {exc}"
+                ) from None
         self.factory = factory
 
     def __call__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> LoopedBlock:
         modules = [self.factory(in_ch, out_ch, stride, **params) for _ in range(branches)]
+        if not isinstance(modules[0], nn.Module):
+            raise ConfigTypeError(
+                f"{self!r}: the factory returned {type(modules[0]).__name__}, not an nn.Module"
+            )
         return LoopedBlock(modules, in_ch, out_ch, stride)
 
     def __repr__(self) -> str:
@@ -229,3 +242,99 @@ class LoopedBlock(nn.Module):
         mods = [copy.deepcopy(m) for b in blocks for m in b.branch_modules]
         first = blocks[0]
         return LoopedBlock(mods, first.in_ch, first.out_ch, first.stride)
+
+
+# ---------------------------------------------------------------------- checking block kinds
+_PROTOCOL = "a block kind is a BranchBlock subclass, a Looped(factory), or a callable (in_ch, out_ch, stride, " \
+            "branches, **params) returning an nn.Module (see connlearn.blocks.base)"
+
+
+def _describe(obj: Any) -> str:
+    return repr(obj) if isinstance(obj, Looped) else getattr(obj, "__qualname__", None) or repr(obj)
+
+
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none: their calls are not checked in advance
+        return None
+
+
+def check_block_kind(name: str, kind: Any) -> Any:
+    """``kind`` if it can be a block kind (what ``register_block`` accepts); else a
+    :class:`~connlearn.errors.ConfigTypeError` naming ``name`` and the protocol."""
+    if isinstance(kind, Looped):
+        return kind
+    if isinstance(kind, type) and not issubclass(kind, nn.Module):
+        raise ConfigTypeError(f"block kind {name!r}: {kind.__qualname__} is not an nn.Module subclass; {_PROTOCOL}")
+    if not callable(kind):
+        raise ConfigTypeError(f"block kind {name!r}: {kind!r} is not callable; {_PROTOCOL}")
+    signature = _signature(kind)
+    if signature is not None:
+        try:
+            signature.bind_partial(1, 1, 1, 1)
+        except TypeError as exc:
+            raise ConfigTypeError(
+                f"block kind {name!r} ({_describe(kind)}) cannot take the arguments (in_ch, out_ch, stride, "
+                f"branches): {exc}; {_PROTOCOL}"
+            ) from None
+    return kind
+
+
+def block_parameters(kind: Any) -> set[str] | None:
+    """The keyword parameters a block kind takes besides ``(in_ch, out_ch, stride, branches)`` (for a
+    :class:`Looped` kind: those of its factory); ``None`` when it takes any (``**params``) or has no
+    readable signature. A :class:`BranchBlock` that takes ``**params`` takes those of its ``params``."""
+    target, positional = (kind.factory, 3) if isinstance(kind, Looped) else (kind, 4)
+    signature = _signature(target)
+    if signature is None:
+        return None
+    names: set[str] = set()
+    seen = 0
+    for p in signature.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            if isinstance(kind, type) and issubclass(kind, BranchBlock):
+                return names | set(kind.params)
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and seen < positional:
+            seen += 1
+        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.add(p.name)
+    return names
+
+
+def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branches: int,
+               params: dict[str, Any]) -> nn.Module:
+    """Call the block kind ``kind`` (registered as ``name``) for ``branches`` branches; a call it cannot
+    take, or a result that is not a module of that many branches, is a clear error naming the kind."""
+    if not isinstance(params, dict):
+        raise ConfigTypeError(f"the parameters of block kind {name!r} must be a dict, got {params!r}")
+    target, args = (kind.factory, (in_ch, out_ch, stride)) if isinstance(kind, Looped) else (
+        kind, (in_ch, out_ch, stride, branches))
+    signature = _signature(target)
+    if signature is not None:
+        try:
+            signature.bind(*args, **params)
+        except TypeError as exc:
+            takes = block_parameters(kind)
+            takes_text = "any" if takes is None else (", ".join(sorted(takes)) or "none")
+            raise ConfigError(
+                f"block kind {name!r} ({_describe(kind)}) cannot be built with the parameters {params}: {exc}; "
+                f"besides (in_ch, out_ch, stride, branches) it takes: {takes_text}"
+            ) from None
+    block = kind(in_ch, out_ch, stride, branches, **params)
+    if not isinstance(block, nn.Module):
+        raise ConfigTypeError(f"block kind {name!r} returned {type(block).__name__}, not an nn.Module; {_PROTOCOL}")
+    held = getattr(block, "branches", branches)
+    if held != branches:
+        raise ConfigError(f"block kind {name!r} was asked for {branches} branches and its block holds {held}")
+    return block
+
+
+def require_block_method(block: nn.Module, method: str, purpose: str) -> None:
+    """A clear error if ``block`` lacks ``method`` of the block protocol, which ``purpose`` needs."""
+    if not callable(getattr(block, method, None)):
+        raise ConfigError(
+            f"{purpose} needs the blocks' {method}() (the block protocol of connlearn.blocks.base), and "
+            f"{type(block).__qualname__} has none: subclass BranchBlock, or register the kind as Looped(factory)"
+        )

@@ -6,11 +6,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from connlearn.errors import ConfigTypeError
 from connlearn.registry import Registry
 from connlearn.topologies.resnext import LAYOUTS, PRESETS, dense, resnext
 
-TOPOLOGIES: Registry = Registry("topology", "connlearn.topologies")
+
+def check_topology(name: str, fn: Any) -> Any:
+    """``fn`` if it can be the topology ``name`` (a callable); else a clear error."""
+    if not callable(fn):
+        raise ConfigTypeError(f"topology {name!r}: {fn!r} is not callable; a topology is a function of keyword "
+                              "arguments that returns a connlearn.graph.BranchGraph")
+    return fn
+
+
+TOPOLOGIES: Registry = Registry("topology", "connlearn.topologies", check=check_topology)
 TOPOLOGIES.register("resnext", resnext)
 TOPOLOGIES.register("dense", dense)
 
-__all__ = ["LAYOUTS", "PRESETS", "TOPOLOGIES", "dense", "resnext"]
+__all__ = ["LAYOUTS", "PRESETS", "TOPOLOGIES", "check_topology", "dense", "resnext"]

@@ -12,14 +12,15 @@ but the first halves the resolution in its first module.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from typing import Any
 
 import attrs
 import torch
 
-from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, check_residual_init
-from connlearn.errors import ConfigError, check_float, check_int, unknown_name
+from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, block_parameters, check_residual_init
+from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, unknown_name
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import BranchGraph, block_name
 
@@ -84,6 +85,21 @@ def _stages(layout_name: str, layout: Layout, M: int | None, depth: int | None) 
     return (M // 3,) * 3
 
 
+def _block_params(block_params: Any) -> dict[str, Any]:
+    """``block_params`` checked: a dict of JSON values keyed by parameter names, without ``width``."""
+    if block_params is None:
+        return {}
+    if not isinstance(block_params, dict) or not all(isinstance(k, str) for k in block_params):
+        raise ConfigTypeError(f"block_params must be a dict of keyword parameters, got {block_params!r}")
+    if "width" in block_params:
+        raise ConfigError("block_params may not set 'width': the topology gives every stage its own; use width=")
+    try:
+        json.dumps(block_params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigTypeError(f"block_params must hold JSON values (they are saved in the graph): {exc}") from None
+    return dict(block_params)
+
+
 def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
                    ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Initial gate values, active flags and (for gates with real values) tie ranks of one module."""
@@ -111,6 +127,7 @@ def resnext(
     preset: str | None = None,
     layout: str | None = None,
     block: str = "bottleneck",
+    block_params: dict[str, Any] | None = None,
     gate: str = "topk",
     K: int | None = None,
     seed: int = 0,
@@ -130,7 +147,10 @@ def resnext(
             width and C, which explicit arguments override. Without preset and arguments: {D=29, w=8, C=8}
             on CIFAR-100.
         layout: ``"cifar"`` (32x32), ``"miniimagenet"`` (64x64, max-pool after the stem) or ``"imagenet"``.
-        block: block kind name (see ``list_blocks()``).
+        block: block kind name (see ``list_blocks()``). Each block gets ``width`` (the stage's bottleneck
+            width) if its kind takes that parameter (:func:`~connlearn.blocks.block_parameters`), and
+            ``block_params``: more keyword parameters for the block kind, the same in every module
+            (JSON values, since they are part of the graph).
         gate: gate kind (see ``list_gates()``); K: fan-in, 1 <= K <= C (default C // 2; C for ``full``).
         seed: seeds the weights, the initial gates (``gate_init="uniform"``), the Fixed-Random draw, the
             order in which equal gates enter the top-K (each gate edge's ``tie``) and the network's gate
@@ -169,6 +189,9 @@ def resnext(
     stages = _stages(layout_name, lay, M, depth)
     if block not in BLOCKS:
         raise unknown_name("block", block, BLOCKS.names())
+    extra = _block_params(block_params)
+    takes = block_parameters(BLOCKS.get(block))
+    takes_width = takes is None or "width" in takes
     if gate not in GATES:
         raise unknown_name("gate kind", gate, GATES.names())
     if gate == "frozen":
@@ -219,7 +242,7 @@ def resnext(
                 g.add_node(
                     block_name(module, j), kind="block", module=module, branch=j, block=block,
                     in_channels=prev_out, out_channels=out_ch, stride=stride, resolution=res,
-                    params={"width": w},
+                    params={"width": w, **extra} if takes_width else dict(extra),
                 )
             if module == 1:
                 for j in range(1, C + 1):

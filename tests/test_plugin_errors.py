@@ -1,0 +1,249 @@
+"""A plug-in written wrong is named in a clear error, at registration, build or its first forward pass,
+not in a crash deep inside torch or a silently wrong result; a broken entry point hides no other."""
+
+from importlib import metadata
+
+import networkx as nx
+import pytest
+import torch
+from conftest import tiny
+from torch import nn
+
+import connlearn
+from connlearn import export
+from connlearn.blocks import BLOCKS, BranchBlock, Looped, check_block_kind, conv
+from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
+from connlearn.gates import GATES, Gate, TopKGate
+from connlearn.prune import prune_dead_blocks
+from connlearn.registry import Registry
+from connlearn.topologies import TOPOLOGIES, resnext
+
+
+@pytest.fixture(autouse=True)
+def clean_registries():
+    saved = {r: dict(r._items) for r in (BLOCKS, GATES, TOPOLOGIES)}
+    yield
+    for registry, items in saved.items():
+        registry._items.clear()
+        registry._items.update(items)
+
+
+class Shifted(BranchBlock):
+    """A user block that gets the output shape wrong in one of several ways (``fault``)."""
+
+    params = ("width",)
+    fault = "none"
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+        extra = 1 if self.fault == "channels" else 0
+        self.c = nn.Conv2d(branches * in_ch, branches * (out_ch + extra), 3, 1 if self.fault == "stride" else stride,
+                           0 if self.fault == "padding" else 1, groups=branches)
+
+    def forward(self, x):
+        out = self.c(x)
+        return out.mean((2, 3), keepdim=True) if self.fault == "pooled" else out
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize("fault", ["channels", "stride", "padding", "pooled"])
+def test_a_block_output_of_the_wrong_shape_names_the_kind_module_and_shapes(fault, engine):
+    connlearn.register_block("shifted", type("Faulty", (Shifted,), {"fault": fault}))
+    net = connlearn.build(**tiny(block="shifted"), engine=engine)
+    module = 2 if fault == "stride" else 1  # the first module has stride 1
+    with pytest.raises(ShapeError, match=rf"block kind 'shifted' in module {module} mapped an input .* expected"):
+        net(torch.randn(2, 3, 32, 32))
+
+
+def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params():
+    class Kernel(BranchBlock):
+        residual_norm = "bn"
+
+        def __init__(self, in_ch, out_ch, stride, branches, kernel=3):
+            super().__init__(in_ch, out_ch, stride, branches)
+            self.c, self.bn = conv(in_ch, out_ch, kernel, branches, stride), nn.BatchNorm2d(branches * out_ch)
+
+        def forward(self, x):
+            return self.bn(self.c(x))
+
+    connlearn.register_block("kernel", Kernel)
+    net = connlearn.build(**tiny(block="kernel", block_params={"kernel": 5}))
+    assert net.stages[1].block.c.kernel_size == (5, 5)
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert net.graph().nodes["m1.b1"]["params"] == {"kernel": 5}  # and the graph round-trips it
+    rebuilt = connlearn.from_graph(net.graph().to_json())
+    assert rebuilt.stages[1].block.c.kernel_size == (5, 5)
+    with pytest.raises(ConfigError, match=r"kind 'kernel' \(.*Kernel\) cannot be built .*'kernal'.* takes: kernel"):
+        connlearn.build(**tiny(block="kernel", block_params={"kernal": 5}))
+    with pytest.raises(ConfigError, match="block_params may not set 'width'"):
+        connlearn.build(**tiny(block_params={"width": 5}))
+    with pytest.raises(ConfigTypeError, match="JSON values"):
+        connlearn.build(**tiny(block="kernel", block_params={"kernel": torch.tensor(5)}))
+    connlearn.register_block("looped-conv", Looped(lambda i, o, s: nn.Conv2d(i, o, 3, s, 1)))
+    assert connlearn.build(**tiny(block="looped-conv"))(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("kind, match", [
+    (42, "42 is not callable"),
+    (int, "int is not an nn.Module subclass"),
+    (lambda in_ch, out_ch, stride: nn.Identity(), "cannot take the arguments .*too many positional"),
+])
+def test_registering_something_that_cannot_be_a_block_kind_is_refused(kind, match):
+    with pytest.raises(ConfigTypeError, match=rf"block kind 'mine'.*{match}"):
+        connlearn.register_block("mine", kind)
+    assert "mine" not in connlearn.list_blocks()
+
+
+def test_a_looped_factory_of_the_wrong_form_is_named():
+    with pytest.raises(ConfigTypeError, match="the factory must take"):
+        Looped(lambda in_ch: nn.Identity())
+    connlearn.register_block("number", Looped(lambda in_ch, out_ch, stride: 3))
+    with pytest.raises(ConfigTypeError, match=r"the factory returned int, not an nn.Module"):
+        connlearn.build(**tiny(block="number"))
+
+
+class Unbatched(nn.Module):
+    """A block module without select/merge: it trains, but cannot be pruned or moved to another engine."""
+
+    def __init__(self, in_ch, out_ch, stride, branches, width):
+        super().__init__()
+        self.c = nn.Conv2d(branches * in_ch, branches * out_ch, 3, stride, 1, groups=branches)
+
+    def forward(self, x):
+        return self.c(x)
+
+
+def test_a_block_without_select_trains_and_says_what_pruning_and_to_engine_need():
+    connlearn.register_block("unbatched", Unbatched)
+    net = connlearn.build(**tiny(block="unbatched", gate="random", K=1, M=6))
+    net(torch.randn(2, 3, 32, 32)).sum().backward()
+    with pytest.raises(ConfigError, match=r"to_engine\('reference'\) needs the blocks' select\(\).*Unbatched"):
+        net.to_engine("reference")
+    with pytest.raises(ConfigError, match=r"pruning dead blocks needs the blocks' select\(\).*Unbatched"):
+        prune_dead_blocks(net)
+
+
+class Wide(TopKGate):
+    def matrix(self, drawn=None):
+        return torch.cat([super().matrix(drawn), torch.zeros(self.shape[0], 1)], dim=1)
+
+
+class WrongDraw(TopKGate):
+    @classmethod
+    def draw(cls, gates, generator, temperature=1.0):
+        return [d[:, :-1] for d in super().draw(gates, generator, temperature)]
+
+
+class FewDraws(TopKGate):
+    @classmethod
+    def draw(cls, gates, generator, temperature=1.0):
+        return super().draw(gates, generator, temperature)[:-1]
+
+
+def test_gate_matrices_and_draws_of_the_wrong_shape_are_named():
+    for name, cls in (("wide", Wide), ("wrong-draw", WrongDraw), ("few-draws", FewDraws)):
+        connlearn.register_gate(name, cls)
+    with pytest.raises(ShapeError, match=r"gate kind 'wide': matrix\(\) gave \[4, 5\]; expected .*\[4, 4\]"):
+        connlearn.build(**tiny(gate="wide"))  # when built
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.raises(ShapeError, match=r"gate kind 'wrong-draw': draw\(\) gave \[4, 3\]"):
+        connlearn.build(**tiny(gate="wrong-draw"))(x)
+    with pytest.raises(ShapeError, match=r"gate kind 'few-draws': draw\(\) gave 1 draws for 2 gates"):
+        connlearn.build(**tiny(gate="few-draws"))(x)
+
+
+def test_registering_an_incomplete_gate_kind_is_refused_and_the_kind_takes_its_name():
+    class Empty(Gate):
+        pass
+
+    class Undrawn(Gate):
+        stochastic = True
+
+        def values(self):
+            return torch.zeros(self.shape)
+
+        def active(self):
+            return torch.ones(self.shape, dtype=torch.bool)
+
+    with pytest.raises(ConfigTypeError, match=r"'empty' .*does not define values, active"):
+        connlearn.register_gate("empty", Empty)
+    with pytest.raises(ConfigTypeError, match=r"'undrawn' .*does not define draw \(it is stochastic\)"):
+        connlearn.register_gate("undrawn", Undrawn)
+    with pytest.raises(ConfigTypeError, match=r"is not a subclass of connlearn.gates.Gate"):
+        connlearn.register_gate("function", lambda *a: None)
+
+    class Renamed(TopKGate):
+        pass
+
+    connlearn.register_gate("renamed", Renamed)
+    assert Renamed.kind == "renamed" and TopKGate.kind == "topk"
+
+
+def test_a_gate_kind_built_with_the_wrong_signature_is_named():
+    class TwoArgs(TopKGate):
+        def __init__(self, values, active):
+            super().__init__(values, active, 2)
+
+    connlearn.register_gate("two-args", TwoArgs)
+    with pytest.raises(ConfigTypeError, match=r"gate kind 'two-args' could not be built as .*\(values, active, K\)"):
+        connlearn.build(**tiny(gate="two-args"))
+
+
+def test_a_user_sampled_gate_kind_exports_with_its_top_k_frozen(tmp_path):
+    class Mine(TopKGate):
+        pass
+
+    connlearn.register_gate("mine", Mine)
+    net = connlearn.build(**tiny(gate="mine")).eval()
+    x = torch.randn(2, 3, 32, 32)
+    path = export.export(net, tmp_path / "mine.ts")
+    torch.testing.assert_close(torch.jit.load(str(path))(x), net(x))
+
+
+def _without(key):
+    def topology(**options):
+        g = resnext(**options)
+        del g.graph[key]
+        return g
+    return topology
+
+
+def _all_inactive(**options):
+    g = resnext(**options)
+    for *_, d in g.edges(data=True):
+        if d["kind"] == "gate":
+            d["active"] = False
+    return g
+
+
+@pytest.mark.parametrize("topology, error, match", [
+    (lambda **o: None, ConfigTypeError, "topology 'mine' returned NoneType, not a connlearn.graph.BranchGraph"),
+    (lambda **o: nx.DiGraph(), ConfigTypeError, "returned DiGraph"),
+    (_without("K"), GraphError, r"no 'K' attribute: set graph.graph\['K'\]"),
+    (_without("gate"), GraphError, r"no 'gate' attribute"),
+    (_all_inactive, GraphError, "a 'full' connectivity has every input active"),
+])
+def test_what_a_topology_returns_is_checked(topology, error, match):
+    connlearn.register_topology("mine", topology)
+    with pytest.raises(error, match=match):
+        connlearn.build("mine", **tiny(gate="full", K=4))
+    with pytest.raises(ConfigTypeError, match="'abc' is not callable"):
+        connlearn.register_topology("text", "abc")
+
+
+def test_a_broken_entry_point_is_skipped_with_a_warning_and_named_when_asked_for(monkeypatch):
+    group = "connlearn.test-blocks"
+    points = [metadata.EntryPoint("broken", "connlearn_no_such_module:Block", group),
+              metadata.EntryPoint("wrong", "torch:float32", group),
+              metadata.EntryPoint("basic2", "connlearn.blocks.basic:Basic", group)]
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [p for p in points if p.group == group])
+    registry = Registry("block", group, check=check_block_kind)
+    with pytest.warns(RuntimeWarning) as warned:
+        assert registry.names() == ["basic2"]
+    assert [str(w.message).split(" is installed")[0] for w in warned] == ["block 'broken'", "block 'wrong'"]
+    assert registry.get("basic2").__name__ == "Basic"
+    with pytest.raises(ConfigError, match=r"block 'broken' is installed \(entry point broken = "
+                                          r"connlearn_no_such_module:Block .*ModuleNotFoundError"):
+        registry.get("broken")
+    with pytest.raises(ConfigError, match=r"'wrong' is installed .*ConfigTypeError.*not callable"):
+        registry.get("wrong")
