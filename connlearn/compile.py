@@ -219,7 +219,7 @@ def _make_block(graph: BranchGraph, nodes: list[str], info: dict[str, Any]) -> n
                       len(nodes), d.get("params", {}))
 
 
-def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor, K: int) -> Gate:
+def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor, K: int, module: int) -> Gate:
     """One module's gate of kind ``gate_cls``, with the shapes of what it gives checked once here."""
     name = getattr(gate_cls, "kind", "") or gate_cls.__qualname__
     try:
@@ -230,8 +230,9 @@ def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor,
     if not isinstance(gate, Gate):
         raise ConfigTypeError(f"gate kind {name!r} built a {type(gate).__name__}, not a connlearn.gates.Gate")
     with torch.no_grad():
-        for what, fn in (("values()", gate.values), ("active()", gate.active), ("matrix()", gate.matrix)):
-            check_gate_shape(gate, what, fn())
+        given = {"values()": gate.values(), "active()": gate.active(), "matrix(None)": gate.matrix(None)}
+        for what, value in given.items():
+            check_gate_shape(gate, what, value, module)
     return gate
 
 
@@ -328,7 +329,7 @@ class ConnectivityNet(nn.Module):
         gate = None
         if graph.candidates(module):
             values, active = graph.gate_matrix(module)
-            gate = _make_gate(gate_cls, torch.tensor(values), torch.tensor(active), graph.K)
+            gate = _make_gate(gate_cls, torch.tensor(values), torch.tensor(active), graph.K, module)
         if self.engine == "fused":
             return FusedModule(_make_block(graph, nodes, info), proj, gate, info)
         blocks = [_make_block(graph, [n], info) for n in nodes]
@@ -399,23 +400,36 @@ class ConnectivityNet(nn.Module):
         return self._scaled(self._draw() if self.training else {})
 
     def _scaled(self, drawn: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
-        gates = [stage.gate for stage in self.stages]
-        return [None if g is None else g.matrix(drawn.get(id(g))) / self.K for g in gates]
+        mixes: list[torch.Tensor | None] = []
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            g = stage.gate
+            if g is None:
+                mixes.append(None)
+                continue
+            matrix = g.matrix(drawn.get(id(g)))
+            check_gate_shape(g, "matrix()", matrix, module)
+            mixes.append(matrix / self.K)
+        return mixes
 
     @torch.compiler.disable
     def _draw(self) -> dict[int, torch.Tensor]:
         gates = [s.gate for s in self.stages if s.gate is not None and s.gate.stochastic]
+        module_of = {id(s.gate): m for m, s in zip(self.module_ids, self.stages, strict=True)}
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in gates):
             group = [g for g in gates if type(g) is cls]
             # the default temperature is not passed: gate kinds without one keep working
             draws = cls.draw(group, self.generator, **({"temperature": t} if (t := self._temperature) != 1.0 else {}))
-            if not isinstance(draws, (list, tuple)) or len(draws) != len(group):
-                got = len(draws) if isinstance(draws, (list, tuple)) else type(draws).__name__
-                raise ShapeError(f"gate kind {cls.kind!r}: draw() gave {got} draws for {len(group)} gates; it "
-                                 "returns one [rows, cols] tensor per gate, in order")
+            try:
+                draws = list(draws)
+            except TypeError:
+                raise ShapeError(f"gate kind {cls.kind!r}: draw() gave a {type(draws).__name__}; it returns a "
+                                 "list of one [rows, cols] tensor per gate, in order") from None
+            if len(draws) != len(group):
+                raise ShapeError(f"gate kind {cls.kind!r}: draw() gave {len(draws)} draws for {len(group)} gates; "
+                                 "it returns a list of one [rows, cols] tensor per gate, in order")
             for g, d in zip(group, draws, strict=True):
-                check_gate_shape(g, "draw()", d)
+                check_gate_shape(g, "draw()", d, module_of[id(g)])
             drawn.update(zip((id(g) for g in group), draws, strict=True))
         if self._draws is not None and gates:
             step = []

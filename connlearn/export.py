@@ -43,7 +43,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
-    if model.stochastic:  # its eval function is its top-K: fixed, the graph holds no sort
+    if model.stochastic and _evaluates_its_top_k(model):  # fixed to it, the graph holds no sort
         model.freeze()
     example = example_input(model) if example is None else example
     batch = torch.export.Dim("batch", min=1)
@@ -66,3 +66,10 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
         torch.export.save(program, str(path))
     return path
+
+
+def _evaluates_its_top_k(net: ConnectivityNet) -> bool:
+    """Whether every gate's evaluation matrix is its binary top-K (``active()``), as for ``topk`` and its
+    subclasses: then ``freeze()`` leaves the evaluation function unchanged."""
+    with torch.no_grad():
+        return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in net.gates())

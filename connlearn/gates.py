@@ -233,12 +233,15 @@ def check_gate_kind(name: str, cls: Any) -> type[Gate]:
     return cls
 
 
-def check_gate_shape(gate: Gate, what: str, value: Any) -> None:
-    """A :class:`~connlearn.errors.ShapeError` unless ``value`` (``gate``'s ``what``) is a
-    ``[rows, cols]`` tensor."""
+def check_gate_shape(gate: Gate, what: str, value: Any, module: int | None = None) -> None:
+    """A :class:`~connlearn.errors.ShapeError` unless ``value`` (``gate``'s ``what``, in ``module``) is a
+    ``[rows, cols]`` tensor. Not checked while ``torch.jit.trace`` records (the shapes are traced values)."""
+    if torch.jit.is_tracing():
+        return
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(gate.shape):
         got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ShapeError(f"gate kind {gate.kind!r}: {what} gave {got}; expected a tensor of shape "
+        where = "" if module is None else f" in module {module}"
+        raise ShapeError(f"gate kind {gate.kind!r}{where}: {what} gave {got}; expected a tensor of shape "
                          f"{list(gate.shape)} (rows: the module's blocks, columns: its candidate inputs)")
 
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
 import networkx as nx
 
-from connlearn.errors import GraphError, unknown_name
+from connlearn.errors import ConnlearnError, GraphError, unknown_name
 
 FORMAT = "connlearn.BranchGraph"
 VERSION = 1
@@ -114,14 +115,17 @@ class BranchGraph(nx.DiGraph):
         Faults: a missing ``input``/``output`` node, a cycle, an unknown block kind, an edge whose channels
         or resolution do not match, a block with no input, blocks of one module that disagree in channels,
         stride or candidate inputs, a fan-in K larger than a block's possible inputs, and (for fixed
-        connectivity) a block whose number of active inputs is not K. Returns ``self``.
+        connectivity) a block whose number of active inputs is not K. ``known_blocks``: the block kinds to
+        accept; by default the registered ones, and then the gate kind must be registered too. Returns
+        ``self``.
         """
-        if known_blocks is None:
+        registry = known_blocks is None
+        if registry:
             from connlearn.blocks import BLOCKS
 
             known_blocks = BLOCKS.names()
         known_blocks = set(known_blocks)
-        self._check_attributes()
+        self._check_attributes(registry)
         for name in ("input", "output"):
             if name not in self or self.nodes[name].get("kind") != name:
                 raise GraphError(f"the graph has no {name!r} node")
@@ -132,7 +136,13 @@ class BranchGraph(nx.DiGraph):
         for node in self.block_nodes():
             kind = self.nodes[node].get("block")
             if kind not in known_blocks:
-                raise GraphError(str(unknown_name("block", kind, known_blocks)) + f" (at node {node})")
+                error = unknown_name("block", kind, known_blocks)
+                if registry:  # the registry's own error names a plug-in that failed to load
+                    try:
+                        BLOCKS.get(kind)
+                    except ConnlearnError as exc:
+                        error = exc
+                raise GraphError(f"{error} (at node {node})")
         for u, v, d in self.edges(data=True):
             self._check_edge(u, v, d)
         for node in self.block_nodes():
@@ -144,17 +154,20 @@ class BranchGraph(nx.DiGraph):
             self._check_module(module)
         return self
 
-    def _check_attributes(self) -> None:
-        from connlearn.gates import GATES
-
+    def _check_attributes(self, registry: bool) -> None:
         for key, what in (("gate", "the gate kind, e.g. 'topk'"), ("K", "the fan-in, an integer >= 1")):
             if key not in self.graph:
                 raise GraphError(f"the graph has no {key!r} attribute: set graph.graph[{key!r}] to {what}")
         K = self.graph["K"]
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
             raise GraphError(f"the graph's K must be an integer >= 1, got {K!r}")
-        if self.graph["gate"] not in GATES:
-            raise GraphError(str(unknown_name("gate kind", self.graph["gate"], GATES.names())) + " (graph['gate'])")
+        if registry:
+            from connlearn.gates import GATES
+
+            try:
+                GATES.get(self.graph["gate"])
+            except ConnlearnError as exc:
+                raise GraphError(f"{exc} (graph['gate'])") from None
         for node in self.block_nodes():
             params = self.nodes[node].get("params", {})
             if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):

@@ -4,6 +4,7 @@ not in a crash deep inside torch or a silently wrong result; a broken entry poin
 from importlib import metadata
 
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 from conftest import tiny
@@ -57,10 +58,11 @@ def test_a_block_output_of_the_wrong_shape_names_the_kind_module_and_shapes(faul
 
 def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params():
     class Kernel(BranchBlock):
+        params = ("kernel",)
         residual_norm = "bn"
 
         def __init__(self, in_ch, out_ch, stride, branches, kernel=3):
-            super().__init__(in_ch, out_ch, stride, branches)
+            super().__init__(in_ch, out_ch, stride, branches, kernel=kernel)
             self.c, self.bn = conv(in_ch, out_ch, kernel, branches, stride), nn.BatchNorm2d(branches * out_ch)
 
         def forward(self, x):
@@ -73,6 +75,7 @@ def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params()
     assert net.graph().nodes["m1.b1"]["params"] == {"kernel": 5}  # and the graph round-trips it
     rebuilt = connlearn.from_graph(net.graph().to_json())
     assert rebuilt.stages[1].block.c.kernel_size == (5, 5)
+    assert net.to_engine("reference").stages[1].blocks[0].c.kernel_size == (5, 5)
     with pytest.raises(ConfigError, match=r"kind 'kernel' \(.*Kernel\) cannot be built .*'kernal'.* takes: kernel"):
         connlearn.build(**tiny(block="kernel", block_params={"kernal": 5}))
     with pytest.raises(ConfigError, match="block_params may not set 'width'"):
@@ -143,10 +146,10 @@ class FewDraws(TopKGate):
 def test_gate_matrices_and_draws_of_the_wrong_shape_are_named():
     for name, cls in (("wide", Wide), ("wrong-draw", WrongDraw), ("few-draws", FewDraws)):
         connlearn.register_gate(name, cls)
-    with pytest.raises(ShapeError, match=r"gate kind 'wide': matrix\(\) gave \[4, 5\]; expected .*\[4, 4\]"):
+    with pytest.raises(ShapeError, match=r"gate kind 'wide' in module 2: matrix\(None\) gave \[4, 5\]; expected"):
         connlearn.build(**tiny(gate="wide"))  # when built
     x = torch.randn(2, 3, 32, 32)
-    with pytest.raises(ShapeError, match=r"gate kind 'wrong-draw': draw\(\) gave \[4, 3\]"):
+    with pytest.raises(ShapeError, match=r"gate kind 'wrong-draw' in module 2: draw\(\) gave \[4, 3\]"):
         connlearn.build(**tiny(gate="wrong-draw"))(x)
     with pytest.raises(ShapeError, match=r"gate kind 'few-draws': draw\(\) gave 1 draws for 2 gates"):
         connlearn.build(**tiny(gate="few-draws"))(x)
@@ -247,3 +250,92 @@ def test_a_broken_entry_point_is_skipped_with_a_warning_and_named_when_asked_for
         registry.get("broken")
     with pytest.raises(ConfigError, match=r"'wrong' is installed .*ConfigTypeError.*not callable"):
         registry.get("wrong")
+
+
+def test_a_broken_entry_point_is_named_by_build_and_from_graph(monkeypatch):
+    graph = resnext(**tiny())
+    for node in graph.block_nodes():
+        graph.nodes[node]["block"] = "gone"
+    point = metadata.EntryPoint("gone", "connlearn_no_such_module:Block", "connlearn.blocks")
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == "connlearn.blocks" else [])
+    monkeypatch.setattr(BLOCKS, "_broken", {})
+    monkeypatch.setattr(BLOCKS, "_entry_points_loaded", False)
+    with pytest.warns(RuntimeWarning, match="'gone' is installed"), \
+            pytest.raises(ConfigError, match=r"block 'gone' is installed .*ModuleNotFoundError"):
+        connlearn.build(**tiny(block="gone"))
+    with pytest.raises(GraphError, match=r"block 'gone' is installed .*at node m1.b1"):
+        connlearn.from_graph(graph)
+
+
+def test_a_branch_block_that_keeps_a_parameter_to_itself_is_refused():
+    class Forgetful(BranchBlock):
+        params = ("kernel",)
+
+        def __init__(self, in_ch, out_ch, stride, branches, kernel=3):
+            super().__init__(in_ch, out_ch, stride, branches)  # kernel not passed on: select() would lose it
+            self.c = conv(in_ch, out_ch, kernel, branches, stride)
+
+        def forward(self, x):
+            return self.c(x)
+
+    connlearn.register_block("forgetful", Forgetful)
+    with pytest.raises(ConfigError, match=r"built with \{'kernel': 5\} but did not pass them to BranchBlock"):
+        connlearn.build(**tiny(block="forgetful", block_params={"kernel": 5}))
+
+
+class Soft(TopKGate):
+    """A sampled gate kind whose evaluation weights its top-K by the real gates: freezing would change it."""
+
+    def matrix(self, drawn=None):
+        return super().matrix(drawn) * self.real
+
+
+def test_export_freezes_only_gate_kinds_that_evaluate_their_top_k(tmp_path):
+    connlearn.register_gate("soft", Soft)
+    net = connlearn.build(**tiny(gate="soft", gate_init="uniform")).eval()
+    x = torch.randn(2, 3, 32, 32)
+    exported = torch.export.load(str(export.export(net, tmp_path / "soft.pt2", format="export"))).module()
+    torch.testing.assert_close(exported(x), net(x))
+
+
+class Relaxed(TopKGate):
+    """Legitimate forms the checks must let through: matrix without a default, draws as one stacked tensor."""
+
+    def matrix(self, drawn):
+        return super().matrix(drawn)
+
+    @classmethod
+    def draw(cls, gates, generator, temperature=1.0):
+        return torch.stack(super().draw(gates, generator, temperature))
+
+
+class Transposed(TopKGate):
+    def matrix(self, drawn=None):
+        return super().matrix(drawn).t() if drawn is not None else super().matrix(drawn)
+
+
+def test_gate_checks_accept_legitimate_forms_and_check_training_matrices_too():
+    connlearn.register_gate("relaxed", Relaxed)
+    connlearn.register_gate("transposed", Transposed)
+    x = torch.randn(2, 3, 32, 32)
+    assert connlearn.build(**tiny(gate="relaxed"))(x).shape == (2, 10)
+    net = connlearn.build("dense", **tiny(gate="transposed", M=9))  # module 3: [4, 8] drawn, [8, 4] used
+    with pytest.raises(ShapeError, match=r"gate kind 'transposed' in module 3: matrix\(\) gave \[8, 4\]"):
+        net.train()(x)
+    net.eval()(x)  # its evaluation matrix is right
+
+
+def test_a_graph_with_a_numpy_fan_in_compiles():
+    graph = connlearn.build(**tiny()).graph()
+    graph.graph["K"] = np.int64(2)
+    assert connlearn.from_graph(graph)(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_a_block_whose_branches_attribute_is_not_a_count_still_builds():
+    class Listed(Unbatched):
+        def __init__(self, in_ch, out_ch, stride, branches, width):
+            super().__init__(in_ch, out_ch, stride, branches, width)
+            self.branches = nn.ModuleList([nn.Identity()])
+
+    connlearn.register_block("listed", Listed)
+    assert connlearn.build(**tiny(block="listed"))(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -318,15 +318,25 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
         except TypeError as exc:
             takes = block_parameters(kind)
             takes_text = "any" if takes is None else (", ".join(sorted(takes)) or "none")
+            fixed = "its factory's (in_ch, out_ch, stride)" if isinstance(kind, Looped) else \
+                "(in_ch, out_ch, stride, branches)"
             raise ConfigError(
                 f"block kind {name!r} ({_describe(kind)}) cannot be built with the parameters {params}: {exc}; "
-                f"besides (in_ch, out_ch, stride, branches) it takes: {takes_text}"
+                f"besides {fixed} it takes: {takes_text}"
             ) from None
     block = kind(in_ch, out_ch, stride, branches, **params)
+    if isinstance(block, BranchBlock):
+        lost = {k: v for k, v in params.items() if k not in block.block_params or block.block_params[k] != v}
+        if lost:
+            raise ConfigError(
+                f"block kind {name!r} ({type(block).__qualname__}) was built with {lost} but did not pass them to "
+                "BranchBlock.__init__, from which select() and merge() rebuild it: declare them in `params` and "
+                "pass them on, e.g. super().__init__(in_ch, out_ch, stride, branches, kernel=kernel)"
+            )
     if not isinstance(block, nn.Module):
         raise ConfigTypeError(f"block kind {name!r} returned {type(block).__name__}, not an nn.Module; {_PROTOCOL}")
     held = getattr(block, "branches", branches)
-    if held != branches:
+    if isinstance(held, int) and held != branches:
         raise ConfigError(f"block kind {name!r} was asked for {branches} branches and its block holds {held}")
     return block
 

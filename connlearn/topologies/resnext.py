@@ -187,13 +187,10 @@ def resnext(
     in_channels = check_int("in_channels", in_channels, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     stages = _stages(layout_name, lay, M, depth)
-    if block not in BLOCKS:
-        raise unknown_name("block", block, BLOCKS.names())
-    extra = _block_params(block_params)
-    takes = block_parameters(BLOCKS.get(block))
+    takes = block_parameters(BLOCKS.get(block))  # an unknown (or broken) kind is named here
     takes_width = takes is None or "width" in takes
-    if gate not in GATES:
-        raise unknown_name("gate kind", gate, GATES.names())
+    extra = _block_params(block_params)
+    GATES.get(gate)
     if gate == "frozen":
         raise ConfigError("gate='frozen' is what freeze() leaves; build with 'topk' (then freeze) or 'random'")
     if gate == "full":
