@@ -136,13 +136,12 @@ class BranchGraph(nx.DiGraph):
         for node in self.block_nodes():
             kind = self.nodes[node].get("block")
             if kind not in known_blocks:
-                error = unknown_name("block", kind, known_blocks)
-                if registry:  # the registry's own error names a plug-in that failed to load
+                if registry:  # the registry's own error also names a plug-in that failed to load
                     try:
                         BLOCKS.get(kind)
                     except ConnlearnError as exc:
-                        error = exc
-                raise GraphError(f"{error} (at node {node})")
+                        raise GraphError(f"{exc} (at node {node})") from None
+                raise GraphError(f"{unknown_name('block', kind, known_blocks)} (at node {node})")
         for u, v, d in self.edges(data=True):
             self._check_edge(u, v, d)
         for node in self.block_nodes():
