@@ -358,6 +358,8 @@ class ConnectivityNet(nn.Module):
             raise ShapeError(
                 f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
             )
+        if not x.is_floating_point():
+            raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).

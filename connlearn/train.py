@@ -37,11 +37,11 @@ from tqdm.auto import tqdm
 
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, unknown_name
+from connlearn.errors import CheckpointError, ConfigError, check_int, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
-from connlearn.updater import GateUpdater, param_groups
+from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 AMP_MODES = ("auto", "bf16", "fp16", "none")
@@ -198,7 +198,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         self.compile = compile
         self.gate_grad = gate_grad
-        self.snapshot_every = int(snapshot_every)
+        self.snapshot_every = check_int("snapshot_every", snapshot_every, minimum=0)
         self.progress = progress
         self.verbose = verbose
         self.tensorboard = tensorboard
@@ -259,10 +259,7 @@ class Trainer:
         if gates and self.snapshot_every and self._snapshot_step != self.step:
             self._snapshot(float(epoch), freeze=True)
         self.net.freeze()
-        if gates:
-            self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if g.get("name") != "gates"]
-            for p in gates:
-                self.optimizer.state.pop(p, None)
+        drop_gate_group(self.optimizer)
         self._wrap()
 
     # ------------------------------------------------------------------ resume

@@ -27,6 +27,7 @@ observation that sampling depends only on the ratios within a row of gates:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -47,7 +48,8 @@ class GateUpdater:
         ...
         updater.detach()
 
-    The gates are looked up on every step, so ``net.freeze()`` (which removes them) needs no re-attaching.
+    The gates are looked up on every step, so ``net.freeze()`` (which removes them) needs no re-attaching
+    of the updater; the optimizer still holds the removed gates until :func:`drop_gate_group`.
     """
 
     def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
@@ -119,9 +121,26 @@ class GateUpdater:
 
 def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float) -> list[dict[str, Any]]:
     """Optimizer param groups: weights with (lr, weight_decay); real gates, if any, with (gate_lr, no
-    weight decay). Each group carries a ``name`` ('weights' or 'gates')."""
+    weight decay). Each group carries a ``name`` ('weights' or 'gates'). The rates and the decay must be
+    finite and non-negative (PyTorch checks only an optimizer's default ``lr``)."""
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("gate_lr", gate_lr)):
+        check_float(name, value, minimum=0.0, maximum=math.inf)
+        if math.isinf(value):
+            raise ConfigError(f"{name} must be finite, got {value}")
     groups = [{"params": list(net.weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]
     gates = list(net.gate_parameters())
     if gates:
         groups.append({"params": gates, "lr": gate_lr, "weight_decay": 0.0, "name": "gates"})
     return groups
+
+
+def drop_gate_group(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+    """Remove the ``'gates'`` param group of :func:`param_groups` from ``optimizer``, with its state (e.g.
+    momentum), and return its parameters. Call it after ``net.freeze()``, which takes the real gates out of
+    the network: the optimizer then holds only the network's parameters again, and its ``state_dict`` loads
+    into one built from ``param_groups`` of the frozen network."""
+    removed = [p for g in optimizer.param_groups if g.get("name") == "gates" for p in g["params"]]
+    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g.get("name") != "gates"]
+    for p in removed:
+        optimizer.state.pop(p, None)
+    return removed

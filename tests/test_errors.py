@@ -19,7 +19,7 @@ def test_k_below_one():
 
 
 def test_k_above_c():
-    with pytest.raises(ConfigError, match="K must be <= 8, got 9"):
+    with pytest.raises(ConfigError, match=r"K \(each block's number of inputs\) must be <= C=8 .*got 9"):
         connlearn.build(C=8, K=9)
 
 
@@ -93,3 +93,14 @@ def test_forward_input_with_the_wrong_rank():
 def test_errors_are_builtin_exception_subclasses_too():
     assert issubclass(ConfigError, ValueError) and issubclass(ConfigTypeError, TypeError)
     assert issubclass(UnknownNameError, ConnlearnError)
+
+
+@pytest.mark.parametrize("option", ["stem_channels", "base_channels"])
+def test_zero_channels_are_refused_not_replaced_by_the_default(option):
+    with pytest.raises(connlearn.ConfigError, match=f"{option} must be >= 1, got 0"):
+        connlearn.build(**tiny(**{option: 0}))
+
+
+def test_integer_images_are_refused_by_name():
+    with pytest.raises(connlearn.ConnlearnError, match=r"expected floating-point images .*torch.uint8"):
+        connlearn.build(**tiny())(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))

@@ -5,7 +5,7 @@ import torch
 from conftest import tiny
 
 import connlearn
-from connlearn.updater import GateUpdater, param_groups
+from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 
 def _steps(net, opt, n=3, scaler=None):
@@ -162,3 +162,24 @@ def test_renormalizing_leaves_real_valued_gates_alone():
     GateUpdater(net, grad_mode="renormalized").renormalize()
     for old, p in zip(before, net.gate_parameters(), strict=True):
         torch.testing.assert_close(p.detach(), old)
+
+
+@pytest.mark.parametrize("name, value", [("lr", -0.1), ("gate_lr", -0.5), ("weight_decay", float("nan")),
+                                         ("gate_lr", float("inf"))])
+def test_param_groups_refuse_negative_or_non_finite_rates(name, value):
+    rates = {"lr": 0.1, "weight_decay": 5e-4, "gate_lr": 0.2, name: value}
+    with pytest.raises(connlearn.ConfigError, match=name):
+        param_groups(connlearn.build(**tiny()), **rates)
+
+
+def test_drop_gate_group_leaves_an_optimizer_that_matches_the_frozen_net():
+    net = connlearn.build(**tiny())
+    opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2), momentum=0.9)
+    net(torch.randn(2, 3, 32, 32)).sum().backward()
+    opt.step()
+    gates = net.gate_parameters()
+    net.freeze()
+    assert drop_gate_group(opt) == gates and not any(p in opt.state for p in gates)
+    fresh = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2), momentum=0.9)
+    fresh.load_state_dict(opt.state_dict())
+    assert drop_gate_group(opt) == []

@@ -199,17 +199,19 @@ def resnext(
         if K is not None and check_int("K", K, minimum=1) != C:
             raise ConfigError(f"gate='full' connects every input: K must equal C={C} (or be left out), got K={K}")
         K = C
-    K = check_int("K", K if K is not None else max(1, C // 2), minimum=1, maximum=C)
+    K = check_int("K", K if K is not None else max(1, C // 2), minimum=1)
+    if K > C:
+        raise ConfigError(f"K (each block's number of inputs) must be <= C={C} (the branches per module), got {K}")
     if gate_init != "uniform":
         gate_init = check_float("gate_init", gate_init, minimum=0.0, maximum=1.0)
     check_residual_init(residual_init)
 
     if layout_name == "imagenet":
-        stem_ch = stem_channels or 64
-        base_ch = base_channels or 256
+        stem_ch = 64 if stem_channels is None else stem_channels
+        base_ch = 256 if base_channels is None else base_channels
     else:
-        stem_ch = stem_channels or (64 if width >= 64 else 16)
-        base_ch = base_channels or (256 if width >= 64 else 64)
+        stem_ch = (64 if width >= 64 else 16) if stem_channels is None else stem_channels
+        base_ch = (256 if width >= 64 else 64) if base_channels is None else base_channels
     stem_ch = check_int("stem_channels", stem_ch, minimum=1)
     base_ch = check_int("base_channels", base_ch, minimum=1)
 
