@@ -220,15 +220,13 @@ def _make_block(graph: BranchGraph, nodes: list[str], info: dict[str, Any]) -> n
 
 
 def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor, K: int, module: int) -> Gate:
-    """One module's gate of kind ``gate_cls``, with the shapes of what it gives checked once here."""
-    name = getattr(gate_cls, "kind", "") or gate_cls.__qualname__
+    """One module's gate of kind ``gate_cls`` (a registered kind: ``check_gate_kind`` has vetted it), with
+    the shapes of what it gives checked once here."""
     try:
         gate = gate_cls(values, active, K)
     except TypeError as exc:
-        raise ConfigTypeError(f"gate kind {name!r} could not be built as {gate_cls.__qualname__}(values, active, K): "
-                              f"{exc}") from None
-    if not isinstance(gate, Gate):
-        raise ConfigTypeError(f"gate kind {name!r} built a {type(gate).__name__}, not a connlearn.gates.Gate")
+        raise ConfigTypeError(f"gate kind {gate_cls.kind!r} could not be built as {gate_cls.__qualname__}(values, "
+                              f"active, K): {exc}") from None
     with torch.no_grad():
         given = {"values()": gate.values(), "active()": gate.active(), "matrix(None)": gate.matrix(None)}
         for what, value in given.items():

@@ -124,7 +124,7 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float)
     weight decay). Each group carries a ``name`` ('weights' or 'gates'). The rates and the decay must be
     finite and non-negative (PyTorch checks only an optimizer's default ``lr``)."""
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("gate_lr", gate_lr)):
-        check_float(name, value, minimum=0.0, maximum=math.inf)
+        check_float(name, value, minimum=0.0)
         if math.isinf(value):
             raise ConfigError(f"{name} must be finite, got {value}")
     groups = [{"params": list(net.weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]

@@ -21,6 +21,17 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's '
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cifar10_jpeg.npz")
 
 
+@pytest.fixture
+def clean_registries(monkeypatch):
+    """Let a test register blocks, gate kinds and topologies: the registries are as found after it."""
+    from connlearn.blocks import BLOCKS
+    from connlearn.gates import GATES
+    from connlearn.topologies import TOPOLOGIES
+
+    for registry in (BLOCKS, GATES, TOPOLOGIES):
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+
+
 def tiny(**overrides):
     """Options of a small, fast CIFAR-layout net for tests."""
     opts = dict(M=3, C=4, K=2, width=2, num_classes=10, stem_channels=4, base_channels=8, seed=0)

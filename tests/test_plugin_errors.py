@@ -14,19 +14,12 @@ import connlearn
 from connlearn import export
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, check_block_kind, conv
 from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
-from connlearn.gates import GATES, Gate, TopKGate
+from connlearn.gates import Gate, TopKGate
 from connlearn.prune import prune_dead_blocks
 from connlearn.registry import Registry
-from connlearn.topologies import TOPOLOGIES, resnext
+from connlearn.topologies import resnext
 
-
-@pytest.fixture(autouse=True)
-def clean_registries():
-    saved = {r: dict(r._items) for r in (BLOCKS, GATES, TOPOLOGIES)}
-    yield
-    for registry, items in saved.items():
-        registry._items.clear()
-        registry._items.update(items)
+pytestmark = pytest.mark.usefixtures("clean_registries")
 
 
 class Shifted(BranchBlock):

@@ -8,23 +8,10 @@ from conftest import tiny
 from torch import nn
 
 import connlearn
-from connlearn.blocks import BLOCKS, BranchBlock, Looped, conv
-from connlearn.gates import GATES, TopKGate
+from connlearn.blocks import BranchBlock, Looped, conv
+from connlearn.gates import TopKGate
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer
-
-
-def _restored(registry):
-    """Leave ``registry`` as it was, whatever a test registers in it."""
-    saved = dict(registry._items)
-    yield
-    registry._items.clear()
-    registry._items.update(saved)
-
-
-@pytest.fixture
-def clean_blocks():
-    yield from _restored(BLOCKS)
 
 
 def _train_one_step(net):
@@ -72,7 +59,7 @@ class Depthwise(BranchBlock):
         return self.bn(self.pw(self.dw(x)))
 
 
-def test_a_user_registered_block_builds_a_net_that_trains(clean_blocks):
+def test_a_user_registered_block_builds_a_net_that_trains(clean_registries):
     connlearn.register_block("depthwise", Depthwise)
     assert "depthwise" in connlearn.list_blocks()
     net = connlearn.build(**tiny(block="depthwise"))
@@ -90,13 +77,13 @@ def _plain_branch(in_ch, out_ch, stride, *, width):
     )
 
 
-def test_a_looped_single_branch_block_builds_a_net_that_trains(clean_blocks):
+def test_a_looped_single_branch_block_builds_a_net_that_trains(clean_registries):
     connlearn.register_block("plain", Looped(_plain_branch))
     for engine in ("fused", "reference"):
         _train_one_step(connlearn.build(**tiny(block="plain"), engine=engine))
 
 
-def test_looped_blocks_select_and_merge_their_branches(clean_blocks):
+def test_looped_blocks_select_and_merge_their_branches(clean_registries):
     block = Looped(_plain_branch)(4, 6, 1, 3, width=2).eval()
     x = torch.randn(2, 12, 8, 8)
     full = block(x)
@@ -106,7 +93,7 @@ def test_looped_blocks_select_and_merge_their_branches(clean_blocks):
     torch.testing.assert_close(merged(x), full)
 
 
-def test_registering_a_taken_name_needs_overwrite(clean_blocks):
+def test_registering_a_taken_name_needs_overwrite(clean_registries):
     with pytest.raises(connlearn.ConfigError, match="already registered"):
         connlearn.register_block("bottleneck", Depthwise)
     connlearn.register_block("bottleneck", Depthwise, overwrite=True)
@@ -127,12 +114,7 @@ class FirstK(TopKGate):
         return [torch.zeros(g.shape).index_fill_(1, torch.arange(g.K), 1.0) for g in gates]
 
 
-@pytest.fixture
-def clean_gates():
-    yield from _restored(GATES)
-
-
-def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_gates, tmp_path):
+def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_another(clean_registries, tmp_path):
     connlearn.register_gate("firstk", FirstK)
     net = connlearn.build(**tiny(gate="firstk"))
     _train_one_step(net)  # the default temperature is not passed to its draw
@@ -156,7 +138,7 @@ class FirstKWithOptions(FirstK):
         return FirstK.draw.__func__(cls, gates, generator)
 
 
-def test_a_user_gate_taking_keyword_options_receives_the_temperature(clean_gates):
+def test_a_user_gate_taking_keyword_options_receives_the_temperature(clean_registries):
     connlearn.register_gate("firstk-options", FirstKWithOptions)
     net = connlearn.build(**tiny(gate="firstk-options")).train()
     net.gate_matrices()
