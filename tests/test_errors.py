@@ -6,6 +6,8 @@ from conftest import tiny
 
 import connlearn
 from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, ShapeError, UnknownNameError
+from connlearn.recipe import Phase, Recipe
+from connlearn.train import Trainer
 
 
 def test_c_below_one():
@@ -104,3 +106,9 @@ def test_zero_channels_are_refused_not_replaced_by_the_default(option):
 def test_integer_images_are_refused_by_name():
     with pytest.raises(connlearn.ConnlearnError, match=r"expected floating-point images .*torch.uint8"):
         connlearn.build(**tiny())(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+
+
+def test_a_negative_snapshot_interval_is_refused(tmp_path):
+    recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2)], batch_size=4)
+    with pytest.raises(ConfigError, match="snapshot_every must be >= 0, got -1"):
+        Trainer(connlearn.build(**tiny()), [], None, recipe, out_dir=tmp_path, progress=False, snapshot_every=-1)

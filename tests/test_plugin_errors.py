@@ -332,3 +332,12 @@ def test_a_block_whose_branches_attribute_is_not_a_count_still_builds():
 
     connlearn.register_block("listed", Listed)
     assert connlearn.build(**tiny(block="listed"))(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_a_block_holding_another_number_of_branches_than_asked_is_named():
+    class OneBranch(Unbatched):
+        branches = 1
+
+    connlearn.register_block("one-branch", OneBranch)
+    with pytest.raises(ConfigError, match="block kind 'one-branch' was asked for 4 branches and its block holds 1"):
+        connlearn.build(**tiny(block="one-branch"))
