@@ -34,7 +34,7 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
         engine: ``"fused"`` (default), ``"reference"`` or ``"auto"``.
         **options: the topology's keyword arguments; for ``resnext``: ``C``, ``M`` or ``depth``, ``width``,
             ``num_classes``, ``preset``, ``layout``, ``block``, ``gate``, ``K``, ``seed``, ``gate_init``,
-            ``residual_init``.
+            ``residual_init``, ``conv_init``.
             The defaults give the paper's Figure 3 model {D=29, w=8, C=8} for CIFAR-100 with ``topk`` gates.
 
     Weights are initialised from ``seed`` without touching the global torch RNG.

@@ -30,7 +30,7 @@ def _value(text: str) -> Any:
 
 def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
     """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
-    from connlearn.blocks import RESIDUAL_INITS
+    from connlearn.blocks import CONV_INITS, RESIDUAL_INITS
     from connlearn.compile import ENGINES
     from connlearn.data import LOADER_PATHS
     from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
@@ -71,6 +71,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--residual-init", choices=RESIDUAL_INITS,
       help="starting scale of each branch's last BN: sqrt_k (the mean of K branches starts at unit scale), "
            "auto (default: sqrt_k where the block supports it), one, zero")
+    a("--conv-init", choices=CONV_INITS,
+      help="starting scale of the convolutions before each branch's last one: branch (default: Kaiming with "
+           "one branch's fan-out), resnext (1/sqrt(C) of that: ResNeXt's scale for the same layers)")
     a("--connectivity", metavar="FILE",
       help="train this checkpoint's (or graph JSON's) connectivity from scratch: architecture and fixed "
            "top-K inputs from FILE, new weights")
@@ -241,6 +244,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from connlearn.blocks import DEFAULT_CONV_INIT
     from connlearn.prune import active_branches, input_overlap, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
@@ -254,6 +258,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "gate": net.gate_kind,
         "K": net.K,
         "residual_init": graph.graph.get("residual_init", "one"),
+        "conv_init": graph.graph.get("conv_init", DEFAULT_CONV_INIT),
         "classes": net.num_classes,
         "params_train": report.params_before,
         "params_test": report.params_after,

@@ -24,6 +24,7 @@ import collections
 import copy
 import functools
 import inspect
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,10 @@ from torch import nn
 
 from connlearn.blocks import (
     BLOCKS,
+    DEFAULT_CONV_INIT,
+    check_conv_init,
     check_residual_init,
+    init_conv_scale,
     init_residual_scale,
     make_block,
     require_block_method,
@@ -282,6 +286,7 @@ class ConnectivityNet(nn.Module):
         )
         self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
         self._init_residuals(graph)
+        self._init_convs(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
         seed = int(graph.graph.get("seed", 0))
         self.generator = torch.Generator().manual_seed(seed)
@@ -348,6 +353,18 @@ class ConnectivityNet(nn.Module):
             for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
                 if init != "auto" or scales_residual(block):
                     init_residual_scale(block, scale)
+
+    def _init_convs(self, graph: BranchGraph) -> None:
+        """Apply the graph's ``conv_init``: with ``"resnext"``, every block's inner convolutions start at
+        1/sqrt(C) of their per-branch draw, C the branches of its module: the scale of ResNeXt's one layer of
+        the C branches' outputs (its fan-out is C times one branch's)."""
+        init = check_conv_init(graph.graph.get("conv_init", DEFAULT_CONV_INIT))
+        if init == "branch" or self.engine == "single-stream":
+            return
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            scale = 1.0 / math.sqrt(len(graph.branches(module)))
+            for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
+                init_conv_scale(block, scale)
 
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 
 import connlearn
 from connlearn import plots, render
-from connlearn.blocks import DEFAULT_RESIDUAL_INIT, check_residual_init
+from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import ConfigError, DataError, check_int, check_temperature, unknown_name
@@ -70,9 +70,10 @@ class CifarRun:
     ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset.
 
     ``connectivity`` (a checkpoint or a BranchGraph JSON file, e.g. a finished run's ``last.pt``) trains
-    that network's connectivity from scratch: the architecture, gates and ``residual_init`` come from
-    the file (learned gates fixed to their top-K), the weights are new from ``seed``, and ``preset``,
-    ``gate``, ``K``, ``residual_init`` and the architecture overrides are not used."""
+    that network's connectivity from scratch: the architecture, gates, ``residual_init`` and ``conv_init``
+    come from the file (learned gates fixed to their top-K), the weights are new from ``seed``, and
+    ``preset``, ``gate``, ``K``, ``residual_init``, ``conv_init`` and the architecture overrides are not
+    used."""
 
     dataset: str = "cifar100"
     preset: str = "cifar-29-8-8"
@@ -95,6 +96,7 @@ class CifarRun:
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
     residual_init: str = DEFAULT_RESIDUAL_INIT
+    conv_init: str = DEFAULT_CONV_INIT
     connectivity: str | None = None
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
     test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
@@ -115,6 +117,7 @@ class CifarRun:
         if self.preset not in CIFAR_PRESETS:
             raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
         check_residual_init(self.residual_init)
+        check_conv_init(self.conv_init)
         if self.phases is not None:
             total = phases_total(self.phases)
             if total != self.epochs:
@@ -166,7 +169,8 @@ def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
                  if getattr(run, k) is not None}
     return connlearn.build(
         "resnext", preset=run.preset, gate=run.gate, K=run.K, num_classes=num_classes, seed=run.seed,
-        gate_init=run.gate_init, residual_init=run.residual_init, engine=run.engine, **overrides,
+        gate_init=run.gate_init, residual_init=run.residual_init, conv_init=run.conv_init, engine=run.engine,
+        **overrides,
     )
 
 
@@ -197,13 +201,14 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
 
 
 def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
-    """``run`` with the gate, K, residual_init, preset, M, C, width and channels of a network built from
+    """``run`` with the gate, K, residual_init, conv_init, preset, M, C, width and channels of a network built from
     ``run.connectivity`` (``base_channels`` is the first stage's output channels)."""
     graph = net.graph()
     first = graph.branches(graph.modules()[0])[0]
     options = graph.graph.get("options", {})
     preset = options.get("preset")
     return attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
+                        conv_init=graph.graph.get("conv_init", DEFAULT_CONV_INIT),
                         preset=preset if preset in CIFAR_PRESETS else run.preset, M=len(graph.modules()),
                         C=options.get("C"), width=options.get("width"),
                         base_channels=graph.nodes[first]["out_channels"],
@@ -211,7 +216,8 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
 
 
 # what a resumed run must share with the command that started it (the trainer itself checks the
-# architecture, gate kind, K and recipe); residual_init is kept from the checkpoint instead (see run_cifar)
+# architecture, gate kind, K and recipe); residual_init and conv_init are kept from the checkpoint instead
+# (see run_cifar)
 RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "gate_temperature", "gate_temperature_end",
                "train_subset", "test_subset", "val_split")
 
@@ -276,8 +282,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         eval_batch_size=max(recipe.batch_size, 256),
     )
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
-    _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init} on {source}: "
-         f"{len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
+    conv = "" if run.conv_init == DEFAULT_CONV_INIT else f" conv_init={run.conv_init}"
+    _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init}{conv} "
+         f"on {source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
@@ -293,11 +300,12 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         return None
     trained = trainer.net
     graph = trained.graph()
-    started_with = graph.graph.get("residual_init", "one")  # a resumed run keeps its own start
-    if started_with != run.residual_init:
-        _say(f"connlearn: this run started with residual_init={started_with} (its checkpoint), not "
-             f"{run.residual_init}; recorded as {started_with}")
-        run = attrs.evolve(run, residual_init=started_with)
+    for key, default in (("residual_init", "one"), ("conv_init", DEFAULT_CONV_INIT)):
+        started_with = graph.graph.get(key, default)  # a resumed run keeps its own start
+        if started_with != getattr(run, key):
+            _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "
+                 f"{getattr(run, key)}; recorded as {started_with}")
+            run = attrs.evolve(run, **{key: started_with})
     pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
     save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))

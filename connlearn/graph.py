@@ -17,8 +17,9 @@ Schema (a ``networkx.DiGraph``):
 - fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``).
 
 Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``residual_init`` (how the branches'
-output scale starts when compiled; ``"one"`` if absent), ``topology`` and ``options`` (free-form description
-of how it was made, e.g. the preset).
+output scale starts when compiled; ``"one"`` if absent), ``conv_init`` (how the convolutions inside each
+branch start; ``"branch"`` if absent), ``topology`` and ``options`` (free-form description of how it was
+made, e.g. the preset).
 """
 
 from __future__ import annotations

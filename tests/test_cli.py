@@ -48,6 +48,7 @@ def test_info_describes_the_checkpoint(ckpt, capsys):
     info = json.loads(out)
     assert code == 0
     assert info["gate"] == "random" and info["K"] == 1 and info["best_top1"] == 12.5
+    assert info["conv_init"] == "branch"
     assert info["params_test"] < info["params_train"]
     assert [part.split(":")[0] for part in info["input_overlap"].split(", ")] == ["m2", "m3", "m4", "m5", "m6"]
     assert info["evaluated_on"] == "unknown"  # a checkpoint without run options cannot say which data
@@ -224,9 +225,11 @@ def test_train_options_come_from_a_config_file_and_flags_override_it(tmp_path):
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     run = run_from_args(parser.parse_args(["--config", str(config), "--K", "3", "--residual-init", "sqrt_k",
-                                           "--gate-temperature", "0.5", "--gate-temperature-end", "0.05"]))
+                                           "--conv-init", "resnext", "--gate-temperature", "0.5",
+                                           "--gate-temperature-end", "0.05"]))
     assert (run.preset, run.gate, run.K, run.train_subset) == ("cifar-20-4-8", "random", 3, 500)
     assert (run.residual_init, run.gate_temperature, run.gate_temperature_end) == ("sqrt_k", 0.5, 0.05)
+    assert run.conv_init == "resnext"
     from connlearn.experiment import build_net
 
     bn3 = build_net(run, 10).stages[0].block.bn3.weight

@@ -109,11 +109,12 @@ def test_a_resumed_run_keeps_and_records_the_start_it_was_built_with(offline, tm
 
     monkeypatch.setattr(Trainer, "_run_epoch", stop_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
-        run_cifar(CifarRun(**opts, residual_init="one"))
+        run_cifar(CifarRun(**opts, residual_init="one", conv_init="resnext"))
     monkeypatch.setattr(Trainer, "_run_epoch", original)
-    summary = run_cifar(CifarRun(**opts))  # the default ("auto") asked for, the checkpoint's start kept
-    assert summary["run"]["residual_init"] == "one"
-    assert "started with residual_init=one" in capsys.readouterr().out
+    summary = run_cifar(CifarRun(**opts))  # the defaults asked for, the checkpoint's starts kept
+    assert (summary["run"]["residual_init"], summary["run"]["conv_init"]) == ("one", "resnext")
+    said = capsys.readouterr().out
+    assert "started with residual_init=one" in said and "started with conv_init=resnext" in said
 
 
 def _learned_source(tmp_path, tied=False):
@@ -124,7 +125,7 @@ def _learned_source(tmp_path, tied=False):
     from connlearn.checkpoint import make_checkpoint, save_atomic
 
     net = connlearn.build(gate="topk", K=2, M=3, C=4, width=1, base_channels=4, stem_channels=4, num_classes=10,
-                          seed=5, residual_init="one")
+                          seed=5, residual_init="one", conv_init="resnext")
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for _, g in net.gates():
@@ -159,6 +160,7 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
     assert summary["gate"] == "frozen" and summary["K"] == 2
     recorded = summary["run"]
     assert recorded["residual_init"] == "one" and recorded["connectivity"] == str(path)
+    assert recorded["conv_init"] == "resnext"
     assert (recorded["M"], recorded["C"], recorded["width"], recorded["base_channels"], recorded["stem_channels"]) \
         == (3, 4, 1, 4, 4)
     from connlearn.checkpoint import architecture  # the record rebuilds the network that ran
@@ -173,7 +175,7 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
     # the weights start as those of the same network built from the run's seed
     fresh = experiment.build_net(run, 10)
     same_seed = connlearn.build(gate="topk", K=2, M=3, C=4, width=1, base_channels=4, stem_channels=4,
-                                num_classes=10, seed=1, residual_init="one")
+                                num_classes=10, seed=1, residual_init="one", conv_init="resnext")
     expected = dict(same_seed.named_parameters())
     assert all(torch.equal(w, expected[n]) for n, w in fresh.named_parameters())
 

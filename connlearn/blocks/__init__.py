@@ -9,6 +9,8 @@ block protocol of :mod:`connlearn.blocks.base` (``select``/``merge`` are needed 
 from __future__ import annotations
 
 from connlearn.blocks.base import (
+    CONV_INITS,
+    DEFAULT_CONV_INIT,
     DEFAULT_RESIDUAL_INIT,
     RESIDUAL_INITS,
     BranchBlock,
@@ -16,8 +18,10 @@ from connlearn.blocks.base import (
     LoopedBlock,
     block_parameters,
     check_block_kind,
+    check_conv_init,
     check_residual_init,
     conv,
+    init_conv_scale,
     init_residual_scale,
     make_block,
     require_block_method,
@@ -33,7 +37,8 @@ BLOCKS.register("bottleneck", Bottleneck)
 BLOCKS.register("basic", Basic)
 
 __all__ = [
-    "BLOCKS", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck", "BranchBlock", "Looped",
-    "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "check_block_kind", "check_residual_init", "conv",
-    "init_residual_scale", "make_block", "require_block_method", "residual_scale", "scales_residual",
+    "BLOCKS", "CONV_INITS", "DEFAULT_CONV_INIT", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck",
+    "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "check_block_kind",
+    "check_conv_init", "check_residual_init", "conv", "init_conv_scale", "init_residual_scale", "make_block",
+    "require_block_method", "residual_scale", "scales_residual",
 ]

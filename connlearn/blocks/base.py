@@ -9,11 +9,14 @@ that maps ``[B, branches·in_ch, H, W]`` to ``[B, branches·out_ch, H', W']`` (b
 - ``init_residual_scale(scale)`` (optional): start every branch's output at ``scale`` times its usual scale,
   e.g. by filling the weight of its last normalisation. The network calls it when built with
   ``residual_init`` ``"sqrt_k"`` or ``"zero"``, and with ``"auto"`` (the default) where
-  :func:`scales_residual` says the block has it (see :func:`residual_scale`).
+  :func:`scales_residual` says the block has it (see :func:`residual_scale`);
+- ``init_conv_scale(scale)`` (optional): multiply the weights of the convolutions before each branch's last
+  one by ``scale``. The network calls it with 1/sqrt(C) when built with ``conv_init="resnext"``.
 
 :class:`BranchBlock` implements ``select`` and ``merge`` for blocks whose every parameter and buffer is
 stacked branch-major along dim 0 (grouped convolutions, batch norms), which is what the built-in blocks do,
-and ``init_residual_scale`` for those that name their last normalisation in ``residual_norm``.
+``init_residual_scale`` for those that name their last normalisation in ``residual_norm``, and
+``init_conv_scale`` for those that name their inner convolutions in ``inner_convs``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,19 @@ def check_residual_init(init: str) -> str:
     """``init`` if it is one of :data:`RESIDUAL_INITS`; else an error naming the allowed values."""
     if init not in RESIDUAL_INITS:
         raise unknown_name("residual_init", init, RESIDUAL_INITS)
+    return init
+
+
+#: How the convolutions inside each branch start (the ``conv_init`` option of a topology).
+CONV_INITS = ("branch", "resnext")
+#: The default of the topologies, and what a graph without the attribute means.
+DEFAULT_CONV_INIT = "branch"
+
+
+def check_conv_init(init: str) -> str:
+    """``init`` if it is one of :data:`CONV_INITS`; else an error naming the allowed values."""
+    if init not in CONV_INITS:
+        raise unknown_name("conv_init", init, CONV_INITS)
     return init
 
 
@@ -78,6 +94,17 @@ def init_residual_scale(block: nn.Module, scale: float) -> None:
     hook(scale)
 
 
+def init_conv_scale(block: nn.Module, scale: float) -> None:
+    """Call ``block.init_conv_scale(scale)``, or explain that its kind cannot start its convolutions so."""
+    hook = getattr(block, "init_conv_scale", None)
+    if not callable(hook):
+        raise ConfigError(
+            f"block {type(block).__name__} has no init_conv_scale(scale), so conv_init can only be 'branch'; "
+            "give the block that method (a BranchBlock names its inner convolutions in inner_convs)"
+        )
+    hook(scale)
+
+
 def conv(in_ch: int, out_ch: int, kernel: int, branches: int, stride: int = 1) -> nn.Conv2d:
     """A bias-free convolution applied to every branch separately: ``groups = branches``."""
     return nn.Conv2d(
@@ -102,6 +129,9 @@ class BranchBlock(nn.Module):
     #: The attribute name of the normalisation whose affine weight scales every branch's output (the last
     #: one); ``None`` if there is none, and then ``residual_init`` can only be ``"one"`` or ``"auto"``.
     residual_norm: ClassVar[str | None] = None
+    #: The convolutions before each branch's last one, whose ResNeXt counterpart is one layer of every
+    #: branch's outputs together; ``conv_init="resnext"`` starts them at that layer's scale (1/sqrt(C)).
+    inner_convs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, **params: Any) -> None:
         super().__init__()
@@ -128,6 +158,25 @@ class BranchBlock(nn.Module):
             )
         with torch.no_grad():
             norm.weight.fill_(float(scale))
+
+    def init_conv_scale(self, scale: float) -> None:
+        """Multiply the weights of the convolutions named by ``inner_convs`` by ``scale``."""
+        if not self.inner_convs:
+            raise ConfigError(f"{type(self).__name__}.inner_convs names no convolutions, so conv_init can only be "
+                              "'branch'; name the convolutions before each branch's last one there")
+        layers = []
+        for name in self.inner_convs:
+            try:
+                layer = self.get_submodule(name)
+            except AttributeError:
+                layer = None
+            if not isinstance(getattr(layer, "weight", None), torch.Tensor):
+                raise ConfigError(f"{type(self).__name__}.inner_convs names {name!r}, which is not a layer with a "
+                                  "weight, so conv_init can only be 'branch'")
+            layers.append(layer)
+        with torch.no_grad():
+            for layer in layers:
+                layer.weight.mul_(float(scale))
 
     def _residual_norm(self) -> nn.Module | None:
         if not self.residual_norm:
@@ -225,6 +274,11 @@ class LoopedBlock(nn.Module):
         """Pass ``scale`` to every branch module's own ``init_residual_scale``."""
         for module in self.branch_modules:
             init_residual_scale(module, scale)
+
+    def init_conv_scale(self, scale: float) -> None:
+        """Pass ``scale`` to every branch module's own ``init_conv_scale``."""
+        for module in self.branch_modules:
+            init_conv_scale(module, scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = x.chunk(self.branches, dim=1)

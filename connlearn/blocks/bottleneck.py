@@ -18,6 +18,7 @@ class Bottleneck(BranchBlock):
 
     params = ("width",)
     residual_norm = "bn3"
+    inner_convs = ("conv1", "conv2")
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, *, width: int) -> None:
         super().__init__(in_ch, out_ch, stride, branches, width=check_int("width", width, minimum=1))

@@ -19,7 +19,14 @@ from typing import Any
 import attrs
 import torch
 
-from connlearn.blocks import BLOCKS, DEFAULT_RESIDUAL_INIT, block_parameters, check_residual_init
+from connlearn.blocks import (
+    BLOCKS,
+    DEFAULT_CONV_INIT,
+    DEFAULT_RESIDUAL_INIT,
+    block_parameters,
+    check_conv_init,
+    check_residual_init,
+)
 from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, unknown_name
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import BranchGraph, block_name
@@ -136,6 +143,7 @@ def resnext(
     base_channels: int | None = None,
     in_channels: int = 3,
     residual_init: str = DEFAULT_RESIDUAL_INIT,
+    conv_init: str = DEFAULT_CONV_INIT,
     dense: bool = False,
 ) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt.
@@ -166,6 +174,13 @@ def resnext(
             shortcut. Fixed-Full's single stream has one BN of the summed branches and is not changed
             (``full`` with a block without a single-stream form runs gated and starts at sqrt(C)); ``real``
             gates mix every input by its real value over K, and n is K there too.
+        conv_init: how the convolutions before each branch's last one start: ``"branch"`` (default): Kaiming
+            with one branch's fan-out, as C separate blocks would; ``"resnext"``: 1/sqrt(C) of that, the
+            scale at which ResNeXt starts the same layers (one layer of the C branches' outputs, C times the
+            fan-out). Each of them feeds a batch norm, so the scale does not change the function, but SGD
+            turns larger weights more slowly: with ``"branch"`` they start at about 1/C of ResNeXt's
+            effective learning rate. The built-in blocks name these layers in ``inner_convs``. Fixed-Full's
+            single stream is ResNeXt's own and is not changed.
         dense: let a block take gated inputs from every earlier module of its stage (same channels and
             resolution), DenseNet-style, instead of only the previous module.
     """
@@ -205,6 +220,7 @@ def resnext(
     if gate_init != "uniform":
         gate_init = check_float("gate_init", gate_init, minimum=0.0, maximum=1.0)
     check_residual_init(residual_init)
+    check_conv_init(conv_init)
 
     if layout_name == "imagenet":
         stem_ch = 64 if stem_channels is None else stem_channels
@@ -218,6 +234,7 @@ def resnext(
     g = BranchGraph()
     g.graph.update(
         gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
+        conv_init=conv_init,
         options={"preset": preset, "layout": layout_name, "depth": 2 + 3 * sum(stages), "width": width, "C": C},
     )
     res = math.ceil(lay.image_size / lay.stem_stride)
