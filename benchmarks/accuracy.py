@@ -41,7 +41,7 @@ from typing import Any
 import attrs
 
 from connlearn import plots
-from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
+from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
 from connlearn.prune import random_overlap
@@ -107,7 +107,7 @@ def _known(arm: str) -> bool:
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
              "batch_size", "gate_grad", "gate_lr", "gate_init", "gate_temperature", "gate_temperature_end",
-             "residual_init", "phases", "device", "amp", "compile", "data")
+             "residual_init", "conv_init", "phases", "device", "amp", "compile", "data")
 
 
 def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -334,13 +334,14 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     set, or on the validation split when the sweep holds one out).
 
     Learned arms are labelled with their gate-gradient rule unless it is the paper's (plain), gated arms
-    with their ``residual_init`` unless it is the default, arms that draw with their sampling temperature
-    unless it is 1; the paper's numbers stand beside the default settings only. "draws = top-K" is how
-    often, in the last epoch of phase 1, a block's draw equalled its top-K (the connectivity that phase 2
-    freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled gates (or for draws at a
-    small sampling temperature, which that epoch ends with when it is annealed). "input overlap" is
-    ``connlearn.prune.input_overlap`` of the final connectivity, averaged over modules and seeds, with its
-    value for independent random draws in brackets: far above it, the blocks crowd onto the same inputs."""
+    with their ``residual_init`` and ``conv_init`` unless they are the defaults, arms that draw with their
+    sampling temperature unless it is 1; the paper's numbers stand beside the default settings only.
+    "draws = top-K" is how often, in the last epoch of phase 1, a block's draw equalled its top-K (the
+    connectivity that phase 2 freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled
+    gates (or for draws at a small sampling temperature, which that epoch ends with when it is annealed).
+    "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity, averaged over modules
+    and seeds, with its value for independent random draws in brackets: far above it, the blocks crowd onto
+    the same inputs."""
     config = state.get("config", {})
     preset = config.get("preset", "")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -378,12 +379,15 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
         if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
+        convs = {r.get("run", config).get("conv_init", DEFAULT_CONV_INIT) for r in runs}
+        if ARMS[base]["gate"] != "full" and convs != {DEFAULT_CONV_INIT}:  # Fixed-Full's single stream: unchanged
+            label += f", conv_init {convs.pop() if len(convs) == 1 else 'mixed'}"
         if ARMS[base]["gate"] == "topk":  # the arms that draw
             temperatures = {_temperature(r.get("run", config)) for r in runs}
             if temperatures != {"1"}:
                 label += f", temperature {temperatures.pop() if len(temperatures) == 1 else 'mixed'}"
         own_settings = (not changed and rule in (None, "plain") and "residual_init" not in label
-                        and "temperature" not in label)
+                        and "conv_init" not in label and "temperature" not in label)
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
         share = f"{statistics.mean(shares):.3f}" if shares and ARMS[base]["gate"] == "topk" else ""
@@ -454,6 +458,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gate-temperature-end", type=float, help="anneal it geometrically to this over phase 1")
     parser.add_argument("--residual-init", choices=RESIDUAL_INITS,
                         help=f"every arm's branches (default {DEFAULT_RESIDUAL_INIT})")
+    parser.add_argument("--conv-init", choices=CONV_INITS,
+                        help=f"every gated arm's inner convolutions (default {DEFAULT_CONV_INIT})")
     parser.add_argument("--device")
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")

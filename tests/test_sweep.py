@@ -123,15 +123,19 @@ def test_arms_with_a_rule_train_with_that_rule_and_get_their_own_rows(tmp_path, 
 
 
 def test_a_sweep_run_with_a_default_rule_and_init_is_labelled_with_them(tmp_path, data):
-    main(_args(tmp_path, data, "--arms", "topk4", "--gate-grad", "renormalized", "--residual-init", "one"))
+    main(_args(tmp_path, data, "--arms", "topk4", "--gate-grad", "renormalized", "--residual-init", "one",
+               "--conv-init", "resnext"))
     state = json.loads((tmp_path / "sweep.json").read_text())
     assert state["runs"]["topk4-s0"]["run"]["residual_init"] == "one"
-    for option in ("gate_grad", "residual_init"):
+    assert state["runs"]["topk4-s0"]["run"]["conv_init"] == "resnext"
+    for option in ("gate_grad", "residual_init", "conv_init"):
         state["config"].pop(option)  # the run's own record decides, not the last command line
     write_table(tmp_path, state)
-    assert "| Learned, K=4, renormalized rule, residual_init one |" in (tmp_path / "results.md").read_text()
-    del state["runs"]["topk4-s0"]["run"]["residual_init"]  # recorded before the option existed: it was "one",
-    state["config"]["residual_init"] = "auto"  # whatever a later command line asked for
+    label = "| Learned, K=4, renormalized rule, residual_init one, conv_init resnext |"
+    assert label in (tmp_path / "results.md").read_text()
+    for option in ("residual_init", "conv_init"):  # recorded before the options existed: "one", "branch",
+        del state["runs"]["topk4-s0"]["run"][option]
+    state["config"].update(residual_init="auto", conv_init="resnext")  # whatever a later command line asked for
     write_table(tmp_path, state)
     assert "| Learned, K=4, renormalized rule, residual_init one |" in (tmp_path / "results.md").read_text()
 
