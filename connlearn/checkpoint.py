@@ -8,6 +8,7 @@ epoch log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConnlearnError
+from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, unknown_name
 from connlearn.graph import BranchGraph
 
 FORMAT = "connlearn.checkpoint"
@@ -26,13 +27,19 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace``: a crash never
     leaves a half-written file under ``path``."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder; give the checkpoint file to write (e.g. {path / 'model.pt'})")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a failed or interrupted write leaves neither a partial file nor its temporary
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -53,32 +60,67 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head[:1] in (b"{", b"["):
+        raise CheckpointError(f"{path} is a JSON file, not a checkpoint (a .pt file such as a run's last.pt)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip()
+        if head[:2] != b"PK":  # torch.save writes zip archives
+            raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): not a zip archive "
+                                  "as torch.save writes") from None
+        if "Weights only load failed" in text:  # a pickled object, e.g. torch.save(net): never unpickled here
+            raise CheckpointError(f"{path} holds pickled Python objects, not a connlearn checkpoint (write one with "
+                                  "connlearn.checkpoint.make_checkpoint and save_atomic)") from None
+        reason = text.splitlines()[0] if text else type(exc).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a connlearn checkpoint")
+    for key, kind in (("graph", str), ("model", dict)):
+        if not isinstance(ckpt.get(key), kind):
+            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
+            raise CheckpointError(f"{path} is a damaged connlearn checkpoint: its {key!r} is {found}")
     if ckpt.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this connlearn reads {VERSION}")
     return ckpt
 
 
 def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | None = None) -> ConnectivityNet:
-    """Rebuild the network saved in ``ckpt`` (a dict or a path), on the CPU, with its weights."""
+    """Rebuild the network saved in ``ckpt`` (a dict or a path), on the CPU, with its weights; ``engine``
+    ('fused', 'reference' or 'auto') moves it to another engine than the one it was saved from."""
     if not isinstance(ckpt, dict):
         ckpt = load_checkpoint(ckpt)
+    missing = [k for k in ("graph", "model") if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"the checkpoint has no {' and no '.join(repr(k) for k in missing)}")
+    saved = ckpt.get("engine", "fused")
     try:
         graph = BranchGraph.from_json(ckpt["graph"])
-        saved = ckpt.get("engine", "fused")
-        net = ConnectivityNet(graph, engine=engine or ("fused" if saved == "single-stream" else saved))
+        net = ConnectivityNet(graph, engine="fused" if saved == "single-stream" else saved)
         net.load_state_dict(ckpt["model"])
     except ConnlearnError:
         raise
-    except (KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"the checkpoint's weights do not fit its network: {str(exc).splitlines()[0]}") from None
+    except (KeyError, RuntimeError, TypeError) as exc:
+        raise CheckpointError(f"the checkpoint's weights do not fit its network: {_state_error(exc)}") from None
+    if engine is not None and engine != net.engine:
+        if engine not in ("fused", "reference", "auto"):
+            raise unknown_name("engine", engine, ("fused", "reference", "auto"))
+        if engine != "auto":
+            net = net.to_engine(engine)
+        elif net.engine == "reference":  # auto: fused where every module's blocks share kind and parameters
+            with contextlib.suppress(ConfigError):
+                net = net.to_engine("fused")
     return net
+
+
+def _state_error(exc: BaseException) -> str:
+    """The gist of a ``load_state_dict`` error: the first keys it names, not its empty first line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    detail = next((line for line in lines[1:] if line.startswith(("Missing", "Unexpected", "size mismatch"))), None)
+    text = detail or (lines[0] if lines else type(exc).__name__)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def architecture(graph: BranchGraph) -> tuple:

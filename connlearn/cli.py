@@ -149,7 +149,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     ckpt, net = _load_net(args.checkpoint)
     pruned, report = prune_dead_blocks(net, freeze=True)
-    save_atomic(make_checkpoint(pruned, meta={**ckpt.get("meta", {}), "prune": str(report)}), args.output)
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
+    save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": report.params_before},
+                                **results), args.output)
     print(f"{report}\nwrote {args.output}")
     return 0
 
@@ -250,18 +253,23 @@ def cmd_info(args: argparse.Namespace) -> int:
     ckpt, net = _load_net(args.checkpoint)
     graph = net.graph()
     opts = graph.graph.get("options", {})
-    _, report = prune_dead_blocks(net, freeze=True)
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    try:
+        _, report = prune_dead_blocks(net, freeze=True)
+        params_test: int | str = report.params_after
+    except ConfigError:  # real gates in phase 1: nothing is pruned until their top-K is frozen
+        report, params_test = None, "n/a (not frozen)"
     info = {
-        "architecture": f"{graph.graph.get('topology')} {opts.get('preset') or ''} "
-                        f"{{D={opts.get('depth')}, w={opts.get('width')}, C={opts.get('C')}}}".replace("  ", " "),
+        "architecture": _architecture(graph.graph.get("topology"), opts),
         "engine": net.engine,
         "gate": net.gate_kind,
         "K": net.K,
         "residual_init": graph.graph.get("residual_init", "one"),
         "conv_init": graph.graph.get("conv_init", DEFAULT_CONV_INIT),
         "classes": net.num_classes,
-        "params_train": report.params_before,
-        "params_test": report.params_after,
+        # a pruned checkpoint records what it was pruned from
+        "params_train": meta.get("params_train", net.num_parameters() if report is None else report.params_before),
+        "params_test": params_test,
         "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
         "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
         "epochs_done": ckpt.get("epoch"),
@@ -277,15 +285,36 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _architecture(topology: str | None, opts: dict[str, Any]) -> str:
+    """``resnext cifar-29-8-8 {D=29, w=8, C=8}``; a preset whose D, w or C were changed is named as the
+    origin, not as the network."""
+    from connlearn.topologies.resnext import PRESETS
+
+    shape = {"depth": opts.get("depth"), "width": opts.get("width"), "C": opts.get("C")}
+    dims = f"{{D={shape['depth']}, w={shape['width']}, C={shape['C']}}}"
+    preset = opts.get("preset")
+    if not preset:
+        return f"{topology} {dims}"
+    if preset in PRESETS and any(PRESETS[preset][k] != v for k, v in shape.items()):
+        return f"{topology} {dims} (changed from {preset})"
+    return f"{topology} {preset} {dims}"
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    from connlearn.export import FORMATS, export
+    from connlearn.export import FORMATS, export, onnx_files
     from connlearn.prune import prune_dead_blocks
 
     _, net = _load_net(args.checkpoint)
     if not args.no_prune:
+        if not net.fixed_connectivity and not net.evaluates_top_k():
+            raise ConfigError(f"this network's {net.gate_kind!r} gates are not frozen and evaluate with their real "
+                              "values: pruning would change its outputs; export it with --no-prune")
         net, _ = prune_dead_blocks(net, freeze=True)
     output = args.output or str(Path(args.checkpoint).with_suffix(FORMATS[args.format]))
-    print(f"wrote {export(net, output, args.format)}")
+    written = export(net, output, args.format)
+    files = onnx_files(written) if args.format == "onnx" else [written]
+    together = " (keep them together: the model reads its weights from the second)" if len(files) > 1 else ""
+    print(f"wrote {', '.join(str(f) for f in files)}{together}")
     return 0
 
 

@@ -36,6 +36,7 @@ from connlearn.blocks import (
     DEFAULT_CONV_INIT,
     check_conv_init,
     check_residual_init,
+    device_and_dtype,
     init_conv_scale,
     init_residual_scale,
     make_block,
@@ -176,7 +177,12 @@ class ReferenceModule(nn.Module):
             short = stem if self.proj is None else self.proj(stem)
             return [short + self._run(blk, stem, short) for blk in self.blocks]
         xs = [s.relu() for s in self.gated_sums(inputs, mix)]
-        shorts = xs if self.proj is None else list(self.proj(torch.cat(xs, dim=0)).chunk(self.branches, dim=0))
+        if self.proj is None:
+            shorts = xs
+        elif self.training:  # one call, so that its batch norm sees every branch's batch, as the fused engine's
+            shorts = list(self.proj(torch.cat(xs, dim=0)).chunk(self.branches, dim=0))
+        else:  # the same function in eval mode, without a split that ties the traced graph to one batch size
+            shorts = [self.proj(x) for x in xs]
         return [s + self._run(blk, x, s) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
 
     def _run(self, block: nn.Module, x: torch.Tensor, short: torch.Tensor) -> torch.Tensor:
@@ -509,6 +515,13 @@ class ConnectivityNet(nn.Module):
         engine): no gate is learned or sampled, and :meth:`freeze` has nothing to do."""
         return self.engine == "single-stream" or not any(g.learnable or g.stochastic for _, g in self.gates())
 
+    def evaluates_top_k(self) -> bool:
+        """Whether every gate's evaluation matrix is its binary top-K (``active()``), as for ``topk`` and its
+        subclasses and for fixed connectivities: then :meth:`freeze` leaves the eval outputs unchanged. Not so
+        for ``real`` gates, which weight every input by its real value."""
+        with torch.no_grad():
+            return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in self.gates())
+
     def gate_parameters(self) -> list[nn.Parameter]:
         """The learnable real gates (an own optimizer param group: no weight decay, own lr)."""
         return [p for _, g in self.gates() for p in g.real_parameters()]
@@ -578,9 +591,11 @@ class ConnectivityNet(nn.Module):
             raise unknown_name("engine", engine, ("fused", "reference"))
         if self.engine == "single-stream":
             return copy.deepcopy(self)
-        new = ConnectivityNet(self.graph(), engine=engine)
+        with torch.random.fork_rng(devices=[]):  # the new weights are overwritten: leave the global RNG alone
+            new = ConnectivityNet(self.graph(), engine=engine)
+        new = new.to(**device_and_dtype(self))  # before loading, so that no weight is rounded on the way
         new.load_state_dict(_convert_state(self, engine))
-        return new.to(next(self.parameters()).device).train(self.training)
+        return new.train(self.training)
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:

@@ -282,6 +282,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         eval_batch_size=max(recipe.batch_size, 256),
     )
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
+    changed = {k: getattr(run, k) for k in ("M", "C", "width", "base_channels", "stem_channels")
+               if getattr(run, k) is not None and not run.connectivity}
+    origin += f" with {', '.join(f'{k}={v}' for k, v in changed.items())}" if changed else ""
     conv = "" if run.conv_init == DEFAULT_CONV_INIT else f" conv_init={run.conv_init}"
     _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init}{conv} "
          f"on {source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
@@ -307,7 +310,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
                  f"{getattr(run, key)}; recorded as {started_with}")
             run = attrs.evolve(run, **{key: started_with})
     pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
-    save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report)}), out / "pruned.pt")
+    save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
+                                              "params_train": report.params_before},
+                                epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     last = history[-1]
     overlap = input_overlap(graph)

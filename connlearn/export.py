@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from connlearn.blocks import device_and_dtype
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import ConfigError, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, unknown_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 
@@ -28,31 +29,51 @@ def onnx_supported() -> bool:
 
 
 def example_input(net: ConnectivityNet, batch: int = 2) -> torch.Tensor:
-    """A random input batch of the network's image size, ``[batch, in_channels, size, size]``."""
+    """A random input batch of the network's image size, ``[batch, in_channels, size, size]``, on its
+    device and in its dtype."""
     size = net.graph().nodes["input"]["image_size"]
-    device = next(net.parameters()).device
-    return torch.randn(batch, net.in_channels, size, size, device=device)
+    return torch.randn(batch, net.in_channels, size, size, **device_and_dtype(net))
+
+
+def onnx_files(path: str | os.PathLike) -> list[Path]:
+    """The files an ONNX export to ``path`` wrote: the model, and its weights beside it (``.onnx.data``)
+    where the exporter keeps them apart; both must travel together."""
+    path = Path(path)
+    return [p for p in (path, path.with_name(path.name + ".data")) if p.exists()]
 
 
 def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchscript",
            example: torch.Tensor | None = None) -> Path:
     """Write ``net`` (in eval mode) to ``path`` as ``format`` ('torchscript', 'onnx' or 'export');
-    returns the path. The input's batch size may vary at run time."""
-    if format not in FORMATS:
+    returns the path. The input's batch size may vary at run time; the input's dtype is the network's
+    (``example``, if given, must match it). ONNX may keep the weights in a second file beside ``path``
+    (``onnx_files`` lists both)."""
+    if not isinstance(net, ConnectivityNet):
+        raise ConfigTypeError(f"export() takes a connlearn ConnectivityNet, got {type(net).__name__}")
+    if not isinstance(format, str) or format not in FORMATS:
+        if not isinstance(format, str):
+            raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
         raise unknown_name("export format", format, FORMATS)
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / ('model' + FORMATS[format])})")
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
-    if model.stochastic and _evaluates_its_top_k(model):  # fixed to it, the graph holds no sort
+    if model.stochastic and model.evaluates_top_k():  # fixed to it, the graph holds no sort
         model.freeze()
-    example = example_input(model) if example is None else example
+    example = example_input(model) if example is None else _checked_example(model, example)
+    if example.shape[0] == 1:  # a batch of 1 would be traced (and torch.export specialised) as a constant
+        example = example.expand(2, *example.shape[1:]).clone()
     batch = torch.export.Dim("batch", min=1)
     if format == "torchscript":
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning)  # upstream marks TorchScript deprecated
             with torch.no_grad():
                 traced = torch.jit.trace(model, example, check_trace=False)
-            traced.save(str(path))
+            try:
+                traced.save(str(path))
+            except RuntimeError as exc:  # TorchScript reports a file it cannot write as a RuntimeError
+                raise ConfigError(f"cannot write {path}: {str(exc).strip().splitlines()[0]}") from None
     elif format == "onnx":
         if not onnx_supported():
             raise ConfigError(f"ONNX export needs PyTorch 2.5 or newer (torch.onnx.export(dynamo=True)); this is "
@@ -64,12 +85,22 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
                           verbose=False)
     else:
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-        torch.export.save(program, str(path))
+        try:
+            torch.export.save(program, str(path))
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot write {path}: {str(exc).strip().splitlines()[0]}") from None
     return path
 
 
-def _evaluates_its_top_k(net: ConnectivityNet) -> bool:
-    """Whether every gate's evaluation matrix is its binary top-K (``active()``), as for ``topk`` and its
-    subclasses: then ``freeze()`` leaves the evaluation function unchanged."""
-    with torch.no_grad():
-        return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in net.gates())
+
+def _checked_example(net: ConnectivityNet, example: torch.Tensor) -> torch.Tensor:
+    """``example`` if the network takes it: a floating ``[B, in_channels, H, W]`` tensor in its dtype."""
+    if not isinstance(example, torch.Tensor):
+        raise ConfigTypeError(f"example must be a tensor [B, {net.in_channels}, H, W], got {type(example).__name__}")
+    if example.dim() != 4 or example.shape[1] != net.in_channels:
+        raise ShapeError(f"example must be a batch of images [B, {net.in_channels}, H, W], got {list(example.shape)}")
+    wanted = device_and_dtype(net)
+    if example.dtype != wanted["dtype"]:
+        raise ConfigTypeError(f"example is {example.dtype} but the network's weights are {wanted['dtype']}; "
+                              f"give example.to({wanted['dtype']}) (or convert the network)")
+    return example

@@ -15,9 +15,9 @@ import attrs
 import networkx as nx
 import torch
 
-from connlearn.blocks import require_block_method
+from connlearn.blocks import device_and_dtype, require_block_method
 from connlearn.compile import ConnectivityNet, FusedModule
-from connlearn.errors import ConfigError
+from connlearn.errors import ConfigError, ConfigTypeError
 from connlearn.graph import BranchGraph
 
 
@@ -91,15 +91,25 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
     """A copy of ``net`` without its dead blocks, computing the same eval outputs, and a report.
 
     ``net`` must have a fixed connectivity (``frozen``, ``random``, ``full``); ``freeze=True`` first
-    freezes a copy of a net with learnable gates (top-K of the real gates). The pruned IR is compiled on
-    the same engine (modules may now have fewer branches than C) and the surviving weights are copied
-    through the blocks' ``select()``. ``net`` itself is left unchanged.
+    freezes a copy of a net with learnable gates (top-K of the real gates), where that keeps its eval
+    outputs (not for ``real`` gates, which weight every input: freeze those yourself if the top-K is what
+    you want). The pruned IR is compiled on the same engine (modules may now have fewer branches than C,
+    and a module none of whose blocks is read is left out) and the surviving weights are copied through the
+    blocks' ``select()``, on the net's device and dtype. ``net`` itself is left unchanged.
     """
+    if not isinstance(net, ConnectivityNet):
+        raise ConfigTypeError(f"prune_dead_blocks takes a connlearn ConnectivityNet, got {type(net).__name__}")
     if not net.fixed_connectivity:
         if not freeze:
             raise ConfigError(
                 f"prune_dead_blocks needs a fixed connectivity, but the gates are {net.gate_kind!r}: "
                 "call net.freeze() first, or pass freeze=True"
+            )
+        if not net.evaluates_top_k():
+            raise ConfigError(
+                f"gate kind {net.gate_kind!r} evaluates with its real gate values, not with their top-K, so "
+                "freezing it to prune would change the outputs; call net.freeze() first to keep the top-K (as "
+                "the Trainer does from phase 2 on), or keep the net unpruned"
             )
         net = copy.deepcopy(net).freeze()
     graph = net.graph()
@@ -115,8 +125,12 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
             pruned = ConnectivityNet(pruned_graph, engine=net.engine)
         pruned.stem = copy.deepcopy(net.stem)
         pruned.head = copy.deepcopy(net.head)
-        for old, new, module in zip(net.stages, pruned.stages, net.module_ids, strict=True):
+        stage_of = dict(zip(pruned.module_ids, pruned.stages, strict=True))
+        for old, module in zip(net.stages, net.module_ids, strict=True):
             keep = [j for j, n in enumerate(graph.branches(module)) if n not in dead]
+            if not keep:  # no block of the module is read (a dense graph): the module goes
+                continue
+            new = stage_of[module]
             new.proj = copy.deepcopy(old.proj)
             if isinstance(old, FusedModule) and len(keep) == old.branches:
                 new.block = copy.deepcopy(old.block)
@@ -126,8 +140,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
             else:
                 new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
         pruned.generator.set_state(net.generator.get_state())
-        device = next(net.parameters()).device
-        pruned = pruned.to(device).train(net.training)
+        pruned = pruned.to(**device_and_dtype(net)).train(net.training)
     report = PruneReport(
         params_before=before, params_after=pruned.num_parameters(),
         blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,

@@ -53,6 +53,7 @@ def to_dot(
         dead: ``"hollow"`` draws dead blocks and their active edges dashed grey; ``"hide"`` leaves them out.
         title: a first line above the legend ``gate=topk K=4, 60/72 blocks live``.
     """
+    _check_graph(graph, "to_dot")
     _check_dead(dead)
     dot = graphviz.Digraph(name="connectivity")
     dot.attr(label=_legend(graph, title), labelloc="t", fontsize="12")
@@ -74,9 +75,17 @@ def side_by_side(
     IR's names prefixed with ``resnext/`` and ``learned/``. Without ``reference``, ResNeXt is derived from
     ``learned``: the same nodes with every gate edge active (gate value 1).
     """
+    _check_graph(learned, "side_by_side")
     _check_dead(dead)
     if reference is None:
+        C = learned.graph.get("options", {}).get("C")
+        short = [m for m in learned.modules() if C and len(learned.branches(m)) < C]
+        if short:
+            raise ConfigError(f"this connectivity was pruned (module {short[0]} has {len(learned.branches(short[0]))} "
+                              f"of C={C} blocks), so ResNeXt cannot be derived from it: draw the unpruned network "
+                              "(e.g. the run's last.pt) side by side, or give reference=")
         reference = _full_connectivity(learned)
+    _check_graph(reference, "side_by_side")
     dot = graphviz.Digraph(name="connectivity")
     if title:
         dot.attr(label=title, labelloc="t", fontsize="14")
@@ -85,6 +94,12 @@ def side_by_side(
             cluster.attr(label=_legend(graph, "ResNeXt" if name == "resnext" else "learned"), color="gray80")
             _draw(cluster, graph, prefix=f"{name}/", weighted=weighted, dead=dead)
     return dot
+
+
+def _check_graph(graph: Any, caller: str) -> None:
+    if not isinstance(graph, BranchGraph):
+        hint = "; pass net.graph()" if hasattr(graph, "graph") and callable(graph.graph) else ""
+        raise ConfigTypeError(f"{caller}() draws a BranchGraph, got {type(graph).__name__}{hint}")
 
 
 def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to_dot_kwargs: Any) -> list[Path]:

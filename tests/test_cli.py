@@ -241,3 +241,93 @@ def test_an_unknown_config_key_is_one_line_with_the_closest_option(tmp_path, cap
     config.write_text(json.dumps({"epoch": 3}))
     code, _, err = _run(["train", "--config", config], capsys)
     assert _one_line_error(code, err) and "did you mean 'epochs'" in err
+
+
+@pytest.fixture(scope="module")
+def real_ckpt(tmp_path_factory):
+    """A ``real``-gated net in phase 1: its gates weight every input, nothing is frozen yet."""
+    net = connlearn.build(**tiny(gate="real", gate_init="uniform", K=1, seed=1))
+    path = tmp_path_factory.mktemp("real") / "real.pt"
+    save_atomic(make_checkpoint(net), path)
+    return path
+
+
+def test_an_unfrozen_real_net_is_exported_unpruned_or_not_at_all(real_ckpt, tmp_path, capsys):
+    code, _, err = _run(["export", real_ckpt, "-o", tmp_path / "net.ts"], capsys)
+    assert _one_line_error(code, err) and "--no-prune" in err and not (tmp_path / "net.ts").exists()
+    code, out, _ = _run(["export", real_ckpt, "-o", tmp_path / "net.ts", "--no-prune"], capsys)
+    assert code == 0 and (tmp_path / "net.ts").exists()
+    code, out, _ = _run(["info", real_ckpt, "--json"], capsys)
+    assert code == 0 and json.loads(out)["params_test"] == "n/a (not frozen)"
+    code, _, err = _run(["prune", real_ckpt, "-o", tmp_path / "p.pt"], capsys)
+    assert _one_line_error(code, err) and "would change the outputs" in err
+
+
+def test_a_pruned_checkpoint_keeps_the_results_and_the_size_it_was_pruned_from(ckpt, tmp_path, capsys):
+    code, _, _ = _run(["prune", ckpt, "-o", tmp_path / "small.pt"], capsys)
+    assert code == 0
+    _, out, _ = _run(["info", ckpt, "--json"], capsys)
+    _, small, _ = _run(["info", tmp_path / "small.pt", "--json"], capsys)
+    before, after = json.loads(out), json.loads(small)
+    assert (after["best_top1"], after["epochs_done"]) == (12.5, 3)
+    assert (after["params_train"], after["params_test"]) == (before["params_train"], before["params_test"])
+
+
+def test_writing_a_checkpoint_onto_a_folder_is_one_line_and_leaves_nothing(ckpt, tmp_path, capsys):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    code, _, err = _run(["prune", ckpt, "-o", folder], capsys)
+    assert _one_line_error(code, err) and f"{folder} is a folder" in err
+    assert list(tmp_path.iterdir()) == [folder] and not list(folder.iterdir())
+    code, _, err = _run(["export", ckpt, "-o", folder], capsys)
+    assert _one_line_error(code, err) and f"{folder} is a folder" in err
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (lambda p: p.write_text('{"epoch": 1}\n'), "is a JSON file, not a checkpoint"),
+    (lambda p: torch.save(torch.nn.Linear(2, 2), p), "holds pickled Python objects"),
+    (lambda p: p.write_bytes(b"\x00garbage" * 10), "not a zip archive"),
+])
+def test_files_that_are_not_checkpoints_say_what_they_are(tmp_path, capsys, content, message):
+    path = tmp_path / "x.pt"
+    content(path)
+    code, _, err = _run(["info", path], capsys)
+    assert _one_line_error(code, err) and message in err and "\x1b" not in err and "weights_only" not in err
+
+
+def test_damaged_checkpoints_name_what_is_wrong(tmp_path, capsys):
+    good = make_checkpoint(connlearn.build(**tiny()))
+    without_graph = {k: v for k, v in good.items() if k != "graph"}
+    for damaged, message in ((without_graph, "its 'graph' is missing"),
+                             ({**good, "model": None}, "its 'model' is a NoneType")):
+        torch.save(damaged, tmp_path / "d.pt")
+        code, _, err = _run(["info", tmp_path / "d.pt"], capsys)
+        assert _one_line_error(code, err) and message in err
+    headless = {**good, "model": {k: v for k, v in good["model"].items() if not k.startswith("head.")}}
+    torch.save(headless, tmp_path / "h.pt")
+    code, _, err = _run(["info", tmp_path / "h.pt"], capsys)
+    assert _one_line_error(code, err) and "Missing key(s)" in err and "head.fc.weight" in err
+
+
+def test_a_checkpoint_loads_onto_another_engine(ckpt):
+    from connlearn.checkpoint import net_from_checkpoint
+
+    fused = net_from_checkpoint(ckpt)
+    reference = net_from_checkpoint(ckpt, engine="reference")
+    assert (fused.engine, reference.engine) == ("fused", "reference")
+    assert net_from_checkpoint(ckpt, engine="auto").engine == "fused"
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(reference.eval()(x), fused.eval()(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(connlearn.ConnlearnError, match="did you mean 'fused'"):
+        net_from_checkpoint(ckpt, engine="fuse")
+
+
+def test_info_names_a_preset_only_as_the_origin_of_a_changed_architecture(tmp_path, capsys):
+    for preset, overrides, expected in (
+        ("cifar-20-4-8", {}, "resnext cifar-20-4-8 {D=20, w=4, C=8}"),
+        ("cifar-29-8-8", {"M": 3, "C": 4, "width": 2}, "resnext {D=11, w=2, C=4} (changed from cifar-29-8-8)"),
+    ):
+        net = connlearn.build(preset=preset, num_classes=10, **overrides)
+        save_atomic(make_checkpoint(net), tmp_path / "net.pt")
+        code, out, _ = _run(["info", tmp_path / "net.pt", "--json"], capsys)
+        assert code == 0 and json.loads(out)["architecture"] == expected

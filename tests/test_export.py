@@ -7,7 +7,7 @@ import torch
 from conftest import tiny
 
 import connlearn
-from connlearn.errors import ConfigError, UnknownNameError
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, UnknownNameError
 from connlearn.export import export, onnx_supported
 from connlearn.prune import prune_dead_blocks
 
@@ -73,3 +73,59 @@ def test_an_unfrozen_topk_net_exports_its_top_k(tmp_path):
 def test_unknown_format(pruned, tmp_path):
     with pytest.raises(UnknownNameError, match="did you mean 'onnx'"):
         export(pruned, tmp_path / "x", "onx")
+
+
+def _onnx_ready():
+    return onnx_supported() and all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime"))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return prune_dead_blocks(connlearn.build(**tiny(gate="random", K=1, M=6), engine="reference"))[0].eval()
+
+
+@pytest.mark.parametrize("form", ["torchscript", pytest.param("export", marks=pytest.mark.slow),
+                                  pytest.param("onnx", marks=[pytest.mark.slow, pytest.mark.skipif(
+                                      not _onnx_ready(), reason="the onnx extra is not installed")])])
+def test_the_reference_engine_exports_with_a_free_batch_size(reference, tmp_path, form):
+    path = export(reference, tmp_path / f"net.{form}", form)
+    x = torch.randn(5, 3, 32, 32)  # the example had 2
+    if form == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path))
+        assert session.get_inputs()[0].shape[0] == "batch"
+        out = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    else:
+        out = (torch.jit.load(str(path)) if form == "torchscript" else torch.export.load(str(path)).module())(x)
+    torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_example_batch_of_one_does_not_fix_the_batch_size(pruned, tmp_path):
+    path = export(pruned, tmp_path / "net.pt2", "export", example=torch.randn(1, 3, 32, 32))
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(torch.export.load(str(path)).module()(x), pruned(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_float64_net_exports_in_float64(pruned, tmp_path):
+    net = pruned.double()
+    try:
+        loaded = torch.jit.load(str(export(net, tmp_path / "net.ts")))
+        x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+        torch.testing.assert_close(loaded(x), net(x))
+    finally:
+        pruned.float()
+
+
+def test_bad_examples_targets_and_formats_are_named(pruned, tmp_path):
+    with pytest.raises(ShapeError, match=r"example must be a batch of images \[B, 3, H, W\], got \[2, 1, 32, 32\]"):
+        export(pruned, tmp_path / "net.ts", example=torch.randn(2, 1, 32, 32))
+    with pytest.raises(ConfigTypeError, match=r"example is torch.float64 but the network's weights are torch.float32"):
+        export(pruned, tmp_path / "net.ts", example=torch.randn(2, 3, 32, 32, dtype=torch.float64))
+    with pytest.raises(ConfigError, match="is a folder; give the file to write"):
+        export(pruned, tmp_path)
+    with pytest.raises(ConfigTypeError, match="export format must be one of torchscript, onnx, export, got None"):
+        export(pruned, tmp_path / "x", None)
+    with pytest.raises(ConfigTypeError, match="takes a connlearn ConnectivityNet"):
+        export(torch.nn.Linear(2, 2), tmp_path / "x.ts")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import connlearn
 from connlearn.blocks import RESIDUAL_INITS
 from connlearn.compile import FusedModule
-from connlearn.errors import ConfigError
+from connlearn.errors import ConfigError, ConfigTypeError
 from connlearn.prune import dead_blocks, input_overlap, live_blocks, prune_dead_blocks, random_overlap
 
 X = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -170,3 +170,47 @@ def test_the_k1_pruning_baseline_counts_what_pruning_removes():
     assert test < train and left < blocks == 48  # any K=1 connectivity leaves branches unread
     train, test, blocks, left = prune_counts("cifar-20-4-8", seed=0, K=8)
     assert (test, left) == (train, blocks)  # every block reads every branch: nothing to prune
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_a_module_none_of_whose_blocks_is_read_is_left_out(engine):
+    """In a dense graph a whole module can go unread; pruning leaves it out, with the same outputs."""
+    net = connlearn.build("dense", M=9, C=2, K=1, gate="random", width=1, base_channels=4, stem_channels=4,
+                          num_classes=10, seed=0, engine=engine).eval()
+    graph = net.graph()
+    unread = [m for m in graph.modules() if set(graph.branches(m)) <= dead_blocks(graph)]
+    assert unread  # this seed leaves module 2 unread
+    pruned, report = prune_dead_blocks(net)
+    assert not set(unread) & set(pruned.module_ids)
+    assert report.blocks_after == len(graph.block_nodes()) - len(dead_blocks(graph))
+    torch.testing.assert_close(pruned.eval()(X), net(X), atol=1e-5, rtol=1e-5)
+
+
+def test_real_gates_are_not_frozen_to_their_top_k_behind_the_users_back():
+    """``real`` gates weight every input by its value: their top-K is another function."""
+    net = connlearn.build(**tiny(gate="real", gate_init="uniform", K=1, seed=1)).eval()
+    with pytest.raises(ConfigError, match=r"'real' evaluates with its real gate values.*net.freeze\(\) first"):
+        prune_dead_blocks(net, freeze=True)
+    frozen = net.freeze()  # asked for explicitly: the top-K it is
+    pruned, _ = prune_dead_blocks(frozen)
+    torch.testing.assert_close(pruned.eval()(X), frozen(X), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_pruning_and_moving_engines_keep_the_dtype(engine, dtype):
+    net = connlearn.build(**tiny(gate="random", K=1, seed=2), engine=engine).to(dtype).eval()
+    x = X.to(dtype)
+    pruned, report = prune_dead_blocks(net)
+    assert report.blocks_after < report.blocks_before
+    assert {p.dtype for p in pruned.parameters()} == {dtype}
+    torch.testing.assert_close(pruned(x), net(x), atol=0, rtol=0)
+    other = net.to_engine("reference" if engine == "fused" else "fused")
+    assert {p.dtype for p in other.parameters()} == {dtype}
+    if dtype == torch.float64:  # the weights arrive unrounded
+        torch.testing.assert_close(other.eval()(x), net(x), atol=1e-12, rtol=1e-12)
+
+
+def test_only_networks_are_pruned():
+    with pytest.raises(ConfigTypeError, match="ConnectivityNet, got Sequential"):
+        prune_dead_blocks(torch.nn.Sequential())

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import connlearn
 from connlearn import render
-from connlearn.errors import ConfigError, UnknownNameError
-from connlearn.prune import dead_blocks, live_blocks
+from connlearn.errors import ConfigError, ConfigTypeError, UnknownNameError
+from connlearn.prune import dead_blocks, live_blocks, prune_dead_blocks
 
 
 def _graph(**overrides):
@@ -226,3 +226,15 @@ def test_save_rejects_drawing_options_for_a_finished_drawing(sparse, tmp_path):
     with pytest.raises(ConfigError, match="weighted"):
         render.save(render.to_dot(sparse), tmp_path / "net.dot", weighted=True)
 
+
+
+def test_a_network_or_a_pruned_graph_is_named_not_drawn_wrongly():
+    net = connlearn.build(**tiny(gate="random", K=1, M=6))
+    with pytest.raises(ConfigTypeError, match=r"to_dot\(\) draws a BranchGraph, got ConnectivityNet; pass net.graph"):
+        render.to_dot(net)
+    with pytest.raises(ConfigTypeError, match=r"side_by_side\(\) draws a BranchGraph"):
+        render.side_by_side(net.graph(), reference=net)
+    pruned, _ = prune_dead_blocks(net)
+    with pytest.raises(ConfigError, match=r"was pruned \(module \d+ has \d of C=4 blocks\)"):
+        render.side_by_side(pruned.graph())
+    render.side_by_side(pruned.graph(), reference=net.graph())  # an explicit reference is drawn

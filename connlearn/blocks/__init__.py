@@ -21,6 +21,7 @@ from connlearn.blocks.base import (
     check_conv_init,
     check_residual_init,
     conv,
+    device_and_dtype,
     init_conv_scale,
     init_residual_scale,
     make_block,
@@ -39,6 +40,6 @@ BLOCKS.register("basic", Basic)
 __all__ = [
     "BLOCKS", "CONV_INITS", "DEFAULT_CONV_INIT", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck",
     "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "check_block_kind",
-    "check_conv_init", "check_residual_init", "conv", "init_conv_scale", "init_residual_scale", "make_block",
-    "require_block_method", "residual_scale", "scales_residual",
+    "check_conv_init", "check_residual_init", "conv", "device_and_dtype", "init_conv_scale", "init_residual_scale",
+    "make_block", "require_block_method", "residual_scale", "scales_residual",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -103,6 +104,15 @@ def init_conv_scale(block: nn.Module, scale: float) -> None:
             "give the block that method (a BranchBlock names its inner convolutions in inner_convs)"
         )
     hook(scale)
+
+
+def device_and_dtype(module: nn.Module) -> dict[str, Any]:
+    """``module``'s device and floating dtype (of its first floating parameter or buffer), as keyword
+    arguments of ``nn.Module.to``: a copy built anew is moved there before weights are loaded into it."""
+    tensors = [t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()]
+    if not tensors:
+        return {}
+    return {"device": tensors[0].device, "dtype": tensors[0].dtype}
 
 
 def conv(in_ch: int, out_ch: int, kernel: int, branches: int, stride: int = 1) -> nn.Conv2d:
@@ -194,7 +204,7 @@ class BranchBlock(nn.Module):
         indices = [check_int("branch index", i, minimum=0, maximum=self.branches - 1) for i in indices]
         if not indices:
             raise ConfigError("select() needs at least one branch index")
-        new = self._new(len(indices)).to(next(self.parameters()).device)
+        new = self._new(len(indices)).to(**device_and_dtype(self))
         state = {}
         for key, value in self.state_dict().items():
             if value.dim() == 0:
@@ -210,7 +220,7 @@ class BranchBlock(nn.Module):
     def merge(cls, blocks: Sequence[BranchBlock]) -> BranchBlock:
         """One block holding the branches of ``blocks`` in order (they must agree in everything else)."""
         first = blocks[0]
-        new = first._new(sum(b.branches for b in blocks)).to(next(first.parameters()).device)
+        new = first._new(sum(b.branches for b in blocks)).to(**device_and_dtype(first))
         states = [b.state_dict() for b in blocks]
         merged = {}
         for key, value in states[0].items():
