@@ -5,6 +5,9 @@ import sys
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from torch import nn
+
+from connlearn.blocks import BranchBlock
 
 settings.register_profile(
     "default", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -61,3 +64,17 @@ class RandomLoader:
         for i in range(len(self)):
             idx = order[i * self.batch : (i + 1) * self.batch]
             yield self.x[idx], self.y[idx]
+
+
+class PlainBlock(BranchBlock):
+    """A plug-in block kind with one grouped 3x3 convolution and nothing else: no norm to rescale, no inner
+    convolution to start at another scale."""
+
+    params = ("width",)
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+        self.conv = nn.Conv2d(branches * in_ch, branches * out_ch, 3, stride, 1, groups=branches, bias=False)
+
+    def forward(self, x):
+        return self.conv(x)

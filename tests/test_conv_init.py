@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import PlainBlock, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import connlearn
-from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, BranchBlock, Looped, check_conv_init
+from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, Looped, check_conv_init
 from connlearn.errors import ConfigError, UnknownNameError
 from connlearn.experiment import CifarRun
 
@@ -120,18 +120,7 @@ def test_bad_values_are_named():
         CifarRun(conv_init="ResNeXt")
 
 
-class _NoInner(BranchBlock):
-    params = ("width",)
-
-    def __init__(self, in_ch, out_ch, stride, branches, *, width):
-        super().__init__(in_ch, out_ch, stride, branches, width=width)
-        self.conv = nn.Conv2d(branches * in_ch, branches * out_ch, 3, stride, 1, groups=branches, bias=False)
-
-    def forward(self, x):
-        return self.conv(x)
-
-
-class _Misnamed(_NoInner):
+class _Misnamed(PlainBlock):
     inner_convs = ("conv", "missing")
 
 
@@ -152,13 +141,13 @@ class _Single(nn.Module):
 
 
 def test_blocks_opt_in_and_those_that_cannot_are_refused_by_name(clean_registries):
-    connlearn.register_block("test-noinner", _NoInner)
+    connlearn.register_block("test-noinner", PlainBlock)
     connlearn.register_block("test-misnamed", _Misnamed)
     connlearn.register_block("test-looped", Looped(_Single))
     connlearn.register_block("test-looped-plain", Looped(lambda i, o, s, width: nn.Conv2d(i, o, 3, s, 1)))
     for block in ("test-noinner", "test-looped-plain"):
         assert connlearn.build(**tiny(block=block)).num_parameters() > 0  # "branch" needs nothing
-    with pytest.raises(ConfigError, match=r"_NoInner.inner_convs names no convolutions"):
+    with pytest.raises(ConfigError, match=r"PlainBlock.inner_convs names no convolutions"):
         connlearn.build(**tiny(block="test-noinner", conv_init="resnext"))
     with pytest.raises(ConfigError, match=r"_Misnamed.inner_convs names 'missing'"):
         connlearn.build(**tiny(block="test-misnamed", conv_init="resnext"))

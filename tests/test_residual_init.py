@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import PlainBlock, tiny
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
 import connlearn
-from connlearn.blocks import BLOCKS, RESIDUAL_INITS, BranchBlock, Looped, residual_scale, scales_residual
+from connlearn.blocks import BLOCKS, RESIDUAL_INITS, Looped, residual_scale, scales_residual
 from connlearn.compile import FusedModule
 from connlearn.errors import ConfigError, UnknownNameError
 
@@ -114,18 +114,7 @@ def test_bad_value_is_named_at_build():
         connlearn.from_graph(graph)
 
 
-class _NoNorm(BranchBlock):
-    params = ("width",)
-
-    def __init__(self, in_ch, out_ch, stride, branches, *, width):
-        super().__init__(in_ch, out_ch, stride, branches, width=width)
-        self.conv = nn.Conv2d(branches * in_ch, branches * out_ch, 3, stride, 1, groups=branches, bias=False)
-
-    def forward(self, x):
-        return self.conv(x)
-
-
-class _Nested(_NoNorm):
+class _Nested(PlainBlock):
     """A BranchBlock whose last norm sits inside a submodule: ``residual_norm`` may be a dotted name."""
 
     residual_norm = "tail.1"
@@ -160,7 +149,7 @@ class _SingleWithout(_Single):
 @pytest.fixture
 def plugin_blocks():
     saved = dict(BLOCKS._items)
-    connlearn.register_block("test-nonorm", _NoNorm)
+    connlearn.register_block("test-nonorm", PlainBlock)
     connlearn.register_block("test-looped", Looped(_Single))
     connlearn.register_block("test-looped-without", Looped(_SingleWithout))
     yield
@@ -183,7 +172,7 @@ def test_blocks_without_the_hook_stay_as_built_by_default_and_are_refused_by_nam
         for init in ("auto", "one"):  # neither needs the hook
             assert connlearn.build(**tiny(block=block, residual_init=init)).num_parameters() > 0
     assert _first_scales(connlearn.build(**tiny(block="test-looped-without"))) == [1.0, 1.0, 1.0]
-    with pytest.raises(ConfigError, match=r"_NoNorm.residual_norm = None names no affine .*no such submodule"):
+    with pytest.raises(ConfigError, match=r"PlainBlock.residual_norm = None names no affine .*no such submodule"):
         connlearn.build(**tiny(block="test-nonorm", residual_init="zero"))
     with pytest.raises(ConfigError, match="_SingleWithout has no init_residual_scale"):
         connlearn.build(**tiny(block="test-looped-without", residual_init="sqrt_k"))
@@ -193,7 +182,7 @@ def test_which_blocks_can_rescale():
     assert scales_residual(connlearn.build(**tiny()).stages[0].block)
     assert scales_residual(Looped(_Single)(4, 4, 1, 2, width=1))
     assert not scales_residual(Looped(_SingleWithout)(4, 4, 1, 2, width=1))
-    assert not scales_residual(_NoNorm(4, 4, 1, 2, width=1))
+    assert not scales_residual(PlainBlock(4, 4, 1, 2, width=1))
     assert not scales_residual(nn.Conv2d(4, 4, 1))
     nested = _Nested(4, 4, 1, 2, width=1)
     assert scales_residual(nested)

@@ -86,23 +86,21 @@ def scales_residual(block: nn.Module) -> bool:
 
 def init_residual_scale(block: nn.Module, scale: float) -> None:
     """Call ``block.init_residual_scale(scale)``, or explain that its kind cannot start at another scale."""
-    hook = getattr(block, "init_residual_scale", None)
-    if not callable(hook):
-        raise ConfigError(
-            f"block {type(block).__name__} has no init_residual_scale(scale), so residual_init can only be "
-            "'one' or 'auto'; give the block that method (a BranchBlock names its last norm in residual_norm)"
-        )
-    hook(scale)
+    _call_scale_hook(block, "init_residual_scale", scale, "residual_init can only be 'one' or 'auto'",
+                     "a BranchBlock names its last norm in residual_norm")
 
 
 def init_conv_scale(block: nn.Module, scale: float) -> None:
     """Call ``block.init_conv_scale(scale)``, or explain that its kind cannot start its convolutions so."""
-    hook = getattr(block, "init_conv_scale", None)
+    _call_scale_hook(block, "init_conv_scale", scale, "conv_init can only be 'branch'",
+                     "a BranchBlock names its inner convolutions in inner_convs")
+
+
+def _call_scale_hook(block: nn.Module, name: str, scale: float, consequence: str, how: str) -> None:
+    hook = getattr(block, name, None)
     if not callable(hook):
-        raise ConfigError(
-            f"block {type(block).__name__} has no init_conv_scale(scale), so conv_init can only be 'branch'; "
-            "give the block that method (a BranchBlock names its inner convolutions in inner_convs)"
-        )
+        raise ConfigError(f"block {type(block).__name__} has no {name}(scale), so {consequence}; give the block "
+                          f"that method ({how})")
     hook(scale)
 
 
