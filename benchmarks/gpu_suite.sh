@@ -22,10 +22,14 @@
 #             runs chose (row-centred gradient, sampling temperature annealed 1 -> 0.05) in
 #             runs/sweep30_annealed. EXTRA reaches both folders: no gate options in it here. sweep joins
 #             runs/sweep30 later
+#   convinit  the claim's two gated arms with the inner convolutions at ResNeXt's starting scale
+#             (--conv-init resnext): random4 and topk4 under the CPU's chosen setting, two at a time, for the
+#             seeds in SEEDS, in runs/sweep30_resnext; its Fixed-Full is runs/sweep30's (ResNeXt's single
+#             stream has no other start)
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
-# (runs/sweep30, runs/sweep30_annealed, runs/sweep320, runs/choose30, runs/choose30_annealed, runs/gates without the
-# previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
+# (runs/sweep30, runs/sweep30_annealed, runs/sweep30_resnext, runs/sweep320, runs/choose30,
+# runs/choose30_annealed, runs/gates without the previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
 # accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
 # learned arms of sweep and protocol): keep its settings the same for every command of one folder (only
 # --compile, --amp and --device may change), since a sweep folder refuses runs with other settings; DEVICE
@@ -36,8 +40,8 @@ mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
 annealed=(--gate-temperature 1 --gate-temperature-end 0.05) # phase 1's annealed sampling temperature
 case $mode in
-measure | rules | choose | sweep | protocol | claim) ;;
-*) echo "unknown mode $mode: measure, rules, choose, sweep, protocol or claim" >&2; exit 2 ;;
+measure | rules | choose | sweep | protocol | claim | convinit) ;;
+*) echo "unknown mode $mode: measure, rules, choose, sweep, protocol, claim or convinit" >&2; exit 2 ;;
 esac
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -114,9 +118,12 @@ claim)
   sweep 30 topk4-centered "$seeds" 1 runs/sweep30_annealed "${annealed[@]}" &
   wait "$paper" $!
   ;;
+convinit)
+  sweep 30 "random4 topk4-centered" "$seeds" 2 runs/sweep30_resnext --conv-init resnext "${annealed[@]}"
+  ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
-state=$(ls -d runs/sweep30 runs/sweep30_annealed runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
+state=$(ls -d runs/sweep30 runs/sweep30_annealed runs/sweep30_resnext runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
 [ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"

@@ -45,7 +45,7 @@ def _runs(calls):
 
 def test_an_unknown_mode_is_refused_before_anything_runs(tmp_path):
     done, calls = _suite(tmp_path, "sweeep", "data.npz", "out")
-    assert done.returncode == 2 and "measure, rules, choose, sweep, protocol or claim" in done.stderr
+    assert done.returncode == 2 and "measure, rules, choose, sweep, protocol, claim or convinit" in done.stderr
     assert calls == [] and not (tmp_path / "out").exists()
 
 
@@ -70,6 +70,14 @@ def test_the_claim_takes_seed_0_by_default_and_extra_reaches_both_folders(tmp_pa
     _, calls = _suite(tmp_path, "claim", "data.npz", "out", "600", EXTRA="--compile")
     runs = _runs(calls)
     assert len(runs) == 2 and all("--seeds 0 --parallel" in c and "--compile" in c for c in runs)
+
+
+def test_convinit_runs_the_gated_arms_of_the_claim_at_resnexts_start(tmp_path):
+    done, calls = _suite(tmp_path, "convinit", "data.npz", "out", "600", SEEDS="0 1")
+    assert done.returncode == 0, done.stderr
+    (run,) = _runs(calls)
+    assert "--arms random4 topk4-centered --seeds 0 1 --parallel 2 --out runs/sweep30_resnext " in run
+    assert run.endswith("--conv-init resnext --gate-temperature 1 --gate-temperature-end 0.05")
 
 
 def test_the_sweep_has_every_arm_and_its_k1_baseline(tmp_path):
