@@ -329,6 +329,12 @@ def _temperature(run: dict[str, Any]) -> str:
     return f"{start:g}" if end is None else f"{start:g}→{end:g}"
 
 
+def _params(counts) -> str:
+    """The mean of parameter counts in millions; n/a where a run was not pruned (real gates never frozen)."""
+    counts = list(counts)
+    return "n/a" if any(c is None for c in counts) else f"{statistics.mean(counts) / 1e6:.3f}M"
+
+
 def write_table(out: Path, state: dict[str, Any]) -> Path:
     """``results.md``: one row per arm, the paper's format, and a plot of top-1 over epochs (on the test
     set, or on the validation split when the sweep holds one out).
@@ -401,7 +407,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
             overlap = f"{statistics.mean(overlaps):.2f} ({chance:.2f})"
         lines.append(
             f"| {label} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
-            f"{statistics.mean(r['params_test'] for r in runs) / 1e6:.3f}M | {_mean_std(top1)} | {paper} | {share} | "
+            f"{_params(r['params_test'] for r in runs)} | {_mean_std(top1)} | {paper} | {share} | "
             f"{overlap} | "
             f"{statistics.mean(r['epoch_time_s'] for r in runs):.1f} s | "
             f"{sum(r['wall_time_s'] for r in runs) / 60:.1f} min |"

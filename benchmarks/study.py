@@ -129,12 +129,16 @@ def table(arms: dict[str, dict[int, dict[str, Any]]], reference: str | None, eva
             paired = label != reference and diffs
             row += [_ms(diffs, sign="+") if paired else "",
                     f"{sum(d > 0 for d in diffs)} of {len(diffs)}" if paired else ""]
-        kept = [r["params_test"] / r["params_train"] for r in m]
+        tested = [r["params_test"] for r in m]  # None: real gates never frozen, so never pruned
+        kept = "n/a"
+        if None not in tested:
+            share = statistics.mean(r["params_test"] / r["params_train"] for r in m)
+            kept = f"{statistics.mean(tested) / 1e6:.4f}M ({share:.0%})"
         overlap = _ms([r["overlap"] for r in m])
         chance = [r["chance"] for r in m if r["chance"] is not None]
         gates = [_ms([r["gates"][i] for r in m]) for i in range(3)]
         row += [_ms([r["phase1_top1"] for r in m]),
-                f"{statistics.mean(r['params_test'] for r in m) / 1e6:.4f}M ({statistics.mean(kept):.0%})",
+                kept,
                 f"{overlap} ({statistics.mean(chance):.2f})" if overlap and chance else overlap,
                 _ms([r["share"] for r in m]),
                 " / ".join(gates) if any(gates) else ""]

@@ -148,10 +148,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.prune import prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
+    if _unfrozen_real(net):
+        raise ConfigError(f"{args.checkpoint} holds {net.gate_kind!r} gates that are not frozen yet (phase 1), which "
+                          "weight every input: pruning would change the outputs; prune a checkpoint from phase 2 on "
+                          "(a finished run's last.pt)")
     pruned, report = prune_dead_blocks(net, freeze=True)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
-    save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": report.params_before},
+    params_train = meta.get("params_train", report.params_before)  # pruned before: the first count stays
+    save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train},
                                 **results), args.output)
     print(f"{report}\nwrote {args.output}")
     return 0
@@ -254,11 +259,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     graph = net.graph()
     opts = graph.graph.get("options", {})
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    try:
-        _, report = prune_dead_blocks(net, freeze=True)
-        params_test: int | str = report.params_after
-    except ConfigError:  # real gates in phase 1: nothing is pruned until their top-K is frozen
+    if _unfrozen_real(net):  # real gates in phase 1: nothing is pruned until their top-K is frozen
         report, params_test = None, "n/a (not frozen)"
+    else:
+        report = prune_dead_blocks(net, freeze=True)[1]
+        params_test = report.params_after
     info = {
         "architecture": _architecture(graph.graph.get("topology"), opts),
         "engine": net.engine,
@@ -285,6 +290,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unfrozen_real(net) -> bool:
+    """Whether ``net``'s gates are learned and evaluated by value (``real`` in phase 1): freezing them to prune
+    would change the outputs."""
+    return not net.fixed_connectivity and not net.evaluates_top_k()
+
+
 def _architecture(topology: str | None, opts: dict[str, Any]) -> str:
     """``resnext cifar-29-8-8 {D=29, w=8, C=8}``; a preset whose D, w or C were changed is named as the
     origin, not as the network."""
@@ -306,7 +317,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     _, net = _load_net(args.checkpoint)
     if not args.no_prune:
-        if not net.fixed_connectivity and not net.evaluates_top_k():
+        if _unfrozen_real(net):
             raise ConfigError(f"this network's {net.gate_kind!r} gates are not frozen and evaluate with their real "
                               "values: pruning would change its outputs; export it with --no-prune")
         net, _ = prune_dead_blocks(net, freeze=True)

@@ -223,10 +223,11 @@ RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "gate_temper
 
 
 def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
-                    source: str, recipe: Recipe) -> None:
+                    source: str, recipe: Recipe, record: dict[str, Any] | None = None) -> None:
     """Refuse to resume the run in ``out`` (``ckpt``: the checkpoint the trainer is about to resume from)
     when ``run`` asks for other data, seed, gate options or connectivity than the one that started it:
-    resuming would mix two runs under one record."""
+    resuming would mix two runs under one record. ``record`` (the run options the trainer writes into its
+    checkpoints) takes the starts the resumed network was built with."""
     meta = ckpt.get("meta") or {}
     started = meta.get("run") or {}
     asked = run.to_dict()
@@ -248,6 +249,10 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
         listed = "; ".join(f"{k}={old!r} there, {new!r} here" for k, old, new in differ)
         raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
                           "started it to resume it, or give another --out")
+    if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
+        built = BranchGraph.from_json(ckpt["graph"]).graph
+        record.update(residual_init=built.get("residual_init", "one"),
+                      conv_init=built.get("conv_init", DEFAULT_CONV_INIT))
 
 
 def make_recipe(run: CifarRun):
@@ -292,8 +297,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
-        progress=run.progress, meta={"run": run.to_dict(), "source": source},
-        resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe),
+        progress=run.progress, meta=(meta := {"run": run.to_dict(), "source": source}),
+        resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe,
+                                       record=meta["run"]),
     )
     # the time limit counts from this call: loading the data is part of it
     history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))
@@ -309,10 +315,13 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
             _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "
                  f"{getattr(run, key)}; recorded as {started_with}")
             run = attrs.evolve(run, **{key: started_with})
-    pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
-    save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
-                                              "params_train": report.params_before},
-                                epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
+    if trained.fixed_connectivity or trained.evaluates_top_k():
+        pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
+        save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
+                                                  "params_train": report.params_before},
+                                    epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
+    else:  # real gates never frozen (a schedule of phase 1 only): their outputs depend on every input
+        report = None
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     last = history[-1]
     overlap = input_overlap(graph)
@@ -320,7 +329,8 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     summary = {
         "dataset": source, "preset": run.preset, "gate": run.gate, "K": trained.K, "epochs": recipe.total_epochs,
         "test_top1": last.get("test_top1"), "best_top1": trainer.best_top1,
-        "params_train": report.params_before, "params_test": report.params_after,
+        "params_train": trained.num_parameters() if report is None else report.params_before,
+        "params_test": None if report is None else report.params_after,
         "active_branches": {str(m): n for m, n in active_branches(graph).items()},
         "input_overlap": {str(m): v for m, v in overlap.items()},
         "input_overlap_chance": {str(m): v for m, v in chance.items()},
@@ -333,8 +343,13 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%")
-    _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after pruning "
-         f"dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks removed)")
+    if report is None:
+        _say(f"parameters: {summary['params_train'] / 1e6:.3f}M; not pruned: the {run.gate} gates were never frozen "
+             "(no phase 2 in this schedule), and they weight every input")
+    else:
+        _say(f"parameters: {report.params_before / 1e6:.3f}M train, {report.params_after / 1e6:.3f}M test after "
+             f"pruning dead blocks ({report.blocks_before - report.blocks_after} of {report.blocks_before} blocks "
+             "removed)")
     _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
     chances = {round(v, 2) for v in chance.values()}
     if overlap and chances != {1.0}:  # below 1 only where blocks choose among their inputs

@@ -281,7 +281,8 @@ class _FixedGate(Gate):
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)
         self.register_buffer("mask", active.detach().clone().bool())
-        self.register_buffer("gate_values", values.detach().clone().float())
+        dtype = values.dtype if values.is_floating_point() else torch.float32  # a float64 net's stay float64
+        self.register_buffer("gate_values", values.detach().clone().to(dtype))
 
     def values(self) -> torch.Tensor:
         return self.gate_values

@@ -140,7 +140,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
             else:
                 new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
         pruned.generator.set_state(net.generator.get_state())
-        pruned = pruned.to(**device_and_dtype(net)).train(net.training)
+    pruned = pruned.to(**device_and_dtype(net)).train(net.training)
     report = PruneReport(
         params_before=before, params_after=pruned.num_parameters(),
         blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,

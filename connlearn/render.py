@@ -78,7 +78,13 @@ def side_by_side(
     _check_graph(learned, "side_by_side")
     _check_dead(dead)
     if reference is None:
-        C = learned.graph.get("options", {}).get("C")
+        options = learned.graph.get("options", {})
+        C, depth = options.get("C"), options.get("depth")
+        gone = isinstance(depth, int) and len(learned.modules()) < (depth - 2) // 3
+        if gone:
+            raise ConfigError(f"this connectivity was pruned ({(depth - 2) // 3 - len(learned.modules())} of its "
+                              f"modules are gone), so ResNeXt cannot be derived from it: draw the unpruned network "
+                              "(e.g. the run's last.pt) side by side, or give reference=")
         short = [m for m in learned.modules() if C and len(learned.branches(m)) < C]
         if short:
             raise ConfigError(f"this connectivity was pruned (module {short[0]} has {len(learned.branches(short[0]))} "

@@ -271,6 +271,9 @@ def test_a_pruned_checkpoint_keeps_the_results_and_the_size_it_was_pruned_from(c
     before, after = json.loads(out), json.loads(small)
     assert (after["best_top1"], after["epochs_done"]) == (12.5, 3)
     assert (after["params_train"], after["params_test"]) == (before["params_train"], before["params_test"])
+    code, _, _ = _run(["prune", tmp_path / "small.pt", "-o", tmp_path / "again.pt"], capsys)
+    _, again, _ = _run(["info", tmp_path / "again.pt", "--json"], capsys)
+    assert code == 0 and json.loads(again)["params_train"] == before["params_train"]
 
 
 def test_writing_a_checkpoint_onto_a_folder_is_one_line_and_leaves_nothing(ckpt, tmp_path, capsys):

@@ -13,6 +13,7 @@ from conftest import SHARED_DATA
 
 import connlearn
 from connlearn import experiment
+from connlearn.checkpoint import load_checkpoint
 from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
 from connlearn.errors import ConfigError, DataError
@@ -115,6 +116,17 @@ def test_a_resumed_run_keeps_and_records_the_start_it_was_built_with(offline, tm
     assert (summary["run"]["residual_init"], summary["run"]["conv_init"]) == ("one", "resnext")
     said = capsys.readouterr().out
     assert "started with residual_init=one" in said and "started with conv_init=resnext" in said
+    recorded = load_checkpoint(tmp_path / "last.pt")["meta"]["run"]  # written by the resumed epochs too
+    assert (recorded["residual_init"], recorded["conv_init"]) == ("one", "resnext")
+
+
+def test_real_gates_that_are_never_frozen_finish_unpruned(offline, tmp_path, capsys):
+    """One epoch is phase 1 only: the real gates stay unfrozen, and pruning would change the outputs."""
+    summary = run_cifar(CifarRun(dataset="cifar10", gate="real", K=1, M=3, C=2, width=1, base_channels=4,
+                                 stem_channels=4, epochs=1, train_subset=64, test_subset=32, batch_size=32,
+                                 out=str(tmp_path), progress=False))
+    assert summary["params_test"] is None and summary["params_train"] > 0
+    assert not (tmp_path / "pruned.pt").exists() and "not pruned" in capsys.readouterr().out
 
 
 def _learned_source(tmp_path, tied=False):

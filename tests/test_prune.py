@@ -211,6 +211,15 @@ def test_pruning_and_moving_engines_keep_the_dtype(engine, dtype):
         torch.testing.assert_close(other.eval()(x), net(x), atol=1e-12, rtol=1e-12)
 
 
+def test_freezing_keeps_the_dtype_when_nothing_is_pruned():
+    net = connlearn.build(**tiny(gate="topk", C=3, K=3)).double().eval()
+    pruned, report = prune_dead_blocks(net, freeze=True)
+    assert report.blocks_after == report.blocks_before
+    assert {t.dtype for t in pruned.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()} == {
+        torch.float64}
+    torch.testing.assert_close(pruned(X.double()), net(X.double()), atol=1e-12, rtol=1e-12)
+
+
 def test_only_networks_are_pruned():
     with pytest.raises(ConfigTypeError, match="ConnectivityNet, got Sequential"):
         prune_dead_blocks(torch.nn.Sequential())

@@ -238,3 +238,11 @@ def test_a_network_or_a_pruned_graph_is_named_not_drawn_wrongly():
     with pytest.raises(ConfigError, match=r"was pruned \(module \d+ has \d of C=4 blocks\)"):
         render.side_by_side(pruned.graph())
     render.side_by_side(pruned.graph(), reference=net.graph())  # an explicit reference is drawn
+    graph = connlearn.build("dense", **tiny(gate="random", M=9, C=2, K=2)).graph()
+    for block in graph.branches(3):  # nothing reads module 2: pruning removes it whole
+        for source in graph.candidates(3):
+            graph.edges[source, block]["active"] = source.startswith("m1.")
+    whole, _ = prune_dead_blocks(connlearn.from_graph(graph))
+    assert len(whole.module_ids) == 8
+    with pytest.raises(ConfigError, match=r"was pruned \(1 of its modules are gone\)"):
+        render.side_by_side(whole.graph())
