@@ -41,7 +41,7 @@ from typing import Any
 import attrs
 
 from connlearn import plots
-from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
+from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS, starts_of
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
 from connlearn.prune import random_overlap
@@ -378,14 +378,14 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         rules = {_rule(r, config) for r in runs}
         rule = rules.pop() if len(rules) == 1 else "mixed"
         label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
-        # a run recorded before the option existed started at "one"; the command line speaks only for runs
-        # without a record of their own
-        inits = {r["run"].get("residual_init", "one") if "run" in r else config.get("residual_init", "one")
-                 for r in runs}
+        # a run recorded before an option existed started as then ("one", "branch"); the command line speaks
+        # only for runs without a record of their own
+        starts = [starts_of(r.get("run", config)) for r in runs]
+        inits = {s["residual_init"] for s in starts}
         # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
         if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
-        convs = {r.get("run", config).get("conv_init", DEFAULT_CONV_INIT) for r in runs}
+        convs = {s["conv_init"] for s in starts}
         if ARMS[base]["gate"] != "full" and convs != {DEFAULT_CONV_INIT}:  # Fixed-Full's single stream: unchanged
             label += f", conv_init {convs.pop() if len(convs) == 1 else 'mixed'}"
         if ARMS[base]["gate"] == "topk":  # the arms that draw

@@ -29,12 +29,13 @@
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep30_annealed, runs/sweep30_resnext, runs/sweep320, runs/choose30,
-# runs/choose30_annealed, runs/gates without the previous.pt/best.pt copies): unpack it in the repository root of the next machine. EXTRA holds further
-# accuracy.py options (e.g. "--compile", or "--gate-grad centered" once choose has chosen a rule for the
-# learned arms of sweep and protocol): keep its settings the same for every command of one folder (only
-# --compile, --amp and --device may change), since a sweep folder refuses runs with other settings; DEVICE
-# (default cuda) lets the suite run on a CPU for a trial. Python packages that connlearn needs and the
-# machine lacks (graphviz, say) are installed from the wheels in .whl/ if there is one.
+# runs/choose30_annealed, runs/gates without the previous.pt/best.pt copies): unpack it in the repository
+# root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile", or "--gate-grad
+# centered" once choose has chosen a rule for the learned arms of sweep and protocol): keep its settings
+# the same for every command of one folder (only --compile, --amp and --device may change), since a sweep
+# folder refuses runs with other settings; DEVICE (default cuda) lets the suite run on a CPU for a trial.
+# Python packages that connlearn needs and the machine lacks (graphviz, say) are installed from the wheels
+# in .whl/ if there is one.
 set -u
 mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
@@ -123,7 +124,8 @@ convinit)
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
-state=$(ls -d runs/sweep30 runs/sweep30_annealed runs/sweep30_resnext runs/sweep320 runs/choose30 runs/choose30_annealed runs/gates 2>/dev/null)
+state=$(ls -d runs/sweep30 runs/sweep30_annealed runs/sweep30_resnext runs/sweep320 runs/choose30 \
+  runs/choose30_annealed runs/gates 2>/dev/null)
 # shellcheck disable=SC2086
 [ -n "$state" ] && tar -czf "$results/runs.tar.gz" --exclude=previous.pt --exclude=best.pt --exclude='*.tmp' $state
 echo "suite ended after ${SECONDS}s"

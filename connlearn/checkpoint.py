@@ -78,10 +78,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a connlearn checkpoint")
-    for key, kind in (("graph", str), ("model", dict)):
-        if not isinstance(ckpt.get(key), kind):
-            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
-            raise CheckpointError(f"{path} is a damaged connlearn checkpoint: its {key!r} is {found}")
+    _check_contents(ckpt, str(path))
     if ckpt.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this connlearn reads {VERSION}")
     return ckpt
@@ -91,10 +88,9 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
     """Rebuild the network saved in ``ckpt`` (a dict or a path), on the CPU, with its weights; ``engine``
     ('fused', 'reference' or 'auto') moves it to another engine than the one it was saved from."""
     if not isinstance(ckpt, dict):
-        ckpt = load_checkpoint(ckpt)
-    missing = [k for k in ("graph", "model") if k not in ckpt]
-    if missing:
-        raise CheckpointError(f"the checkpoint has no {' and no '.join(repr(k) for k in missing)}")
+        ckpt = load_checkpoint(ckpt)  # checks its contents
+    else:
+        _check_contents(ckpt, "the checkpoint dict")
     saved = ckpt.get("engine", "fused")
     try:
         graph = BranchGraph.from_json(ckpt["graph"])
@@ -113,6 +109,14 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
             with contextlib.suppress(ConfigError):
                 net = net.to_engine("fused")
     return net
+
+
+def _check_contents(ckpt: dict[str, Any], where: str) -> None:
+    """The network's IR (a JSON string) and state (a dict) must be there."""
+    for key, kind in (("graph", str), ("model", dict)):
+        if not isinstance(ckpt.get(key), kind):
+            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
+            raise CheckpointError(f"{where} is a damaged connlearn checkpoint: its {key!r} is {found}")
 
 
 def _state_error(exc: BaseException) -> str:

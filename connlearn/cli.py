@@ -145,10 +145,10 @@ def _load_net(path: str):
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.checkpoint import make_checkpoint, save_atomic
-    from connlearn.prune import prune_dead_blocks
+    from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
-    if _unfrozen_real(net):
+    if freezing_changes_outputs(net):
         raise ConfigError(f"{args.checkpoint} holds {net.gate_kind!r} gates that are not frozen yet (phase 1), which "
                           "weight every input: pruning would change the outputs; prune a checkpoint from phase 2 on "
                           "(a finished run's last.pt)")
@@ -252,14 +252,14 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from connlearn.blocks import DEFAULT_CONV_INIT
-    from connlearn.prune import active_branches, input_overlap, prune_dead_blocks
+    from connlearn.blocks import starts_of
+    from connlearn.prune import active_branches, freezing_changes_outputs, input_overlap, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
     graph = net.graph()
     opts = graph.graph.get("options", {})
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    if _unfrozen_real(net):  # real gates in phase 1: nothing is pruned until their top-K is frozen
+    if freezing_changes_outputs(net):  # real gates in phase 1: nothing is pruned until their top-K is frozen
         report, params_test = None, "n/a (not frozen)"
     else:
         report = prune_dead_blocks(net, freeze=True)[1]
@@ -269,8 +269,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "engine": net.engine,
         "gate": net.gate_kind,
         "K": net.K,
-        "residual_init": graph.graph.get("residual_init", "one"),
-        "conv_init": graph.graph.get("conv_init", DEFAULT_CONV_INIT),
+        **starts_of(graph.graph),
         "classes": net.num_classes,
         # a pruned checkpoint records what it was pruned from
         "params_train": meta.get("params_train", net.num_parameters() if report is None else report.params_before),
@@ -290,12 +289,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unfrozen_real(net) -> bool:
-    """Whether ``net``'s gates are learned and evaluated by value (``real`` in phase 1): freezing them to prune
-    would change the outputs."""
-    return not net.fixed_connectivity and not net.evaluates_top_k()
-
-
 def _architecture(topology: str | None, opts: dict[str, Any]) -> str:
     """``resnext cifar-29-8-8 {D=29, w=8, C=8}``; a preset whose D, w or C were changed is named as the
     origin, not as the network."""
@@ -313,11 +306,11 @@ def _architecture(topology: str | None, opts: dict[str, Any]) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from connlearn.export import FORMATS, export, onnx_files
-    from connlearn.prune import prune_dead_blocks
+    from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 
     _, net = _load_net(args.checkpoint)
     if not args.no_prune:
-        if _unfrozen_real(net):
+        if freezing_changes_outputs(net):
             raise ConfigError(f"this network's {net.gate_kind!r} gates are not frozen and evaluate with their real "
                               "values: pruning would change its outputs; export it with --no-prune")
         net, _ = prune_dead_blocks(net, freeze=True)

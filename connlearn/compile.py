@@ -33,7 +33,6 @@ from torch import nn
 
 from connlearn.blocks import (
     BLOCKS,
-    DEFAULT_CONV_INIT,
     check_conv_init,
     check_residual_init,
     device_and_dtype,
@@ -43,6 +42,7 @@ from connlearn.blocks import (
     require_block_method,
     residual_scale,
     scales_residual,
+    starts_of,
 )
 from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_int, check_temperature, unknown_name
 from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
@@ -348,7 +348,7 @@ class ConnectivityNet(nn.Module):
         """Apply the graph's ``residual_init``: each branch's output starts at ``residual_scale(init, n)``,
         n the fan-in of the mean that reads it (K for gated readers, the head's inputs for the last module);
         ``"auto"`` leaves the blocks that cannot rescale as built."""
-        init = check_residual_init(graph.graph.get("residual_init", "one"))
+        init = check_residual_init(starts_of(graph.graph)["residual_init"])
         if init == "one" or self.engine == "single-stream":
             return
         head_fan_in = len(graph.in_edges("output"))
@@ -364,7 +364,7 @@ class ConnectivityNet(nn.Module):
         """Apply the graph's ``conv_init``: with ``"resnext"``, every block's inner convolutions start at
         1/sqrt(C) of their per-branch draw, C the branches of its module: the scale of ResNeXt's one layer of
         the C branches' outputs (its fan-out is C times one branch's)."""
-        init = check_conv_init(graph.graph.get("conv_init", DEFAULT_CONV_INIT))
+        init = check_conv_init(starts_of(graph.graph)["conv_init"])
         if init == "branch" or self.engine == "single-stream":
             return
         for module, stage in zip(self.module_ids, self.stages, strict=True):

@@ -23,13 +23,19 @@ import torch
 
 import connlearn
 from connlearn import plots, render
-from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init
+from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import ConfigError, DataError, check_int, check_temperature, unknown_name
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
-from connlearn.prune import active_branches, input_overlap, prune_dead_blocks, random_overlap
+from connlearn.prune import (
+    active_branches,
+    freezing_changes_outputs,
+    input_overlap,
+    prune_dead_blocks,
+    random_overlap,
+)
 from connlearn.recipe import Recipe, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
@@ -207,8 +213,7 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
     first = graph.branches(graph.modules()[0])[0]
     options = graph.graph.get("options", {})
     preset = options.get("preset")
-    return attrs.evolve(run, gate=net.gate_kind, K=net.K, residual_init=graph.graph.get("residual_init", "one"),
-                        conv_init=graph.graph.get("conv_init", DEFAULT_CONV_INIT),
+    return attrs.evolve(run, gate=net.gate_kind, K=net.K, **starts_of(graph.graph),
                         preset=preset if preset in CIFAR_PRESETS else run.preset, M=len(graph.modules()),
                         C=options.get("C"), width=options.get("width"),
                         base_channels=graph.nodes[first]["out_channels"],
@@ -250,9 +255,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
         raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
                           "started it to resume it, or give another --out")
     if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
-        built = BranchGraph.from_json(ckpt["graph"]).graph
-        record.update(residual_init=built.get("residual_init", "one"),
-                      conv_init=built.get("conv_init", DEFAULT_CONV_INIT))
+        record.update(starts_of(BranchGraph.from_json(ckpt["graph"]).graph))
 
 
 def make_recipe(run: CifarRun):
@@ -309,13 +312,12 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
         return None
     trained = trainer.net
     graph = trained.graph()
-    for key, default in (("residual_init", "one"), ("conv_init", DEFAULT_CONV_INIT)):
-        started_with = graph.graph.get(key, default)  # a resumed run keeps its own start
+    for key, started_with in starts_of(graph.graph).items():  # a resumed run keeps its own starts
         if started_with != getattr(run, key):
             _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "
                  f"{getattr(run, key)}; recorded as {started_with}")
             run = attrs.evolve(run, **{key: started_with})
-    if trained.fixed_connectivity or trained.evaluates_top_k():
+    if not freezing_changes_outputs(trained):
         pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
         save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
                                                   "params_train": report.params_before},

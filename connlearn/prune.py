@@ -87,6 +87,12 @@ class PruneReport:
                 f"(removed per module: {per_module})")
 
 
+def freezing_changes_outputs(net: ConnectivityNet) -> bool:
+    """Whether freezing ``net`` to its top-K (as pruning does) would change its eval outputs: its gates are
+    learned and evaluated by their values, not by their top-K (``real`` gates before phase 2)."""
+    return not net.fixed_connectivity and not net.evaluates_top_k()
+
+
 def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[ConnectivityNet, PruneReport]:
     """A copy of ``net`` without its dead blocks, computing the same eval outputs, and a report.
 
@@ -105,7 +111,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
                 f"prune_dead_blocks needs a fixed connectivity, but the gates are {net.gate_kind!r}: "
                 "call net.freeze() first, or pass freeze=True"
             )
-        if not net.evaluates_top_k():
+        if freezing_changes_outputs(net):
             raise ConfigError(
                 f"gate kind {net.gate_kind!r} evaluates with its real gate values, not with their top-K, so "
                 "freezing it to prune would change the outputs; call net.freeze() first to keep the top-K (as "

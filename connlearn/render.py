@@ -78,18 +78,10 @@ def side_by_side(
     _check_graph(learned, "side_by_side")
     _check_dead(dead)
     if reference is None:
-        options = learned.graph.get("options", {})
-        C, depth = options.get("C"), options.get("depth")
-        gone = isinstance(depth, int) and len(learned.modules()) < (depth - 2) // 3
-        if gone:
-            raise ConfigError(f"this connectivity was pruned ({(depth - 2) // 3 - len(learned.modules())} of its "
-                              f"modules are gone), so ResNeXt cannot be derived from it: draw the unpruned network "
-                              "(e.g. the run's last.pt) side by side, or give reference=")
-        short = [m for m in learned.modules() if C and len(learned.branches(m)) < C]
-        if short:
-            raise ConfigError(f"this connectivity was pruned (module {short[0]} has {len(learned.branches(short[0]))} "
-                              f"of C={C} blocks), so ResNeXt cannot be derived from it: draw the unpruned network "
-                              "(e.g. the run's last.pt) side by side, or give reference=")
+        pruned = _pruned_away(learned)
+        if pruned:
+            raise ConfigError(f"this connectivity was pruned ({pruned}), so ResNeXt cannot be derived from it: draw "
+                              "the unpruned network (e.g. the run's last.pt) side by side, or give reference=")
         reference = _full_connectivity(learned)
     _check_graph(reference, "side_by_side")
     dot = graphviz.Digraph(name="connectivity")
@@ -100,6 +92,17 @@ def side_by_side(
             cluster.attr(label=_legend(graph, "ResNeXt" if name == "resnext" else "learned"), color="gray80")
             _draw(cluster, graph, prefix=f"{name}/", weighted=weighted, dead=dead)
     return dot
+
+
+def _pruned_away(graph: BranchGraph) -> str | None:
+    """What pruning took from ``graph``, measured against the modules and C its ``options`` record: whole
+    modules, or blocks of a module; ``None`` if nothing."""
+    options = graph.graph.get("options", {})
+    C, depth = options.get("C"), options.get("depth")
+    if isinstance(depth, int) and len(graph.modules()) < (depth - 2) // 3:
+        return f"{(depth - 2) // 3 - len(graph.modules())} of its modules are gone"
+    short = [m for m in graph.modules() if C and len(graph.branches(m)) < C]
+    return f"module {short[0]} has {len(graph.branches(short[0]))} of C={C} blocks" if short else None
 
 
 def _check_graph(graph: Any, caller: str) -> None:

@@ -28,6 +28,7 @@ from connlearn.blocks.base import (
     require_block_method,
     residual_scale,
     scales_residual,
+    starts_of,
 )
 from connlearn.blocks.basic import Basic
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
@@ -41,5 +42,5 @@ __all__ = [
     "BLOCKS", "CONV_INITS", "DEFAULT_CONV_INIT", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck",
     "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "check_block_kind",
     "check_conv_init", "check_residual_init", "conv", "device_and_dtype", "init_conv_scale", "init_residual_scale",
-    "make_block", "require_block_method", "residual_scale", "scales_residual",
+    "make_block", "require_block_method", "residual_scale", "scales_residual", "starts_of",
 ]

@@ -25,7 +25,7 @@ import copy
 import inspect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -57,6 +57,16 @@ def check_conv_init(init: str) -> str:
     if init not in CONV_INITS:
         raise unknown_name("conv_init", init, CONV_INITS)
     return init
+
+
+#: The starts of a network whose record lacks the option: it was written before the option existed.
+STARTS_BEFORE_THE_OPTIONS = {"residual_init": "one", "conv_init": "branch"}
+
+
+def starts_of(record: Mapping[str, Any]) -> dict[str, str]:
+    """The ``residual_init`` and ``conv_init`` that a graph's attributes (``graph.graph``) or a run's
+    recorded options say; one that the record lacks is the start from before the option existed."""
+    return {key: record.get(key, before) for key, before in STARTS_BEFORE_THE_OPTIONS.items()}
 
 
 def residual_scale(init: str, fan_in: int) -> float | None:
