@@ -44,7 +44,15 @@ from connlearn.blocks import (
     scales_residual,
     starts_of,
 )
-from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_int, check_temperature, unknown_name
+from connlearn.errors import (
+    BlockError,
+    ConfigError,
+    ConfigTypeError,
+    ShapeError,
+    check_int,
+    check_temperature,
+    unknown_name,
+)
 from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph
 
@@ -100,7 +108,7 @@ class FusedModule(nn.Module):
             return self._first(inputs[0])
         x = mix_branches(inputs, mix, ch)
         b, _, h, w = x.shape
-        out = self.block(x)
+        out = call_block(self, self.block, x)
         if self.proj is None:
             check_block_output(self, out, x, (b, c * self.out_ch, h, w))
             return x + out
@@ -113,11 +121,34 @@ class FusedModule(nn.Module):
         b, _, h, w = stem.shape
         c = self.branches
         x = stem.unsqueeze(1).expand(b, c, self.in_ch, h, w).reshape(b, c * self.in_ch, h, w)
-        out = self.block(x)
+        out = call_block(self, self.block, x)
         short = stem if self.proj is None else self.proj(stem)
         oh, ow = short.shape[-2:]
         check_block_output(self, out, x, (b, c * self.out_ch, oh, ow))
         return (out.reshape(b, c, self.out_ch, oh, ow) + short.unsqueeze(1)).reshape(b, c * self.out_ch, oh, ow)
+
+
+#: What a block kind computes, for the errors of a block that does not.
+BLOCK_CONTRACT = ("A block kind maps [B, branches·in_ch, H, W] (branch-major channels) to [B, branches·out_ch, "
+                  "H/stride, W/stride]; see connlearn.blocks.base")
+
+
+def call_block(stage: nn.Module, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``block(x)``; a ``RuntimeError`` it raises (a block kind that does not follow the block protocol fails
+    inside torch, e.g. a plain ``nn.Conv2d`` given ``branches·in_ch`` channels) becomes a
+    :class:`~connlearn.errors.BlockError` naming the block kind, the module and the input's shape. Out of
+    memory errors pass unchanged, and so does everything while compiling or tracing."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return block(x)
+    try:
+        return block(x)
+    except RuntimeError as exc:
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            raise
+        raise BlockError(
+            f"block kind {stage.kind!r} ({type(block).__qualname__}) in module {stage.module} failed on an input "
+            f"of shape {list(x.shape)}: {str(exc).strip()}. {BLOCK_CONTRACT}"
+        ) from exc
 
 
 def check_block_output(stage: nn.Module, out: Any, x: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -186,7 +217,7 @@ class ReferenceModule(nn.Module):
         return [s + self._run(blk, x, s) for s, blk, x in zip(shorts, self.blocks, xs, strict=True)]
 
     def _run(self, block: nn.Module, x: torch.Tensor, short: torch.Tensor) -> torch.Tensor:
-        out = block(x)
+        out = call_block(self, block, x)
         check_block_output(self, out, x, (x.shape[0], self.out_ch, *short.shape[-2:]))
         return out
 

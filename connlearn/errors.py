@@ -1,8 +1,9 @@
 """The errors connlearn raises for bad input.
 
 Every error is a :class:`ConnlearnError`, and also a ``ValueError`` or ``TypeError`` so that code written
-against the builtin exceptions keeps working. Messages name the bad value, what is allowed and, for names,
-the closest valid ones.
+against the builtin exceptions keeps working; a :class:`BlockError` (a block kind that fails in its own
+forward) is a ``RuntimeError``, as torch's error was. Messages name the bad value, what is allowed and,
+for names, the closest valid ones.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class GraphError(ConnlearnError, ValueError):
 
 class ShapeError(ConnlearnError, ValueError):
     """A tensor given to a network has the wrong rank, channels or size."""
+
+
+class BlockError(ConnlearnError, RuntimeError):
+    """A block kind failed in its own forward: it does not follow the block protocol, or has a fault."""
 
 
 class CheckpointError(ConnlearnError, ValueError):

@@ -13,7 +13,7 @@ from torch import nn
 import connlearn
 from connlearn import export
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, check_block_kind, conv
-from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
+from connlearn.errors import BlockError, ConfigError, ConfigTypeError, GraphError, ShapeError
 from connlearn.gates import Gate, TopKGate
 from connlearn.prune import prune_dead_blocks
 from connlearn.registry import Registry
@@ -47,6 +47,34 @@ def test_a_block_output_of_the_wrong_shape_names_the_kind_module_and_shapes(faul
     module = 2 if fault == "stride" else 1  # the first module has stride 1
     with pytest.raises(ShapeError, match=rf"block kind 'shifted' in module {module} mapped an input .* expected"):
         net(torch.randn(2, 3, 32, 32))
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_a_block_kind_that_fails_in_its_own_forward_is_named_with_the_protocol(engine):
+    # nn.Conv2d takes (in_ch, out_ch, stride, branches) as (in, out, kernel_size, stride): it builds, and
+    # fails inside torch on the branch-major input (fused: branches·in_ch channels)
+    connlearn.register_block("conv", nn.Conv2d)
+    net = connlearn.build(**tiny(block="conv"), engine=engine)
+    if engine == "fused":
+        with pytest.raises(BlockError, match=r"block kind 'conv' \(Conv2d\) in module 1 failed on an input of shape "
+                                             r"\[2, 16, 32, 32\]: .*channels.*A block kind maps \[B, branches·in_ch"):
+            net(torch.randn(2, 3, 32, 32))
+    else:  # one block per branch: Conv2d(8, 16, kernel_size=2) in module 2 runs, at the wrong resolution
+        with pytest.raises(ShapeError, match=r"block kind 'conv' in module 2 mapped an input .* expected"):
+            net(torch.randn(2, 3, 32, 32))
+    with pytest.raises(RuntimeError):  # still what code written against torch's error catches
+        connlearn.build(**tiny(block="conv"))(torch.randn(2, 3, 32, 32))
+
+
+def test_a_block_out_of_memory_error_is_not_renamed():
+    class Hungry(BranchBlock):
+        def forward(self, x):
+            raise torch.cuda.OutOfMemoryError("out of memory")
+
+    connlearn.register_block("hungry", Hungry)
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        connlearn.build(**tiny(block="hungry"))(torch.randn(2, 3, 32, 32))
+    assert not isinstance(info.value, BlockError)
 
 
 def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params():
