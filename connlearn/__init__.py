@@ -11,6 +11,7 @@ binary gates sampled from learned real-valued gates.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,13 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
     """
     fn = TOPOLOGIES.get(topology)
     _check_options(topology, fn, options)
-    graph = fn(**options)
+    try:
+        graph = fn(**options)
+    except TypeError as exc:
+        error = _option_error(topology, exc, options)
+        if error is None:
+            raise
+        raise error from None
     if not isinstance(graph, BranchGraph):
         raise ConfigTypeError(f"topology {topology!r} returned {type(graph).__name__}, not a "
                               "connlearn.graph.BranchGraph; see connlearn.topologies")
@@ -71,6 +78,37 @@ def _check_options(topology: str, fn: Callable[..., Any], options: dict[str, Any
             hint = closest(name, allowed)
             msg = f"topology {topology!r} has no option {name!r}; its options: {', '.join(allowed)}"
             raise ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> ConfigError | None:
+    """A clear error for an option that a topology taking ``**kwargs`` passed on to a function without it
+    (its signature could not be checked in advance); ``None`` for any other ``TypeError``."""
+    if isinstance(exc, ConnlearnError):
+        return None
+    found = re.search(r"(\w+)\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    if found is None or found.group(2) not in options:
+        return None
+    callee, name = found.groups()
+    msg = (f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), which does "
+           "not take it")
+    target = _function_named(exc, callee)
+    allowed = [n for n in inspect.signature(target).parameters if n != "dense"] if target else []
+    hint = closest(name, allowed)
+    if allowed:
+        msg += f"; {callee}()'s options: {', '.join(allowed)}"
+    return ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+def _function_named(exc: BaseException, name: str) -> Callable[..., Any] | None:
+    """The function ``name`` that the innermost frame of ``exc``'s traceback called, if it can be found there."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    frame = tb.tb_frame
+    fn = frame.f_locals.get(name, frame.f_globals.get(name))
+    return fn if callable(fn) else None
 
 
 def register_block(name: str, kind: Any = None, *, overwrite: bool = False) -> Any:

@@ -255,6 +255,35 @@ def test_what_a_topology_returns_is_checked(topology, error, match):
         connlearn.register_topology("text", "abc")
 
 
+def test_an_option_that_a_kwargs_topology_passes_on_is_named_with_the_options_of_its_target():
+    connlearn.register_topology("mine", _without("seed"))  # forwards **options to resnext
+    with pytest.raises(ConfigError, match=r"topology 'mine' has no option 'Kk': it passed the option on to "
+                                          r"resnext\(\), which does not take it; resnext\(\)'s options: C, M, .*"
+                                          r"did you mean 'K'\?"):
+        connlearn.build("mine", **tiny(K=None, Kk=2))
+
+    def hidden():
+        def inner(*, C, M, K, width, num_classes, stem_channels, base_channels, seed):
+            return resnext(C=C, M=M, K=K, width=width, num_classes=num_classes, seed=seed)
+        return inner
+
+    def unnamed(**options):  # the function it forwards to cannot be found by name: no list of options
+        return hidden()(**options)
+
+    connlearn.register_topology("unnamed", unnamed)
+    with pytest.raises(ConfigError, match=r"no option 'Kk': it passed the option on to inner\(\), which does not "
+                                          r"take it$"):
+        connlearn.build("unnamed", **tiny(Kk=2))
+
+    def faulty(**options):  # a TypeError of the topology's own making is its own, unchanged
+        return len(1)
+
+    connlearn.register_topology("faulty", faulty)
+    with pytest.raises(TypeError, match="has no len") as info:
+        connlearn.build("faulty", **tiny())
+    assert not isinstance(info.value, ConfigError)
+
+
 def test_a_broken_entry_point_is_skipped_with_a_warning_and_named_when_asked_for(monkeypatch):
     group = "connlearn.test-blocks"
     points = [metadata.EntryPoint("broken", "connlearn_no_such_module:Block", group),
