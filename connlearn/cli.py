@@ -342,7 +342,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    from connlearn.export import FORMATS
+    from connlearn.export import FORMATS, format_name
 
     parser = argparse.ArgumentParser(
         prog="connlearn", description="Learn the connectivity of multi-branch networks (GateConnect)."
@@ -387,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="TorchScript / ONNX / torch.export",
                        description="Export a checkpoint's network (dead blocks pruned) for deployment.")
     p.add_argument("checkpoint")
-    p.add_argument("--format", choices=list(FORMATS), default="torchscript")
+    p.add_argument("--format", type=format_name, choices=list(FORMATS), default="torchscript",
+                   help="the suffix of a format's files names it too (ts, pt2)")
     p.add_argument("-o", "--output", help="default: the checkpoint's name with .ts / .onnx / .pt2")
     p.add_argument("--no-prune", action="store_true", help="keep dead blocks")
     p.set_defaults(func=cmd_export)

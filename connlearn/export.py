@@ -23,6 +23,15 @@ from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, unknown_n
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 
 
+def format_name(format: str) -> str:
+    """The format that ``format`` names: one of :data:`FORMATS`, or the suffix of its files (``pt2``, ``.ts``,
+    any case); anything else is returned unchanged, for the caller to refuse."""
+    if isinstance(format, str) and format not in FORMATS:
+        by_suffix = {suffix.lstrip("."): name for name, suffix in FORMATS.items()}
+        return by_suffix.get(format.lower().lstrip("."), format)
+    return format
+
+
 def onnx_supported() -> bool:
     """Whether this PyTorch has the exporter the ONNX format uses (``torch.onnx.export(dynamo=True)``, 2.5+)."""
     return "dynamo" in inspect.signature(torch.onnx.export).parameters
@@ -44,12 +53,13 @@ def onnx_files(path: str | os.PathLike) -> list[Path]:
 
 def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchscript",
            example: torch.Tensor | None = None) -> Path:
-    """Write ``net`` (in eval mode) to ``path`` as ``format`` ('torchscript', 'onnx' or 'export');
-    returns the path. The input's batch size may vary at run time; the input's dtype is the network's
-    (``example``, if given, must match it). ONNX may keep the weights in a second file beside ``path``
-    (``onnx_files`` lists both)."""
+    """Write ``net`` (in eval mode) to ``path`` as ``format`` ('torchscript', 'onnx' or 'export'; the suffix
+    of a format's files names it too: 'ts', 'pt2'); returns the path. The input's batch size may vary at
+    run time; the input's dtype is the network's (``example``, if given, must match it). ONNX may keep the
+    weights in a second file beside ``path`` (``onnx_files`` lists both)."""
     if not isinstance(net, ConnectivityNet):
         raise ConfigTypeError(f"export() takes a connlearn ConnectivityNet, got {type(net).__name__}")
+    format = format_name(format)
     if not isinstance(format, str) or format not in FORMATS:
         if not isinstance(format, str):
             raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,6 +147,11 @@ def test_plot_says_eval_where_the_run_does_not_say_or_as_told(tmp_path, capsys, 
 def test_export_writes_torchscript(ckpt, tmp_path, capsys):
     code, _, _ = _run(["export", ckpt, "--format", "torchscript", "-o", tmp_path / "net.ts"], capsys)
     assert code == 0 and (tmp_path / "net.ts").exists()
+    code, _, _ = _run(["export", ckpt, "--format", "ts"], capsys)  # the suffix names the format
+    assert code == 0 and Path(ckpt).with_suffix(".ts").exists()
+    with pytest.raises(SystemExit):
+        _run(["export", ckpt, "--format", "tflite"], capsys)
+    assert "invalid choice: 'tflite' (choose from" in capsys.readouterr().err
 
 
 def test_pack_an_image_folder(tmp_path, capsys):

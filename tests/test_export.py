@@ -8,7 +8,7 @@ from conftest import tiny
 
 import connlearn
 from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, UnknownNameError
-from connlearn.export import export, onnx_supported
+from connlearn.export import export, format_name, onnx_supported
 from connlearn.prune import prune_dead_blocks
 
 
@@ -73,6 +73,12 @@ def test_an_unfrozen_topk_net_exports_its_top_k(tmp_path):
 def test_unknown_format(pruned, tmp_path):
     with pytest.raises(UnknownNameError, match="did you mean 'onnx'"):
         export(pruned, tmp_path / "x", "onx")
+
+
+@pytest.mark.parametrize(("given", "name"), [("pt2", "export"), (".PT2", "export"), ("ts", "torchscript"),
+                                             ("onnx", "onnx"), ("export", "export"), ("pt", "pt")])
+def test_a_format_is_named_by_its_files_suffix_too(given, name):
+    assert format_name(given) == name  # an unknown name is left to the caller to refuse
 
 
 def _onnx_ready():
