@@ -576,11 +576,16 @@ class ConnectivityNet(nn.Module):
         return {m: g.active().cpu() for m, g in self.gates()}
 
     def graph(self) -> BranchGraph:
-        """The IR of this network with the current gate values and active connections."""
+        """The IR of this network with the current gate values and active connections (a gate's top-K).
+        Where the function weights every input by its gate value instead (``real`` gates before
+        :meth:`freeze`), the graph says so: ``graph.graph["weighted_inputs"]`` is True."""
         g = copy.deepcopy(self._graph)
         g.graph["gate"] = self.gate_kind
+        g.graph.pop("weighted_inputs", None)
         if self.engine == "single-stream":
             return g
+        if not self.evaluates_top_k():  # real gates: eval mode weights every input by its value, not the top-K
+            g.graph["weighted_inputs"] = True
         for module, gate in self.gates():
             values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
             ties = gate.tie_order.cpu().tolist() if hasattr(gate, "tie_order") else None

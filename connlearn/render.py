@@ -3,7 +3,9 @@
 The stem (``input``) and the head (``output``) are circles; each module is one row of squares, one per
 residual block, rows stacked from the stem at the top to the head at the bottom; an arrow joins two nodes
 for every active connection. Inactive gate edges are not drawn. Dead blocks (no active path to the head,
-what the pruner removes) are drawn hollow and dashed grey, with their edges, or left out.
+what the pruner removes) are drawn hollow and dashed grey, with their edges, or left out. A network whose
+function weights every input by its gate value (``real`` gates before ``freeze()``: its graph says
+``weighted_inputs``) is drawn as it computes: every input of non-zero gate, weighted.
 
 The DOT node names are the IR's node names (``input``, ``m{i}.b{j}``, ``output``), so a drawing can be
 matched to its graph one to one; :func:`side_by_side` prefixes them with ``resnext/`` and ``learned/``.
@@ -42,14 +44,15 @@ _MIN_PEN, _MAX_PEN = 0.3, 2.0  # pen widths (points) of the weakest and stronges
 
 
 def to_dot(
-    graph: BranchGraph, *, weighted: bool = False, dead: str = "hollow", title: str | None = None
+    graph: BranchGraph, *, weighted: bool | None = None, dead: str = "hollow", title: str | None = None
 ) -> graphviz.Digraph:
     """Draw ``graph`` like the paper's Figure 3, as a ``graphviz.Digraph`` (its ``.source`` is DOT).
 
     Args:
         graph: the connectivity, e.g. ``net.graph()``.
         weighted: if True, an edge's pen width and darkness follow its real gate value ``gate``, divided by
-            the largest gate value of the receiving block's row (fixed edges count as 1).
+            the largest gate value of the receiving block's row (fixed edges count as 1). ``None`` (the
+            default): only where the graph's function weights its inputs so (``weighted_inputs``).
         dead: ``"hollow"`` draws dead blocks and their active edges dashed grey; ``"hide"`` leaves them out.
         title: a first line above the legend ``gate=topk K=4, 60/72 blocks live``.
     """
@@ -65,7 +68,7 @@ def side_by_side(
     learned: BranchGraph,
     reference: BranchGraph | None = None,
     *,
-    weighted: bool = False,
+    weighted: bool | None = None,
     dead: str = "hollow",
     title: str | None = None,
 ) -> graphviz.Digraph:
@@ -155,7 +158,11 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
 
 
 # ---------------------------------------------------------------------------- drawing
-def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weighted: bool, dead: str) -> None:
+def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weighted: bool | None,
+          dead: str) -> None:
+    graph = _as_computed(graph)
+    if weighted is None:
+        weighted = bool(graph.graph.get("weighted_inputs"))
     dead_set = dead_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     container.node(prefix + "input", label="", tooltip="input (stem)", **_CIRCLE)
@@ -203,10 +210,25 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
     return strength
 
 
+def _as_computed(graph: BranchGraph) -> BranchGraph:
+    """``graph`` with the connections its function uses active: where it weights every input by its gate
+    value (``weighted_inputs``), every gate edge of non-zero value; else ``graph`` itself."""
+    if not graph.graph.get("weighted_inputs"):
+        return graph
+    computed = graph.copy()
+    for _, _, d in computed.edges(data=True):
+        if d.get("kind") == "gate":
+            d["active"] = float(d.get("gate", 0.0)) != 0.0
+    return computed
+
+
 def _legend(graph: BranchGraph, title: str | None) -> str:
+    graph = _as_computed(graph)
     blocks = graph.block_nodes()
     live = len(blocks) - len(dead_blocks(graph))
-    legend = f"gate={graph.graph.get('gate', '?')} K={graph.graph.get('K', '?')}, {live}/{len(blocks)} blocks live"
+    reads = " (every input, weighted by its gate)" if graph.graph.get("weighted_inputs") else ""
+    legend = (f"gate={graph.graph.get('gate', '?')} K={graph.graph.get('K', '?')}{reads}, "
+              f"{live}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
 
 

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 from conftest import needs_dot, tiny
 from hypothesis import given
 from hypothesis import strategies as st
@@ -142,6 +143,28 @@ def test_weighted_pen_width_follows_the_gate_value_within_its_row():
     widths = {u: float(weighted[u, block]["penwidth"]) for u in row}
     assert sorted(widths, key=widths.get) == sorted(row, key=row.get)
     assert widths[max(row, key=row.get)] == max(float(e["penwidth"]) for e in weighted.values())
+
+
+@needs_dot
+def test_unfrozen_real_gates_are_drawn_as_their_function_reads_every_input_weighted():
+    net = connlearn.build(**tiny(gate="real", K=2, gate_init="uniform", seed=3))
+    values = net.stages[2].gate.real_parameters()[0]
+    with torch.no_grad():
+        values[:, 1] = 0.0  # no block of module 3 reads branch 2 of module 2: it is dead there
+    g = net.graph()
+    assert g.graph["weighted_inputs"] is True
+    _, edges, _ = _layout(render.to_dot(g))
+    read = {(u, v) for u, v, d in g.edges(data=True) if d["kind"] != "gate" or d["gate"] != 0.0}
+    assert set(edges) == read  # not only the top-K that graph() marks active
+    assert len(read) > len(g.active_edges())
+    assert {e.get("penwidth") is not None for e in edges.values()} == {True}  # weighted unless told not to
+    assert {e.get("penwidth") for e in _layout(render.to_dot(g, weighted=False))[1].values()} == {None}
+    assert "(every input, weighted by its gate), 11/12 blocks live" in render.to_dot(g).source
+    net.freeze()  # now the top-K is what it computes, and what is drawn
+    frozen = net.graph()
+    assert "weighted_inputs" not in frozen.graph
+    assert set(_layout(render.to_dot(frozen))[1]) == set(frozen.active_edges())
+    assert "weighted_inputs" not in _graph(gate="topk").graph
 
 
 # ---------------------------------------------------------------------------- side by side
