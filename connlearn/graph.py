@@ -69,6 +69,16 @@ class BranchGraph(nx.DiGraph):
         """Every active edge (gate or fixed)."""
         return [(u, v) for u, v, d in self.edges(data=True) if d.get("active", False)]
 
+    def used_edges(self) -> list[tuple[str, str]]:
+        """The edges the network's function reads: its active edges or, where it weights every input by its
+        gate value (``graph["weighted_inputs"]``: ``real`` gates before freezing), every active fixed edge
+        and every gate edge of non-zero value."""
+        if not self.graph.get("weighted_inputs"):
+            return self.active_edges()
+        return [(u, v) for u, v, d in self.edges(data=True)
+                if (d.get("kind") == "gate" and float(d.get("gate", 0.0)) != 0.0)
+                or (d.get("kind") != "gate" and d.get("active", False))]
+
     def candidates(self, module: int) -> list[str]:
         """The source blocks that may feed ``module`` through gates: the columns of its gate matrix."""
         sources: set[str] = set()

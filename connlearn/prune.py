@@ -1,8 +1,9 @@
 """Dead-block analysis and pruning.
 
 A block is dead when none of its outputs is used: no active edge leads from it to a live block or to the
-head. Dead blocks are found by reverse reachability from ``output`` along active edges, which is the fixed
-point of removing dead blocks repeatedly.
+head (for unfrozen ``real`` gates: no edge its function reads, :meth:`BranchGraph.used_edges`). Dead
+blocks are found by reverse reachability from ``output`` along those edges, which is the fixed point of
+removing dead blocks repeatedly.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from connlearn.graph import BranchGraph
 
 
 def live_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks with an active path to the head."""
+    """Blocks with a path to the head along the edges the function reads (the active ones)."""
     active = nx.DiGraph()
     active.add_nodes_from(graph.nodes)
-    active.add_edges_from(graph.active_edges())
+    active.add_edges_from(graph.used_edges())
     return {n for n in nx.ancestors(active, "output") if graph.nodes[n].get("kind") == "block"}
 
 

@@ -211,14 +211,14 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
 
 
 def _as_computed(graph: BranchGraph) -> BranchGraph:
-    """``graph`` with the connections its function uses active: where it weights every input by its gate
-    value (``weighted_inputs``), every gate edge of non-zero value; else ``graph`` itself."""
+    """``graph`` with exactly the edges its function reads active (:meth:`BranchGraph.used_edges`): for one
+    that weights every input by its gate value (``weighted_inputs``), every gate edge of non-zero value."""
     if not graph.graph.get("weighted_inputs"):
         return graph
+    used = set(graph.used_edges())
     computed = graph.copy()
-    for _, _, d in computed.edges(data=True):
-        if d.get("kind") == "gate":
-            d["active"] = float(d.get("gate", 0.0)) != 0.0
+    for u, v, d in computed.edges(data=True):
+        d["active"] = (u, v) in used
     return computed
 
 

@@ -1,5 +1,7 @@
 """Pruning laws: same eval outputs, parameters = live blocks + the rest, idempotence, chains removed."""
 
+import copy
+
 import pytest
 import torch
 from conftest import tiny
@@ -10,7 +12,14 @@ import connlearn
 from connlearn.blocks import RESIDUAL_INITS
 from connlearn.compile import FusedModule
 from connlearn.errors import ConfigError, ConfigTypeError
-from connlearn.prune import dead_blocks, input_overlap, live_blocks, prune_dead_blocks, random_overlap
+from connlearn.prune import (
+    active_branches,
+    dead_blocks,
+    input_overlap,
+    live_blocks,
+    prune_dead_blocks,
+    random_overlap,
+)
 
 X = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
@@ -223,3 +232,15 @@ def test_freezing_keeps_the_dtype_when_nothing_is_pruned():
 def test_only_networks_are_pruned():
     with pytest.raises(ConfigTypeError, match="ConnectivityNet, got Sequential"):
         prune_dead_blocks(torch.nn.Sequential())
+
+
+def test_unfrozen_real_gates_lose_only_the_blocks_that_no_gate_of_non_zero_value_reads():
+    net = connlearn.build(**tiny(gate="real", K=2, gate_init="uniform", seed=3))
+    with torch.no_grad():
+        net.stages[2].gate.real_parameters()[0][:, 1] = 0.0  # module 3 reads no output of m2.b2
+    graph = net.graph()
+    assert dead_blocks(graph) == {"m2.b2"}  # not the blocks outside every top-2
+    assert active_branches(graph) == {1: 4, 2: 3, 3: 4}
+    assert len(graph.used_edges()) > len(graph.active_edges())
+    frozen = copy.deepcopy(net).freeze().graph()  # the top-2 now: used edges are the active ones
+    assert frozen.used_edges() == frozen.active_edges()
