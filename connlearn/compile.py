@@ -46,6 +46,7 @@ from connlearn.blocks import (
 )
 from connlearn.errors import (
     BlockError,
+    CheckpointError,
     ConfigError,
     ConfigTypeError,
     ShapeError,
@@ -275,6 +276,10 @@ def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor,
     return gate
 
 
+#: The layout of a pickled :class:`ConnectivityNet`; older pickles lack it and are rebuilt when loaded.
+PICKLE_FORMAT = 1
+
+
 class ConnectivityNet(nn.Module):
     """A multi-branch network compiled from a :class:`BranchGraph`.
 
@@ -335,6 +340,33 @@ class ConnectivityNet(nn.Module):
                 stage.gate.tie_order.copy_(order)
         self._draws: collections.deque | None = None
         self._temperature = 1.0
+        self._pickle_format = PICKLE_FORMAT
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle a whole network (``torch.save(net)``); one pickled by an older connlearn, which lacks
+        attributes of today's classes, is rebuilt from its graph and state dict, as a checkpoint is."""
+        super().__setstate__(state)
+        if state.get("_pickle_format") != PICKLE_FORMAT:
+            self.__dict__.update(self._rebuilt().__dict__)
+
+    def _rebuilt(self) -> ConnectivityNet:
+        vars(self).setdefault("_temperature", 1.0)  # the draws of every version before the option
+        try:
+            state = self.state_dict()
+            for name, module in self.named_modules():  # gates pickled before tie orders: ties to the lower index
+                if "real" in module._parameters and "tie_order" not in module._buffers:
+                    state._metadata[name]["version"] = 1
+            with torch.random.fork_rng(devices=[]):
+                net = ConnectivityNet(self._graph, engine="fused" if self.engine == "single-stream" else self.engine)
+            net.to(**device_and_dtype(self))
+            net.load_state_dict(state)
+        except Exception as exc:
+            raise CheckpointError(
+                "this network was pickled whole (torch.save(net)) by an older connlearn and cannot be rebuilt "
+                f"from its graph and weights ({type(exc).__name__}: {str(exc).strip()[:300]}); load it with the "
+                "connlearn version that wrote it and save a checkpoint (connlearn.checkpoint) instead"
+            ) from exc
+        return net.train(self.training)
 
     @property
     def sample_temperature(self) -> float:

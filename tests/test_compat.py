@@ -7,6 +7,8 @@ import torch
 from conftest import tiny
 
 import connlearn
+from connlearn.compile import ConnectivityNet
+from connlearn.errors import CheckpointError
 
 
 def test_state_dict_round_trip_restores_weights_gates_and_generator(images):
@@ -62,6 +64,43 @@ def test_a_deepcopy_of_a_compiled_net_runs_its_own_weights(images):
         for p in twin.parameters():
             p.add_(1.0)
         assert not torch.allclose(twin(images), net.forward(images))
+
+
+def _as_pickled_by_an_older_version(net):
+    """``net`` without what later versions added: the pickle format mark, the sampling temperature, the
+    modules' names and the gates' tie orders."""
+    for name in ("_pickle_format", "_temperature", "_draws"):
+        vars(net).pop(name)
+    for stage in net.stages:
+        for name in ("kind", "module"):
+            vars(stage).pop(name, None)
+        if stage.gate is not None:
+            del stage.gate._buffers["tie_order"]
+    return net
+
+
+@pytest.mark.parametrize("gate", ["topk", "real", "full"])
+def test_a_whole_network_pickled_by_an_older_version_loads_rebuilt_with_its_weights(images, gate, tmp_path):
+    net = connlearn.build(**tiny(gate=gate, gate_init="uniform", K=4 if gate == "full" else 2)).eval()
+    expected = net(images)
+    torch.save(_as_pickled_by_an_older_version(copy.deepcopy(net)), tmp_path / "old.pt")
+    loaded = torch.load(tmp_path / "old.pt", weights_only=False)
+    assert type(loaded) is ConnectivityNet and not loaded.training and loaded.engine == net.engine
+    torch.testing.assert_close(loaded(images), expected, atol=0, rtol=0)
+    if gate != "full":  # ties to the lower index, as then
+        assert loaded.stages[1].gate.tie_order[0].tolist() == [3, 2, 1, 0]
+    loaded.train()(images).sum().backward()  # and it trains (its batch norms' running statistics move)
+    torch.save(loaded.eval(), tmp_path / "new.pt")  # a pickle of today's loads as it is
+    again = torch.load(tmp_path / "new.pt", weights_only=False)
+    torch.testing.assert_close(again(images), loaded(images), atol=0, rtol=0)
+
+
+def test_an_old_whole_network_pickle_that_cannot_be_rebuilt_says_what_to_do(tmp_path):
+    net = _as_pickled_by_an_older_version(connlearn.build(**tiny()))
+    net._graph.graph["gate"] = "gone"  # a gate kind this version no longer has
+    torch.save(net, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match=r"pickled whole .* by an older connlearn and cannot be rebuilt"):
+        torch.load(tmp_path / "old.pt", weights_only=False)
 
 
 def test_deepcopy_of_a_holder_shares_the_copied_generator_with_its_net():
