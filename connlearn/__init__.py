@@ -48,7 +48,10 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
         error = _option_error(topology, exc, options)
         if error is None:
             raise
-        raise error from None
+    else:
+        error = None
+    if error is not None:  # raised outside the except clause: no cycle keeps the topology's frames alive
+        raise error
     if not isinstance(graph, BranchGraph):
         raise ConfigTypeError(f"topology {topology!r} returned {type(graph).__name__}, not a "
                               "connlearn.graph.BranchGraph; see connlearn.topologies")
@@ -85,30 +88,47 @@ def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> Con
     (its signature could not be checked in advance); ``None`` for any other ``TypeError``."""
     if isinstance(exc, ConnlearnError):
         return None
-    found = re.search(r"(\w+)\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    found = re.search(r"([\w.<>]+)\(\) got an unexpected keyword argument '(\w+)'", str(exc))
     if found is None or found.group(2) not in options:
         return None
-    callee, name = found.groups()
-    msg = (f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), which does "
-           "not take it")
-    target = _function_named(exc, callee)
-    allowed = [n for n in inspect.signature(target).parameters if n != "dense"] if target else []
+    qualname, name = found.groups()
+    parts = qualname.rsplit("<locals>.", 1)[-1].split(".")  # as named where it was defined
+    if len(parts) > 1 and parts[-1] == "__init__":  # a class was called
+        parts = parts[:-1]
+    callee = ".".join(parts)
+    msg = f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), which does not take it"
+    allowed = _options_of(_function_named(exc, parts))
     hint = closest(name, allowed)
     if allowed:
         msg += f"; {callee}()'s options: {', '.join(allowed)}"
     return ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
 
 
-def _function_named(exc: BaseException, name: str) -> Callable[..., Any] | None:
-    """The function ``name`` that the innermost frame of ``exc``'s traceback called, if it can be found there."""
+def _function_named(exc: BaseException, parts: list[str]) -> Any:
+    """What the dotted name ``parts`` means in the innermost frame of ``exc``'s traceback (the call that
+    failed), or ``None``."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     if tb is None:
         return None
     frame = tb.tb_frame
-    fn = frame.f_locals.get(name, frame.f_globals.get(name))
-    return fn if callable(fn) else None
+    target = frame.f_locals.get(parts[0], frame.f_globals.get(parts[0]))
+    for part in parts[1:]:
+        target = getattr(target, part, None)
+    return target
+
+
+def _options_of(target: Any) -> list[str]:
+    """The keyword options of a callable (``dense``, which a topology's name says, left out); none if it has
+    no readable signature."""
+    if not callable(target):
+        return []
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "dense"]
 
 
 def register_block(name: str, kind: Any = None, *, overwrite: bool = False) -> Any:

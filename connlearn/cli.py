@@ -361,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="draw the connectivity", description="Draw a checkpoint's connectivity.")
     p.add_argument("checkpoint")
     p.add_argument("-o", "--output", required=True, help=".dot, .svg, .png or .pdf (the .dot is always written)")
-    p.add_argument("--weighted", action="store_true", help="edge width follows the real gate value")
+    p.add_argument("--weighted", action=argparse.BooleanOptionalAction, default=None,
+                   help="edge width follows the real gate value (default: where the network weights its inputs "
+                        "so, real gates before freezing)")
     p.add_argument("--dead", choices=("hollow", "hide"), default="hollow", help="how to draw dead blocks")
     p.add_argument("--side-by-side", action="store_true", help="ResNeXt's full connectivity beside the learned one")
     p.set_defaults(func=cmd_render)

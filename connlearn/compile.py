@@ -33,6 +33,7 @@ from torch import nn
 
 from connlearn.blocks import (
     BLOCKS,
+    LoopedBlock,
     check_conv_init,
     check_residual_init,
     device_and_dtype,
@@ -132,24 +133,40 @@ class FusedModule(nn.Module):
 #: What a block kind computes, for the errors of a block that does not.
 BLOCK_CONTRACT = ("A block kind maps [B, branches·in_ch, H, W] (branch-major channels) to [B, branches·out_ch, "
                   "H/stride, W/stride]; see connlearn.blocks.base")
+LOOPED_CONTRACT = ("A Looped factory (in_ch, out_ch, stride) returns a module that maps one branch's [B, in_ch, H, W] "
+                   "to [B, out_ch, H/stride, W/stride]; see connlearn.blocks.base")
+#: Errors of the device or its libraries, which no block kind causes by its shapes: they pass unchanged.
+_NOT_THE_BLOCKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "out of memory")
 
 
 def call_block(stage: nn.Module, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``block(x)``; a ``RuntimeError`` it raises (a block kind that does not follow the block protocol fails
-    inside torch, e.g. a plain ``nn.Conv2d`` given ``branches·in_ch`` channels) becomes a
-    :class:`~connlearn.errors.BlockError` naming the block kind, the module and the input's shape. Out of
-    memory errors pass unchanged, and so does everything while compiling or tracing."""
+    """``block(x)``; a plain ``RuntimeError`` it raises (a block kind that does not follow the block
+    protocol fails inside torch, e.g. a plain ``nn.Conv2d`` given ``branches·in_ch`` channels) becomes a
+    :class:`~connlearn.errors.BlockError` naming the block kind, the module and the input's shape. Its
+    subclasses (out of memory, ``NotImplementedError``, ...), errors of the device or its libraries, and
+    everything while compiling or tracing pass unchanged."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling():
         return block(x)
     try:
         return block(x)
     except RuntimeError as exc:
-        if isinstance(exc, torch.cuda.OutOfMemoryError):
+        text = str(exc).strip()
+        if type(exc) is not RuntimeError or any(mark in text for mark in _NOT_THE_BLOCKS):
             raise
-        raise BlockError(
-            f"block kind {stage.kind!r} ({type(block).__qualname__}) in module {stage.module} failed on an input "
-            f"of shape {list(x.shape)}: {str(exc).strip()}. {BLOCK_CONTRACT}"
-        ) from exc
+        error = _block_error(stage, block, x, text)
+    raise error from None  # outside the except clause: no cycle holds the failed call's frames
+
+
+def _block_error(stage: nn.Module, block: nn.Module, x: torch.Tensor, text: str) -> BlockError:
+    if isinstance(block, LoopedBlock):
+        b, channels, h, w = x.shape
+        shape, contract = [b, channels // block.branches, h, w], LOOPED_CONTRACT
+        where = f"{type(block.branch_modules[0]).__qualname__}, one module per branch"
+        what = "one branch's input"
+    else:
+        shape, contract, where, what = list(x.shape), BLOCK_CONTRACT, type(block).__qualname__, "an input"
+    return BlockError(f"block kind {stage.kind!r} ({where}) in module {stage.module} failed on {what} of shape "
+                      f"{shape}: {text}. {contract}")
 
 
 def check_block_output(stage: nn.Module, out: Any, x: torch.Tensor, expected: tuple[int, ...]) -> None:

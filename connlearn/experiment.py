@@ -199,6 +199,7 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
     kind = graph.graph.get("gate")
     if kind in GATES and GATES.get(kind).learnable:  # the connectivity the file records (its top-K), as is
         graph.graph.update(gate="frozen", frozen_from=kind)
+        graph.graph.pop("weighted_inputs", None)
     net = connlearn.from_graph(graph, engine=run.engine).freeze()
     if net.num_classes != num_classes:
         raise ConfigError(f"connectivity: the network in {path} has {net.num_classes} classes; "

@@ -24,12 +24,13 @@ FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 
 
 def format_name(format: str) -> str:
-    """The format that ``format`` names: one of :data:`FORMATS`, or the suffix of its files (``pt2``, ``.ts``,
-    any case); anything else is returned unchanged, for the caller to refuse."""
-    if isinstance(format, str) and format not in FORMATS:
-        by_suffix = {suffix.lstrip("."): name for name, suffix in FORMATS.items()}
-        return by_suffix.get(format.lower().lstrip("."), format)
-    return format
+    """The format that ``format`` names: one of :data:`FORMATS` or the suffix of its files (``pt2``, ``.ts``),
+    in any case; anything else is returned unchanged, for the caller to refuse."""
+    if not isinstance(format, str) or format in FORMATS:
+        return format
+    by_suffix = {suffix.lstrip("."): name for name, suffix in FORMATS.items()}
+    lowered = format.lower()
+    return lowered if lowered in FORMATS else by_suffix.get(lowered.lstrip("."), format)
 
 
 def onnx_supported() -> bool:
@@ -63,7 +64,8 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     if not isinstance(format, str) or format not in FORMATS:
         if not isinstance(format, str):
             raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
-        raise unknown_name("export format", format, FORMATS)
+        suffixes = {suffix.lstrip(".") for suffix in FORMATS.values()}
+        raise unknown_name("export format", format, suffixes | set(FORMATS))  # the suffixes name formats too
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / ('model' + FORMATS[format])})")

@@ -69,11 +69,19 @@ class BranchGraph(nx.DiGraph):
         """Every active edge (gate or fixed)."""
         return [(u, v) for u, v, d in self.edges(data=True) if d.get("active", False)]
 
+    def weights_inputs(self) -> bool:
+        """Whether the network's function weights every input by its gate value: the graph says so
+        (``graph["weighted_inputs"]``, set by ``ConnectivityNet.graph()`` for ``real`` gates before freezing)
+        and its gate kind is a learned one (a fixed connectivity reads its active edges, whatever it says)."""
+        from connlearn.gates import GATES
+
+        kind = self.graph.get("gate")
+        return bool(self.graph.get("weighted_inputs")) and kind in GATES and GATES.get(kind).learnable
+
     def used_edges(self) -> list[tuple[str, str]]:
         """The edges the network's function reads: its active edges or, where it weights every input by its
-        gate value (``graph["weighted_inputs"]``: ``real`` gates before freezing), every active fixed edge
-        and every gate edge of non-zero value."""
-        if not self.graph.get("weighted_inputs"):
+        gate value (:meth:`weights_inputs`), every active fixed edge and every gate edge of non-zero value."""
+        if not self.weights_inputs():
             return self.active_edges()
         return [(u, v) for u, v, d in self.edges(data=True)
                 if (d.get("kind") == "gate" and float(d.get("gate", 0.0)) != 0.0)

@@ -36,7 +36,10 @@ def dead_blocks(graph: BranchGraph) -> set[str]:
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:
-    """Module index → number of live blocks (the paper's 'active branches', Figures 4-5)."""
+    """Module index → number of live blocks (the paper's 'active branches', Figures 4-5). For ``real`` gates
+    before freezing, a block is live when an input of non-zero gate value reaches the head from it (what the
+    function reads), so the count drops to the top-K's when phase 2 freezes them; :func:`input_overlap`
+    compares the top-K sets throughout."""
     live = live_blocks(graph)
     return {m: sum(n in live for n in graph.branches(m)) for m in graph.modules()}
 

@@ -4,8 +4,8 @@ The stem (``input``) and the head (``output``) are circles; each module is one r
 residual block, rows stacked from the stem at the top to the head at the bottom; an arrow joins two nodes
 for every active connection. Inactive gate edges are not drawn. Dead blocks (no active path to the head,
 what the pruner removes) are drawn hollow and dashed grey, with their edges, or left out. A network whose
-function weights every input by its gate value (``real`` gates before ``freeze()``: its graph says
-``weighted_inputs``) is drawn as it computes: every input of non-zero gate, weighted.
+function weights every input by its gate value (``real`` gates before ``freeze()``:
+``graph.weights_inputs()``) is drawn as it computes: every input of non-zero gate, weighted.
 
 The DOT node names are the IR's node names (``input``, ``m{i}.b{j}``, ``output``), so a drawing can be
 matched to its graph one to one; :func:`side_by_side` prefixes them with ``resnext/`` and ``learned/``.
@@ -52,7 +52,7 @@ def to_dot(
         graph: the connectivity, e.g. ``net.graph()``.
         weighted: if True, an edge's pen width and darkness follow its real gate value ``gate``, divided by
             the largest gate value of the receiving block's row (fixed edges count as 1). ``None`` (the
-            default): only where the graph's function weights its inputs so (``weighted_inputs``).
+            default): only where the graph's function weights its inputs so (``graph.weights_inputs()``).
         dead: ``"hollow"`` draws dead blocks and their active edges dashed grey; ``"hide"`` leaves them out.
         title: a first line above the legend ``gate=topk K=4, 60/72 blocks live``.
     """
@@ -160,9 +160,9 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
 # ---------------------------------------------------------------------------- drawing
 def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weighted: bool | None,
           dead: str) -> None:
-    graph = _as_computed(graph)
     if weighted is None:
-        weighted = bool(graph.graph.get("weighted_inputs"))
+        weighted = graph.weights_inputs()
+    graph = _as_computed(graph)
     dead_set = dead_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     container.node(prefix + "input", label="", tooltip="input (stem)", **_CIRCLE)
@@ -213,7 +213,7 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
 def _as_computed(graph: BranchGraph) -> BranchGraph:
     """``graph`` with exactly the edges its function reads active (:meth:`BranchGraph.used_edges`): for one
     that weights every input by its gate value (``weighted_inputs``), every gate edge of non-zero value."""
-    if not graph.graph.get("weighted_inputs"):
+    if not graph.weights_inputs():
         return graph
     used = set(graph.used_edges())
     computed = graph.copy()
@@ -223,10 +223,9 @@ def _as_computed(graph: BranchGraph) -> BranchGraph:
 
 
 def _legend(graph: BranchGraph, title: str | None) -> str:
-    graph = _as_computed(graph)
     blocks = graph.block_nodes()
     live = len(blocks) - len(dead_blocks(graph))
-    reads = " (every input, weighted by its gate)" if graph.graph.get("weighted_inputs") else ""
+    reads = " (every input, weighted by its gate)" if graph.weights_inputs() else ""
     legend = (f"gate={graph.graph.get('gate', '?')} K={graph.graph.get('K', '?')}{reads}, "
               f"{live}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
@@ -235,6 +234,7 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
 def _full_connectivity(graph: BranchGraph) -> BranchGraph:
     """ResNeXt's connectivity on ``graph``'s nodes: every gate edge active with gate value 1."""
     full = graph.copy()
+    full.graph.pop("weighted_inputs", None)
     for _, _, d in full.edges(data=True):
         if d.get("kind") == "gate":
             d.update(gate=1.0, active=True)

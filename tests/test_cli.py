@@ -80,6 +80,14 @@ def test_render_writes_dot_and_svg(ckpt, tmp_path, capsys):
     assert code == 0 and (tmp_path / "fig.dot").exists() and (tmp_path / "fig.svg").exists()
 
 
+@pytest.mark.parametrize(("flag", "weighted"), [((), True), (("--weighted",), True), (("--no-weighted",), False)])
+def test_render_draws_unfrozen_real_gates_weighted_unless_told_not_to(tmp_path, capsys, flag, weighted):
+    path = tmp_path / "real.pt"
+    save_atomic(make_checkpoint(connlearn.build(**tiny(gate="real", gate_init="uniform"))), path)
+    code, _, _ = _run(["render", path, "-o", tmp_path / "real.dot", *flag], capsys)
+    assert code == 0 and ("penwidth" in (tmp_path / "real.dot").read_text()) is weighted
+
+
 def test_render_without_graphviz_writes_the_dot_file_and_fails_naming_the_fix(ckpt, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     code, _, err = _run(["render", ckpt, "-o", tmp_path / "fig.svg"], capsys)

@@ -76,7 +76,8 @@ def test_unknown_format(pruned, tmp_path):
 
 
 @pytest.mark.parametrize(("given", "name"), [("pt2", "export"), (".PT2", "export"), ("ts", "torchscript"),
-                                             ("onnx", "onnx"), ("export", "export"), ("pt", "pt")])
+                                             ("onnx", "onnx"), ("export", "export"), ("TorchScript", "torchscript"),
+                                             ("EXPORT", "export"), ("pt", "pt")])
 def test_a_format_is_named_by_its_files_suffix_too(given, name):
     assert format_name(given) == name  # an unknown name is left to the caller to refuse
 

@@ -1,6 +1,7 @@
 """A plug-in written wrong is named in a clear error, at registration, build or its first forward pass,
 not in a crash deep inside torch or a silently wrong result; a broken entry point hides no other."""
 
+import re
 from importlib import metadata
 
 import networkx as nx
@@ -66,15 +67,38 @@ def test_a_block_kind_that_fails_in_its_own_forward_is_named_with_the_protocol(e
         connlearn.build(**tiny(block="conv"))(torch.randn(2, 3, 32, 32))
 
 
-def test_a_block_out_of_memory_error_is_not_renamed():
-    class Hungry(BranchBlock):
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize(("error", "renamed"), [
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), True),
+    (torch.cuda.OutOfMemoryError("out of memory"), False),  # subclasses are not the block's shapes
+    (NotImplementedError("Could not run 'aten::foo' with arguments from the 'MPS' backend"), False),
+    (RuntimeError("CUDA error: device-side assert triggered"), False),  # the device's, maybe from elsewhere
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), False),
+])
+def test_only_a_plain_runtime_error_of_a_block_is_named_as_the_blocks(engine, error, renamed):
+    class Failing(BranchBlock):
         def forward(self, x):
-            raise torch.cuda.OutOfMemoryError("out of memory")
+            raise error
 
-    connlearn.register_block("hungry", Hungry)
-    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
-        connlearn.build(**tiny(block="hungry"))(torch.randn(2, 3, 32, 32))
-    assert not isinstance(info.value, BlockError)
+    connlearn.register_block("failing", Failing)
+    net = connlearn.build(**tiny(block="failing"), engine=engine)
+    with pytest.raises(type(error)) as info:
+        net(torch.randn(2, 3, 32, 32))
+    assert isinstance(info.value, BlockError) is renamed
+    if renamed:
+        in_ch = 16 if engine == "fused" else 4  # fused: the 4 branches' inputs, branch-major
+        assert re.match(rf"block kind 'failing' \(.*Failing\) in module 1 failed on an input of shape "
+                        rf"\[2, {in_ch}, 32, 32\]: mat1 and mat2", str(info.value))
+    else:
+        assert info.value is error
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_a_looped_block_that_fails_is_named_with_one_branchs_input_and_the_factory_contract(engine):
+    connlearn.register_block("looped", Looped(lambda i, o, s: nn.Conv2d(i + 1, o, 3, s, 1)))
+    with pytest.raises(BlockError, match=r"block kind 'looped' \(Conv2d, one module per branch\) in module 1 failed "
+                                         r"on one branch's input of shape \[2, 4, 32, 32\]: .*A Looped factory"):
+        connlearn.build(**tiny(block="looped"), engine=engine)(torch.randn(2, 3, 32, 32))
 
 
 def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params():
@@ -277,6 +301,25 @@ def test_an_option_that_a_kwargs_topology_passes_on_is_named_with_the_options_of
 
     def faulty(**options):  # a TypeError of the topology's own making is its own, unchanged
         return len(1)
+
+    def via_class(**options):  # a class: named as the class, with its __init__'s options
+        return Maker(**options)
+
+    class Maker:
+        def __init__(self, C, M, K=2):
+            pass
+
+    connlearn.register_topology("via_class", via_class)
+    with pytest.raises(ConfigError, match=r"passed the option on to Maker\(\), which does not take it; Maker\(\)'s "
+                                          r"options: C, M, K; did you mean 'K'\?"):
+        connlearn.build("via_class", C=2, M=3, k=1)
+
+    def via_builtin(**options):  # a callable without a signature: named, no options listed
+        return torch.Generator(**options)
+
+    connlearn.register_topology("via_builtin", via_builtin)
+    with pytest.raises(ConfigError, match=r"passed the option on to Generator\(\), which does not take it$"):
+        connlearn.build("via_builtin", seed=0)
 
     connlearn.register_topology("faulty", faulty)
     with pytest.raises(TypeError, match="has no len") as info:

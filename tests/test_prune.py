@@ -244,3 +244,14 @@ def test_unfrozen_real_gates_lose_only_the_blocks_that_no_gate_of_non_zero_value
     assert len(graph.used_edges()) > len(graph.active_edges())
     frozen = copy.deepcopy(net).freeze().graph()  # the top-2 now: used edges are the active ones
     assert frozen.used_edges() == frozen.active_edges()
+    net.eval()  # the law: what is dead does not change the outputs, and what is live does
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    before = net(images)
+    conv1 = net.stages[1].block.conv1.weight  # module 2's blocks, branch-major: m2.b2 is the second slice
+    rows = conv1.shape[0] // 4
+    with torch.no_grad():
+        conv1[rows:2 * rows].normal_()
+    torch.testing.assert_close(net(images), before, atol=0, rtol=0)
+    with torch.no_grad():
+        conv1[:rows].normal_()  # m2.b1, live
+    assert not torch.allclose(net(images), before)

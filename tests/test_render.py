@@ -165,6 +165,16 @@ def test_unfrozen_real_gates_are_drawn_as_their_function_reads_every_input_weigh
     assert "weighted_inputs" not in frozen.graph
     assert set(_layout(render.to_dot(frozen))[1]) == set(frozen.active_edges())
     assert "weighted_inputs" not in _graph(gate="topk").graph
+    left, right = render.side_by_side(g).source.split("subgraph cluster_learned")
+    assert "penwidth" not in left and "(every input" not in left  # ResNeXt's half: every input, unweighted
+    assert "penwidth" in right and "(every input, weighted by its gate), 11/12 blocks live" in right
+
+
+def test_a_fixed_connectivity_reads_its_active_edges_whatever_its_graph_says():
+    g = _graph(gate="random")
+    g.graph["weighted_inputs"] = True  # e.g. a real net's graph relabelled frozen, the flag left behind
+    assert not g.weights_inputs() and g.used_edges() == g.active_edges()
+    assert "(every input" not in render.to_dot(g).source
 
 
 # ---------------------------------------------------------------------------- side by side
