@@ -74,13 +74,10 @@ def _check_options(topology: str, fn: Callable[..., Any], options: dict[str, Any
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    # whether a ResNeXt is dense is said by the topology's name, not by an option
-    allowed = [n for n in params if n != "dense"]
+    allowed = _options_of(fn)
     for name in options:
         if name not in allowed:
-            hint = closest(name, allowed)
-            msg = f"topology {topology!r} has no option {name!r}; its options: {', '.join(allowed)}"
-            raise ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
+            raise _no_such_option(f"topology {topology!r} has no option {name!r}", "its", name, allowed)
 
 
 def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> ConfigError | None:
@@ -96,12 +93,16 @@ def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> Con
     if len(parts) > 1 and parts[-1] == "__init__":  # a class was called
         parts = parts[:-1]
     callee = ".".join(parts)
-    msg = f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), which does not take it"
-    allowed = _options_of(_function_named(exc, parts))
-    hint = closest(name, allowed)
+    return _no_such_option(f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), "
+                           "which does not take it", f"{callee}()'s", name, _options_of(_function_named(exc, parts)))
+
+
+def _no_such_option(message: str, whose: str, name: str, allowed: list[str]) -> ConfigError:
+    """``message``, then the ``allowed`` options (``whose`` options) and the one closest to ``name``."""
     if allowed:
-        msg += f"; {callee}()'s options: {', '.join(allowed)}"
-    return ConfigError(msg + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        message += f"; {whose} options: {', '.join(allowed)}"
+    hint = closest(name, allowed)
+    return ConfigError(message + (f"; did you mean {hint[0]!r}?" if hint else ""))
 
 
 def _function_named(exc: BaseException, parts: list[str]) -> Any:
@@ -120,8 +121,8 @@ def _function_named(exc: BaseException, parts: list[str]) -> Any:
 
 
 def _options_of(target: Any) -> list[str]:
-    """The keyword options of a callable (``dense``, which a topology's name says, left out); none if it has
-    no readable signature."""
+    """The keyword options of a callable (``dense`` left out: whether a ResNeXt is dense is said by the
+    topology's name, not by an option); none if it has no readable signature."""
     if not callable(target):
         return []
     try:

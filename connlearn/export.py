@@ -21,6 +21,8 @@ from connlearn.compile import ConnectivityNet
 from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, unknown_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
+#: The formats by the suffix of their files (``pt2``: ``export``), which name them too.
+_BY_SUFFIX = {suffix.lstrip("."): name for name, suffix in FORMATS.items()}
 
 
 def format_name(format: str) -> str:
@@ -28,9 +30,8 @@ def format_name(format: str) -> str:
     in any case; anything else is returned unchanged, for the caller to refuse."""
     if not isinstance(format, str) or format in FORMATS:
         return format
-    by_suffix = {suffix.lstrip("."): name for name, suffix in FORMATS.items()}
     lowered = format.lower()
-    return lowered if lowered in FORMATS else by_suffix.get(lowered.lstrip("."), format)
+    return lowered if lowered in FORMATS else _BY_SUFFIX.get(lowered.lstrip("."), format)
 
 
 def onnx_supported() -> bool:
@@ -64,8 +65,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     if not isinstance(format, str) or format not in FORMATS:
         if not isinstance(format, str):
             raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
-        suffixes = {suffix.lstrip(".") for suffix in FORMATS.values()}
-        raise unknown_name("export format", format, suffixes | set(FORMATS))  # the suffixes name formats too
+        raise unknown_name("export format", format, set(_BY_SUFFIX) | set(FORMATS))
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / ('model' + FORMATS[format])})")

@@ -162,7 +162,6 @@ def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weigh
           dead: str) -> None:
     if weighted is None:
         weighted = graph.weights_inputs()
-    graph = _as_computed(graph)
     dead_set = dead_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     container.node(prefix + "input", label="", tooltip="input (stem)", **_CIRCLE)
@@ -184,8 +183,8 @@ def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weigh
     container.node(prefix + "output", label="", tooltip="output (head)", **_CIRCLE)
 
     strength = _edge_strength(graph) if weighted else {}
-    for u, v, d in graph.edges(data=True):
-        if not d.get("active", False) or u in hidden or v in hidden:
+    for u, v in graph.used_edges():  # the active edges, or every input a real gate weights
+        if u in hidden or v in hidden:
             continue
         attrs = dict(arrowsize="0.4")
         if weighted:
@@ -208,18 +207,6 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
         value = float(d.get("gate", 0.0))
         strength[u, v] = min(max(value / row_max, 0.0), 1.0) if row_max > 0 else 1.0
     return strength
-
-
-def _as_computed(graph: BranchGraph) -> BranchGraph:
-    """``graph`` with exactly the edges its function reads active (:meth:`BranchGraph.used_edges`): for one
-    that weights every input by its gate value (``weighted_inputs``), every gate edge of non-zero value."""
-    if not graph.weights_inputs():
-        return graph
-    used = set(graph.used_edges())
-    computed = graph.copy()
-    for u, v, d in computed.edges(data=True):
-        d["active"] = (u, v) in used
-    return computed
 
 
 def _legend(graph: BranchGraph, title: str | None) -> str:
