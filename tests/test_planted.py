@@ -1,0 +1,91 @@
+"""benchmarks/planted.py: uninformative branches carry nothing of the image, the oracle reads only the others,
+and a planted run trains, reports and refuses to resume under another setting."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny
+from planted import main, plant_noise, rewire_oracle, top_k_share
+
+import connlearn
+import connlearn.experiment
+from connlearn.compile import FusedModule
+from connlearn.data import pack, synthetic
+
+
+@pytest.fixture
+def restore(monkeypatch):
+    """Put back what the script replaces, whatever a test does."""
+    monkeypatch.setattr(FusedModule, "_first", FusedModule._first)
+    monkeypatch.setattr(connlearn.experiment, "build_net", connlearn.experiment.build_net)
+
+
+def _first_module(net, x):
+    stage = net.stages[0]
+    assert isinstance(stage, FusedModule)
+    return stage([net.stem(x)], None)
+
+
+def test_uninformative_branches_carry_nothing_of_the_image_at_their_own_scale(restore):
+    net = connlearn.build(**tiny(C=4, K=2)).eval()
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    clean = _first_module(net, x).detach()
+    plant_noise([3, 4], 4)
+    out = _first_module(net, x)
+    b, _, h, w = out.shape
+    y, y0 = out.view(b, 4, -1, h, w), clean.view(b, 4, -1, h, w)
+    assert torch.equal(y[:, :2], y0[:, :2])  # the informative branches are untouched
+    (grad,) = torch.autograd.grad(y[:, 2:].sum(), x, allow_unused=True)
+    assert grad is None or not grad.any()  # nothing flows back from the noise to the image
+    for j in (2, 3):
+        ratio = y[:, j].detach().pow(2).mean().sqrt() / y0[:, j].pow(2).mean().sqrt()
+        assert 0.9 < float(ratio) < 1.1  # the branch's own scale
+    assert not torch.equal(_first_module(net, x)[:, 2 * y.shape[2]:], out[:, 2 * y.shape[2]:])  # fresh noise
+
+
+def test_planting_twice_does_not_stack(restore):
+    plant_noise([2], 2)
+    first = FusedModule._first
+    plant_noise([2], 2)
+    assert FusedModule._first is first
+
+
+def test_the_oracle_reads_only_informative_branches_in_module_two():
+    net = connlearn.build(**tiny(C=4, K=2, gate="random"))
+    oracle = rewire_oracle(net, [1, 3])
+    graph = oracle.graph()
+    for node in graph.branches(2):
+        assert [u for u, _, d in graph.gate_edges(node) if d["active"]] == ["m1.b2", "m1.b4"]
+    assert graph.branches(3) and oracle.connectivity()[3].equal(net.connectivity()[3])  # later modules keep theirs
+
+
+def test_the_oracle_needs_a_random_connectivity_and_enough_informative_branches():
+    with pytest.raises(SystemExit, match="--gate random"):
+        rewire_oracle(connlearn.build(**tiny(C=4, K=2, gate="topk")), [1])
+    with pytest.raises(SystemExit, match="at least K=2"):
+        rewire_oracle(connlearn.build(**tiny(C=4, K=2, gate="random")), [1, 2, 3])
+
+
+def test_top_k_share_counts_uninformative_columns_among_each_rows_top_k():
+    gates = [[0.9, 0.1, 0.8, 0.2], [0.1, 0.9, 0.2, 0.8]]
+    assert top_k_share(gates, 2, [3, 4]) == 0.5
+    assert top_k_share(gates, 2, [2, 4]) == 0.5
+    assert top_k_share([[0.9, 0.8, 0.1, 0.2]], 2, [3, 4]) == 0.0
+
+
+def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, restore, capsys):
+    data = tmp_path / "data.npz"
+    pack(data, *synthetic(num_classes=10, n_train=100, n_test=40))
+    out = tmp_path / "run"
+    train = ["--dataset", "cifar10", "--data", str(data), "--epochs", "4", "--phases", "1", "1", "1", "1",
+             "--M", "3", "--C", "4", "--K", "2", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
+             "--batch-size", "25", "--snapshot-every", "2", "--no-progress", "--out", str(out)]
+    assert main(["--uninformative", "3", "4", "--", *train]) == 0
+    assert json.loads((out / "planted.json").read_text())["uninformative"] == [3, 4]
+    capsys.readouterr()
+    assert main(["--report", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| run | topk | " in table and "(0.50)" in table
+    with pytest.raises(SystemExit, match="same setting"):
+        main(["--uninformative", "4", "--", *train])
