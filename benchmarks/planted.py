@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 import connlearn
 import connlearn.experiment
@@ -119,16 +120,32 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
 
 
 def top_k_share(gates: list[list[float]], K: int, uninformative: list[int]) -> float:
-    """The share of the rows' top-K entries (ties to the lower index) that are uninformative columns."""
+    """The share of the rows' top-K entries that are uninformative columns; entries tied at a row's K-th
+    value share its remaining places evenly (the gates start tied, and a freeze breaks ties by a seeded
+    order, not by index)."""
     a = np.asarray(gates, dtype=float)
-    top = np.argsort(-a, axis=1, kind="stable")[:, :K]
-    return float(np.isin(top + 1, uninformative).mean())
+    bad = np.isin(np.arange(1, a.shape[1] + 1), uninformative)
+    shares = []
+    for row in a:
+        kth = np.sort(row)[::-1][K - 1]
+        above, tied = row > kth, row == kth
+        places = K - above.sum()
+        shares.append((bad[above].sum() + places * bad[tied].sum() / tied.sum()) / K)
+    return float(np.mean(shares))
 
 
-def report(folders: list[str]) -> str:
-    rows = ["| run | gate | top-1 (last epoch) | uninformative share of module 2's top-K: end of phase 1 (chance) "
-            "| first snapshot at 0 for good (epoch) | module 1 branches read at the end |",
+def share_curve(folder: Path, K: int, uninformative: list[int]) -> list[tuple[float, float]]:
+    """(epoch, uninformative share of module 2's top-K) at every gate snapshot of the run in ``folder``."""
+    snaps = read_jsonl(folder / "gates.jsonl") if (folder / "gates.jsonl").is_file() else []
+    return [(s["epoch"], top_k_share(s["gates"][str(READER)], K, uninformative)) for s in snaps]
+
+
+def report(folders: list[str], png: str | None = None) -> str:
+    """A markdown table of the planted runs in ``folders``; with ``png``, their share curves drawn there."""
+    rows = ["| run | gate | top-1 (last epoch) | uninformative share of module 2's top-K at the end of phase 1 "
+            "(chance) | from epoch on at 0 | module 1 branches read at the end |",
             "| --- | --- | --- | --- | --- | --- |"]
+    curves = {}
     for folder in folders:
         path = Path(folder)
         setting = json.loads((path / "planted.json").read_text())
@@ -137,16 +154,30 @@ def report(folders: list[str]) -> str:
             rows.append(f"| {path.name} | unfinished | | | | |")
             continue
         summary = json.loads((path / "summary.json").read_text())
-        K = summary["K"]
-        snaps = read_jsonl(path / "gates.jsonl") if (path / "gates.jsonl").is_file() else []
-        shares = [(s["epoch"], top_k_share(s["gates"][str(READER)], K, bad)) for s in snaps]
-        C = len(snaps[0]["gates"][str(READER)][0]) if snaps else None
-        chance = f"{len(bad) / C:.2f}" if C else "–"
-        end = f"{shares[-1][1]:.3f} ({chance})" if shares else "fixed"
+        shares = curves[path.name] = share_curve(path, summary["K"], bad)
+        C = len(read_jsonl(path / "gates.jsonl")[0]["gates"][str(READER)][0]) if shares else None
+        end = f"{shares[-1][1]:.3f} ({len(bad) / C:.2f})" if shares else "fixed"
         settled = next((e for i, (e, _) in enumerate(shares) if all(v == 0 for _, v in shares[i:])), None)
         gate = summary["gate"] + (" (oracle)" if setting["oracle"] else "")
         rows.append(f"| {path.name} | {gate} | {summary['test_top1']:.2f} | {end} | "
                     f"{'–' if settled is None else f'{settled:.1f}'} | {summary['active_branches'].get('1')} |")
+    if png and any(curves.values()):
+        fig = Figure(figsize=(7, 4))
+        ax = fig.add_subplot()
+        colours: dict[str, str] = {}
+        for name, shares in curves.items():
+            if not shares:
+                continue
+            arm = name.rsplit("-s", 1)[0]  # the seeds of one arm share a colour and a label
+            label = None if arm in colours else arm
+            colour = colours.setdefault(arm, f"C{len(colours)}")
+            ax.plot(*zip(*shares, strict=True), color=colour, label=label)
+        ax.set_xlabel("epoch (phase 1)")
+        ax.set_ylabel("uninformative share of module 2's top-K")
+        ax.set_ylim(-0.02, 0.6)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
     return "\n".join(rows)
 
 
@@ -157,10 +188,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--oracle", action="store_true",
                         help="with --gate random: module 2 reads only informative branches")
     parser.add_argument("--report", nargs="+", metavar="RUN", help="train nothing: report these planted runs")
+    parser.add_argument("--png", help="with --report: draw the runs' share curves in this file")
     own, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", [])
     args = parser.parse_args(own)
     if args.report:
-        print(report(args.report))
+        print(report(args.report, args.png))
         return 0
     if not args.uninformative:
         parser.error("give --uninformative J ... (and the `connlearn train` options after --), or --report RUN ...")

@@ -72,6 +72,8 @@ def test_top_k_share_counts_uninformative_columns_among_each_rows_top_k():
     assert top_k_share(gates, 2, [3, 4]) == 0.5
     assert top_k_share(gates, 2, [2, 4]) == 0.5
     assert top_k_share([[0.9, 0.8, 0.1, 0.2]], 2, [3, 4]) == 0.0
+    assert top_k_share([[0.5, 0.5, 0.5, 0.5]], 2, [3, 4]) == 0.5  # ties share the places, whatever their index
+    assert top_k_share([[0.9, 0.5, 0.5, 0.5]], 2, [4]) == pytest.approx(1 / 6)
 
 
 def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, restore, capsys):
@@ -84,7 +86,8 @@ def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, rest
     assert main(["--uninformative", "3", "4", "--", *train]) == 0
     assert json.loads((out / "planted.json").read_text())["uninformative"] == [3, 4]
     capsys.readouterr()
-    assert main(["--report", str(out)]) == 0
+    assert main(["--report", str(out), "--png", str(tmp_path / "share.png")]) == 0
+    assert (tmp_path / "share.png").stat().st_size > 0
     table = capsys.readouterr().out
     assert "| run | topk | " in table and "(0.50)" in table
     with pytest.raises(SystemExit, match="same setting"):
