@@ -16,8 +16,9 @@ some noise, and a block whose K inputs are all noise reads nothing of the image.
     python benchmarks/planted.py --report runs/planted/topk4-s0 runs/planted/random4-s0 ...
 
 - ``--uninformative J ...``: the branches of module 1 (1-based) whose outputs are noise.
-- ``--oracle`` (with ``--gate random``): every block of module 2 reads K of the informative branches (the
-  first K of them), the planted answer; later modules keep their random connectivity.
+- ``--oracle`` (with ``--gate random``): every block of module 2 reads K of the informative branches,
+  drawn at random among them (all of them when there are K), the planted answer; later modules keep
+  their random connectivity.
 - ``--report RUN ...``: train nothing; for each run, the share of module 2's top-K inputs that are
   uninformative after each gate snapshot (chance: their share of the branches), at the end of phase 1,
   and the validation top-1, as a markdown table.
@@ -75,7 +76,8 @@ def plant_noise(uninformative: list[int], branches: int) -> None:
 
 
 def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> connlearn.ConnectivityNet:
-    """``net`` (a random connectivity) with every block of module 2 reading the first K informative inputs."""
+    """``net`` (a random connectivity) with every block of module 2 reading K informative inputs, drawn at
+    random among them from the graph's seed (all of them when there are only K)."""
     graph = net.graph()
     if graph.gate_kind != "random":
         sys.exit(f"planted.py: --oracle needs --gate random, not {graph.gate_kind!r}")
@@ -83,9 +85,11 @@ def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> c
     informative = [u for u in sources if graph.nodes[u]["branch"] not in uninformative]
     if len(informative) < graph.K:
         sys.exit(f"planted.py: --oracle needs at least K={graph.K} informative branches, there are {len(informative)}")
+    rng = np.random.default_rng(graph.graph.get("seed", 0))
     for node in graph.branches(READER):
+        chosen = set(rng.choice(informative, size=graph.K, replace=False).tolist())
         for u, _, d in graph.gate_edges(node):
-            d["active"] = u in informative[: graph.K]
+            d["active"] = u in chosen
     return connlearn.from_graph(graph.validate(), engine=net.engine)
 
 

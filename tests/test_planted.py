@@ -62,6 +62,16 @@ def test_the_oracle_reads_only_informative_branches_in_module_two():
     assert graph.branches(3) and oracle.connectivity()[3].equal(net.connectivity()[3])  # later modules keep theirs
 
 
+def test_with_more_informative_branches_than_k_the_oracle_draws_among_them():
+    net = connlearn.build(**tiny(C=8, K=2, gate="random"))
+    graph = rewire_oracle(net, [7, 8]).graph()
+    reads = [frozenset(u for u, _, d in graph.gate_edges(node) if d["active"]) for node in graph.branches(2)]
+    assert all(len(r) == 2 and not r & {"m1.b7", "m1.b8"} for r in reads)
+    assert len(set(reads)) > 1  # not one subset for every block
+    assert reads == [frozenset(u for u, _, d in rewire_oracle(net, [7, 8]).graph().gate_edges(n) if d["active"])
+                     for n in graph.branches(2)]  # from the graph's seed
+
+
 def test_the_oracle_needs_a_random_connectivity_and_enough_informative_branches():
     with pytest.raises(SystemExit, match="--gate random"):
         rewire_oracle(connlearn.build(**tiny(C=4, K=2, gate="topk")), [1])
