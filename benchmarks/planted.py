@@ -4,31 +4,34 @@ On CIFAR-10 a learned connectivity, trained again from scratch, is worth no more
 BENCHMARKS.md). That leaves two readings: the gates cannot learn which inputs are better, or at these
 budgets no connectivity is much better than another. This script plants a connectivity that is much
 better, so that the first reading can be tested on its own: it runs ``connlearn train`` with some branches
-of the first module made uninformative. Their outputs are replaced by Gaussian noise at the branch's own
-scale (the root mean square of its output over the batch, detached), in training and in evaluation, so
-they carry nothing about the image and their scale follows the other branches'. A block of the second
-module is then best off reading only the informative branches; a random connectivity gives each block
-some noise, and a block whose K inputs are all noise reads nothing of the image.
+of the first module made uninformative. Their outputs are replaced by Gaussian noise at the scale of the
+output it replaces (its root mean square over the batch, detached), in training and in evaluation, so
+they carry nothing about the image. A block of the second module is then best off reading only the
+informative branches; a random connectivity gives each block some noise, and a block whose K inputs are
+all noise reads nothing of the image. (The replaced blocks get no gradient, so only weight decay and the
+shared shortcut move the scale of their noise.)
 
     python benchmarks/planted.py --uninformative 5 6 7 8 -- --dataset cifar10 --gate topk --K 4 \\
         --out runs/planted/topk4-s0 ...                    # any `connlearn train` options after `--`
     python benchmarks/planted.py --uninformative 5 6 7 8 --oracle -- --gate random --K 4 ...
-    python benchmarks/planted.py --report runs/planted/topk4-s0 runs/planted/random4-s0 ...
+    python benchmarks/planted.py --report runs/planted/topk4-s0 runs/planted/random4-s0 ... [--png FILE]
 
 - ``--uninformative J ...``: the branches of module 1 (1-based) whose outputs are noise.
 - ``--oracle`` (with ``--gate random``): every block of module 2 reads K of the informative branches,
-  drawn at random among them (all of them when there are K), the planted answer; later modules keep
-  their random connectivity.
-- ``--report RUN ...``: train nothing; for each run, the share of module 2's top-K inputs that are
-  uninformative after each gate snapshot (chance: their share of the branches), at the end of phase 1,
-  and the validation top-1, as a markdown table.
+  drawn at random among them from the run's seed (all of them when there are K), the planted answer;
+  later modules keep their random connectivity.
+- ``--report RUN ...``: train nothing; for each run, the top-1 of its last epoch (on the run's evaluation
+  set: the validation split with ``--val-split``), the share of module 2's inputs that are uninformative
+  in its connectivity at the end (chance: their share of the branches) and, for learned gates, from which
+  snapshot on the top-K held none of them, as a markdown table; ``--png`` draws that share at every gate
+  snapshot.
 
-The setting is recorded in the run's folder (``planted.json``); a resumed run must name the same one. A
-network retrained from a run's connectivity (``--connectivity RUN/last.pt``) needs the same
-``--uninformative``, since the noise is not part of the saved network. The noise is a change to the
-library's first-module forward made by this script only, for the module-1 layout of the run; the pruned
-network a run writes (``pruned.pt``) has lost the uninformative blocks that nothing reads, and is not
-meant to be evaluated with this script.
+The setting is recorded in the run's folder (``planted.json``) once the network is built; a resumed run
+must name the same one, and a folder holding a run that was not planted is refused. A network retrained
+from a run's connectivity (``--connectivity RUN/last.pt``) needs the same ``--uninformative``, since the
+noise is not part of the saved network (the source run's record is checked when it lies beside the
+file). The noise is a change to the library's fused first-module forward made by this script only; a
+pruned network (``pruned.pt``) has lost the uninformative blocks that nothing reads and is refused.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from matplotlib.figure import Figure
 
 import connlearn
 import connlearn.experiment
+from connlearn.checkpoint import load_checkpoint
 from connlearn.compile import FusedModule
+from connlearn.graph import BranchGraph
 from connlearn.train import read_jsonl
 
 FIRST_MODULE = 1  # the module whose branches are planted
@@ -53,8 +58,14 @@ READER = 2  # the module whose gates choose among them
 
 def plant_noise(uninformative: list[int], branches: int) -> None:
     """Make the fused engine's first module output noise at the scale of each branch in ``uninformative``
-    (1-based), for networks whose first module has ``branches`` branches."""
-    if getattr(FusedModule._first, "planted", False):
+    (1-based), for networks whose first module has ``branches`` branches. Once per process: a second call
+    with another setting raises."""
+    setting = (tuple(uninformative), branches)
+    planted = getattr(FusedModule._first, "planted", None)
+    if planted is not None:
+        if planted != setting:
+            raise RuntimeError(f"planted.py: the first module already outputs noise for {planted}; "
+                               f"cannot plant {setting} in the same process")
         return
     original = FusedModule._first
     keep = torch.ones(branches)
@@ -67,11 +78,11 @@ def plant_noise(uninformative: list[int], branches: int) -> None:
                                f"{branches} (a pruned network?)")
         b, _, h, w = out.shape
         y = out.view(b, branches, self.out_ch, h, w)
-        rms = y.detach().pow(2).mean(dim=(0, 2, 3, 4), keepdim=True).sqrt()
+        rms = y.detach().float().pow(2).mean(dim=(0, 2, 3, 4), keepdim=True).sqrt().to(y.dtype)
         k = keep.to(device=y.device, dtype=y.dtype).view(1, branches, 1, 1, 1)
         return (y * k + torch.randn_like(y) * rms * (1 - k)).view_as(out)
 
-    first.planted = True
+    first.planted = setting
     FusedModule._first = first
 
 
@@ -93,32 +104,51 @@ def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> c
     return connlearn.from_graph(graph.validate(), engine=net.engine)
 
 
+def _check_folder(out: Path, setting: dict, connectivity: str | None) -> None:
+    record = out / "planted.json"
+    if record.is_file():
+        if json.loads(record.read_text()) != setting:
+            sys.exit(f"planted.py: {out} was started with {record.read_text().strip()}; resume it with the same "
+                     "setting")
+    elif any((out / name).is_file() for name in ("last.pt", "previous.pt")):
+        sys.exit(f"planted.py: {out} holds a run that was not planted; give another --out")
+    if connectivity is not None:
+        source = Path(connectivity).parent / "planted.json"
+        if source.is_file() and json.loads(source.read_text())["uninformative"] != setting["uninformative"]:
+            sys.exit(f"planted.py: the connectivity of {connectivity} was learned with {source.read_text().strip()}; "
+                     f"give the same --uninformative")
+
+
 def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
     from connlearn.cli import main as connlearn_main
 
-    if "--out" not in argv:
-        sys.exit("planted.py: give --out, the run's folder, among the `connlearn train` options")
-    out = Path(argv[argv.index("--out") + 1])
     setting = {"uninformative": uninformative, "module": FIRST_MODULE, "oracle": oracle,
                "noise": "Gaussian, at the branch's root mean square over the batch (detached)"}
-    record = out / "planted.json"
-    if record.is_file() and json.loads(record.read_text()) != setting:
-        sys.exit(f"planted.py: {out} was started with {record.read_text().strip()}; resume it with the same setting")
-    out.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(setting) + "\n")
-
-    original = connlearn.experiment.build_net
+    # the library's own, also when an earlier call in this process replaced it
+    original = getattr(connlearn.experiment.build_net, "unplanted", connlearn.experiment.build_net)
 
     def build_net(run, num_classes):
+        out = Path(run.out)
+        _check_folder(out, setting, run.connectivity)
+        if oracle and run.connectivity is not None:
+            sys.exit("planted.py: --oracle rewires a new random connectivity; it does not take --connectivity")
         net = original(run, num_classes)
-        branches = len(net.graph().branches(FIRST_MODULE))
-        if max(uninformative) > branches:
-            sys.exit(f"planted.py: module 1 has {branches} branches; --uninformative names {max(uninformative)}")
+        graph = net.graph()
+        numbers = [graph.nodes[n]["branch"] for n in graph.branches(FIRST_MODULE)]
+        if numbers != list(range(1, len(numbers) + 1)):
+            sys.exit(f"planted.py: module 1 holds branches {numbers}, not 1 to {len(numbers)} (a pruned network?); "
+                     "the plant numbers the branches of the network as built")
+        if max(uninformative) > len(numbers):
+            sys.exit(f"planted.py: module 1 has {len(numbers)} branches; --uninformative names {max(uninformative)}")
         if net.engine != "fused":
             sys.exit(f"planted.py: the plant is made in the fused engine; this network runs {net.engine!r}")
-        plant_noise(uninformative, branches)
-        return rewire_oracle(net, uninformative) if oracle else net
+        plant_noise(uninformative, len(numbers))
+        if oracle:
+            net = rewire_oracle(net, uninformative)
+        (out / "planted.json").write_text(json.dumps(setting) + "\n")
+        return net
 
+    build_net.unplanted = original
     connlearn.experiment.build_net = build_net
     return connlearn_main(["train", *argv])
 
@@ -128,6 +158,8 @@ def top_k_share(gates: list[list[float]], K: int, uninformative: list[int]) -> f
     value share its remaining places evenly (the gates start tied, and a freeze breaks ties by a seeded
     order, not by index)."""
     a = np.asarray(gates, dtype=float)
+    if not 1 <= K <= a.shape[1]:
+        raise ValueError(f"K={K} does not fit rows of {a.shape[1]} gates")
     bad = np.isin(np.arange(1, a.shape[1] + 1), uninformative)
     shares = []
     for row in a:
@@ -144,26 +176,35 @@ def share_curve(folder: Path, K: int, uninformative: list[int]) -> list[tuple[fl
     return [(s["epoch"], top_k_share(s["gates"][str(READER)], K, uninformative)) for s in snaps]
 
 
+def connectivity_share(graph: BranchGraph, uninformative: list[int]) -> tuple[float, float]:
+    """The share of module 2's active inputs that are uninformative branches, and its chance value."""
+    sources = graph.candidates(READER)
+    bad = {u for u in sources if graph.nodes[u]["branch"] in uninformative}
+    active = [u for node in graph.branches(READER) for u, _, d in graph.gate_edges(node) if d.get("active")]
+    return sum(u in bad for u in active) / len(active), len(bad) / len(sources)
+
+
 def report(folders: list[str], png: str | None = None) -> str:
     """A markdown table of the planted runs in ``folders``; with ``png``, their share curves drawn there."""
-    rows = ["| run | gate | top-1 (last epoch) | uninformative share of module 2's top-K at the end of phase 1 "
-            "(chance) | from epoch on at 0 | module 1 branches read at the end |",
+    rows = ["| run | gate | top-1 (last epoch) | uninformative share of module 2's inputs at the end (chance) "
+            "| top-K free of them from epoch | module 1 branches read at the end |",
             "| --- | --- | --- | --- | --- | --- |"]
     curves = {}
     for folder in folders:
         path = Path(folder)
+        if not (path / "planted.json").is_file():
+            sys.exit(f"planted.py: {path} has no planted.json: not a run of this script")
         setting = json.loads((path / "planted.json").read_text())
         bad = setting["uninformative"]
         if not (path / "summary.json").is_file():
-            rows.append(f"| {path.name} | unfinished | | | | |")
+            rows.append(f"| {path} | unfinished | | | | |")
             continue
         summary = json.loads((path / "summary.json").read_text())
-        shares = curves[path.name] = share_curve(path, summary["K"], bad)
-        C = len(read_jsonl(path / "gates.jsonl")[0]["gates"][str(READER)][0]) if shares else None
-        end = f"{shares[-1][1]:.3f} ({len(bad) / C:.2f})" if shares else "fixed"
+        share, chance = connectivity_share(BranchGraph.from_json(load_checkpoint(path / "last.pt")["graph"]), bad)
+        shares = curves[str(path)] = share_curve(path, summary["K"], bad)
         settled = next((e for i, (e, _) in enumerate(shares) if all(v == 0 for _, v in shares[i:])), None)
         gate = summary["gate"] + (" (oracle)" if setting["oracle"] else "")
-        rows.append(f"| {path.name} | {gate} | {summary['test_top1']:.2f} | {end} | "
+        rows.append(f"| {path} | {gate} | {summary['test_top1']:.2f} | {share:.3f} ({chance:.2f}) | "
                     f"{'–' if settled is None else f'{settled:.1f}'} | {summary['active_branches'].get('1')} |")
     if png and any(curves.values()):
         fig = Figure(figsize=(7, 4))
@@ -172,13 +213,13 @@ def report(folders: list[str], png: str | None = None) -> str:
         for name, shares in curves.items():
             if not shares:
                 continue
-            arm = name.rsplit("-s", 1)[0]  # the seeds of one arm share a colour and a label
+            arm = Path(name).name.rsplit("-s", 1)[0]  # the seeds of one arm share a colour and a label
             label = None if arm in colours else arm
             colour = colours.setdefault(arm, f"C{len(colours)}")
             ax.plot(*zip(*shares, strict=True), color=colour, label=label)
         ax.set_xlabel("epoch (phase 1)")
         ax.set_ylabel("uninformative share of module 2's top-K")
-        ax.set_ylim(-0.02, 0.6)
+        ax.set_ylim(-0.02, max(v for shares in curves.values() for _, v in shares) + 0.05)
         ax.legend()
         fig.tight_layout()
         fig.savefig(png, dpi=120)
@@ -195,6 +236,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--png", help="with --report: draw the runs' share curves in this file")
     own, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", [])
     args = parser.parse_args(own)
+    if args.report and (args.uninformative or args.oracle or rest):
+        parser.error("--report trains nothing: give it run folders only (and --png)")
+    if args.png and not args.report:
+        parser.error("--png draws a --report")
     if args.report:
         print(report(args.report, args.png))
         return 0

@@ -10,6 +10,8 @@ from planted import main, plant_noise, rewire_oracle, top_k_share
 
 import connlearn
 import connlearn.experiment
+from connlearn.checkpoint import net_from_checkpoint
+from connlearn.cli import main as connlearn_main
 from connlearn.compile import FusedModule
 from connlearn.data import make_loaders, pack, synthetic
 from connlearn.recipe import Phase, Recipe
@@ -46,11 +48,13 @@ def test_uninformative_branches_carry_nothing_of_the_image_at_their_own_scale(re
     assert not torch.equal(_first_module(net, x)[:, 2 * y.shape[2]:], out[:, 2 * y.shape[2]:])  # fresh noise
 
 
-def test_planting_twice_does_not_stack(restore):
+def test_planting_twice_does_not_stack_and_another_setting_is_refused(restore):
     plant_noise([2], 2)
     first = FusedModule._first
     plant_noise([2], 2)
     assert FusedModule._first is first
+    with pytest.raises(RuntimeError, match="already outputs noise"):
+        plant_noise([1], 2)
 
 
 def test_the_oracle_reads_only_informative_branches_in_module_two():
@@ -68,8 +72,11 @@ def test_with_more_informative_branches_than_k_the_oracle_draws_among_them():
     reads = [frozenset(u for u, _, d in graph.gate_edges(node) if d["active"]) for node in graph.branches(2)]
     assert all(len(r) == 2 and not r & {"m1.b7", "m1.b8"} for r in reads)
     assert len(set(reads)) > 1  # not one subset for every block
-    assert reads == [frozenset(u for u, _, d in rewire_oracle(net, [7, 8]).graph().gate_edges(n) if d["active"])
-                     for n in graph.branches(2)]  # from the graph's seed
+    def reads_of(seed):
+        graph = rewire_oracle(connlearn.build(**tiny(C=8, K=2, gate="random", seed=seed)), [7, 8]).graph()
+        return [frozenset(u for u, _, d in graph.gate_edges(n) if d["active"]) for n in graph.branches(2)]
+
+    assert reads == reads_of(0) and reads != reads_of(1)  # drawn from the graph's seed
 
 
 def test_the_oracle_needs_a_random_connectivity_and_enough_informative_branches():
@@ -91,19 +98,40 @@ def test_top_k_share_counts_uninformative_columns_among_each_rows_top_k():
 def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, restore, capsys):
     data = tmp_path / "data.npz"
     pack(data, *synthetic(num_classes=10, n_train=100, n_test=40))
-    out = tmp_path / "run"
-    train = ["--dataset", "cifar10", "--data", str(data), "--epochs", "4", "--phases", "1", "1", "1", "1",
-             "--M", "3", "--C", "4", "--K", "2", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
-             "--batch-size", "25", "--snapshot-every", "2", "--no-progress", "--out", str(out)]
-    assert main(["--uninformative", "3", "4", "--", *train]) == 0
-    assert json.loads((out / "planted.json").read_text())["uninformative"] == [3, 4]
+
+    def train(out, *extra):
+        return ["--dataset", "cifar10", "--data", str(data), "--epochs", "4", "--phases", "1", "1", "1", "1",
+                "--M", "3", "--C", "4", "--K", "2", "--width", "1", "--base-channels", "4", "--stem-channels", "4",
+                "--batch-size", "25", "--snapshot-every", "2", "--no-progress", "--out", str(out), *extra]
+
+    learned, oracle = tmp_path / "learned", tmp_path / "oracle"
+    with pytest.raises(SystemExit, match="module 1 has 4 branches"):  # a failed start leaves no record behind
+        main(["--uninformative", "9", "--", *train(learned)])
+    assert main(["--uninformative", "3", "4", "--", *train(learned)]) == 0
+    assert json.loads((learned / "planted.json").read_text())["uninformative"] == [3, 4]
+    assert FusedModule._first.planted == ((3, 4), 4)  # what the run trained with
+    assert main(["--uninformative", "3", "4", "--oracle", "--", *train(oracle, "--gate", "random")]) == 0
+    graph = net_from_checkpoint(oracle / "last.pt").graph()
+    assert all(u in ("m1.b1", "m1.b2") for n in graph.branches(2) for u, _, d in graph.gate_edges(n) if d["active"])
     capsys.readouterr()
-    assert main(["--report", str(out), "--png", str(tmp_path / "share.png")]) == 0
-    assert (tmp_path / "share.png").stat().st_size > 0
+    assert main(["--report", str(learned), str(oracle), "--png", str(tmp_path / "share.png")]) == 0
     table = capsys.readouterr().out
-    assert "| run | topk | " in table and "(0.50)" in table
+    assert f"| {learned} | topk | " in table and f"| {oracle} | random (oracle) | " in table
+    assert "| 0.000 (0.50) | – | 2 |" in table  # the oracle reads 2 branches of module 1, no noise
+    assert (tmp_path / "share.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="same setting"):
-        main(["--uninformative", "4", "--", *train])
+        main(["--uninformative", "4", "--", *train(learned)])
+
+
+def test_a_folder_of_a_run_that_was_not_planted_is_refused(tmp_path, restore):
+    data = tmp_path / "data.npz"
+    pack(data, *synthetic(num_classes=10, n_train=50, n_test=20))
+    args = ["--dataset", "cifar10", "--data", str(data), "--epochs", "1", "--M", "3", "--C", "2", "--K", "1",
+            "--width", "1", "--base-channels", "4", "--stem-channels", "4", "--batch-size", "25", "--no-progress",
+            "--out", str(tmp_path / "run")]
+    assert connlearn_main(["train", *args]) == 0
+    with pytest.raises(SystemExit, match="not planted"):
+        main(["--uninformative", "2", "--", *args])
 
 
 @pytest.mark.slow
