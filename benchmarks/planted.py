@@ -92,8 +92,8 @@ def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> c
     graph = net.graph()
     if graph.gate_kind != "random":
         sys.exit(f"planted.py: --oracle needs --gate random, not {graph.gate_kind!r}")
-    sources = graph.candidates(READER)
-    informative = [u for u in sources if graph.nodes[u]["branch"] not in uninformative]
+    noise = _noise_sources(graph, uninformative)
+    informative = [u for u in graph.candidates(READER) if u not in noise]
     if len(informative) < graph.K:
         sys.exit(f"planted.py: --oracle needs at least K={graph.K} informative branches, there are {len(informative)}")
     rng = np.random.default_rng(graph.graph.get("seed", 0))
@@ -102,6 +102,11 @@ def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> c
         for u, _, d in graph.gate_edges(node):
             d["active"] = u in chosen
     return connlearn.from_graph(graph.validate(), engine=net.engine)
+
+
+def _noise_sources(graph: BranchGraph, uninformative: list[int]) -> set[str]:
+    """The candidate inputs of module 2 that are uninformative branches of module 1."""
+    return {u for u in graph.candidates(READER) if graph.nodes[u]["branch"] in uninformative}
 
 
 def _check_folder(out: Path, setting: dict, connectivity: str | None) -> None:
@@ -178,10 +183,9 @@ def share_curve(folder: Path, K: int, uninformative: list[int]) -> list[tuple[fl
 
 def connectivity_share(graph: BranchGraph, uninformative: list[int]) -> tuple[float, float]:
     """The share of module 2's active inputs that are uninformative branches, and its chance value."""
-    sources = graph.candidates(READER)
-    bad = {u for u in sources if graph.nodes[u]["branch"] in uninformative}
+    bad = _noise_sources(graph, uninformative)
     active = [u for node in graph.branches(READER) for u, _, d in graph.gate_edges(node) if d.get("active")]
-    return sum(u in bad for u in active) / len(active), len(bad) / len(sources)
+    return sum(u in bad for u in active) / len(active), len(bad) / len(graph.candidates(READER))
 
 
 def report(folders: list[str], png: str | None = None) -> str:
@@ -234,8 +238,9 @@ def main(argv: list[str]) -> int:
                         help="with --gate random: module 2 reads only informative branches")
     parser.add_argument("--report", nargs="+", metavar="RUN", help="train nothing: report these planted runs")
     parser.add_argument("--png", help="with --report: draw the runs' share curves in this file")
-    own, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", [])
-    args = parser.parse_args(own)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    rest = argv[split + 1:]
     if args.report and (args.uninformative or args.oracle or rest):
         parser.error("--report trains nothing: give it run folders only (and --png)")
     if args.png and not args.report:
