@@ -14,6 +14,7 @@ from connlearn.checkpoint import net_from_checkpoint
 from connlearn.cli import main as connlearn_main
 from connlearn.compile import FusedModule
 from connlearn.data import make_loaders, pack, synthetic
+from connlearn.prune import prune_dead_blocks
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer
 
@@ -72,6 +73,7 @@ def test_with_more_informative_branches_than_k_the_oracle_draws_among_them():
     reads = [frozenset(u for u, _, d in graph.gate_edges(node) if d["active"]) for node in graph.branches(2)]
     assert all(len(r) == 2 and not r & {"m1.b7", "m1.b8"} for r in reads)
     assert len(set(reads)) > 1  # not one subset for every block
+
     def reads_of(seed):
         graph = rewire_oracle(connlearn.build(**tiny(C=8, K=2, gate="random", seed=seed)), [7, 8]).graph()
         return [frozenset(u for u, _, d in graph.gate_edges(n) if d["active"]) for n in graph.branches(2)]
@@ -86,6 +88,14 @@ def test_the_oracle_needs_a_random_connectivity_and_enough_informative_branches(
         rewire_oracle(connlearn.build(**tiny(C=4, K=2, gate="random")), [1, 2, 3])
 
 
+@pytest.mark.parametrize("argv", [["--report", "x", "--uninformative", "1"], ["--png", "x.png"], [],
+                                  ["--uninformative", "0"], ["--uninformative", "2", "2"]])
+def test_bad_command_lines_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+
+
 def test_top_k_share_counts_uninformative_columns_among_each_rows_top_k():
     gates = [[0.9, 0.1, 0.8, 0.2], [0.1, 0.9, 0.2, 0.8]]
     assert top_k_share(gates, 2, [3, 4]) == 0.5
@@ -93,6 +103,8 @@ def test_top_k_share_counts_uninformative_columns_among_each_rows_top_k():
     assert top_k_share([[0.9, 0.8, 0.1, 0.2]], 2, [3, 4]) == 0.0
     assert top_k_share([[0.5, 0.5, 0.5, 0.5]], 2, [3, 4]) == 0.5  # ties share the places, whatever their index
     assert top_k_share([[0.9, 0.5, 0.5, 0.5]], 2, [4]) == pytest.approx(1 / 6)
+    with pytest.raises(ValueError, match="K=5"):
+        top_k_share(gates, 5, [3])
 
 
 def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, restore, capsys):
@@ -118,6 +130,22 @@ def test_a_planted_run_trains_reports_and_refuses_another_setting(tmp_path, rest
     table = capsys.readouterr().out
     assert f"| {learned} | topk | " in table and f"| {oracle} | random (oracle) | " in table
     assert "| 0.000 (0.50) | – | 2 |" in table  # the oracle reads 2 branches of module 1, no noise
+    with pytest.raises(SystemExit, match="give the same --uninformative"):
+        main(["--uninformative", "4", "--", *train(tmp_path / "again", "--connectivity", str(learned / "last.pt"))])
+    with pytest.raises(SystemExit, match="does not take --connectivity"):
+        main(["--uninformative", "3", "4", "--oracle", "--",
+              *train(tmp_path / "again", "--connectivity", str(learned / "last.pt"))])
+    with pytest.raises(SystemExit, match="module 1 has 2 branches"):  # the oracle's pruned.pt lost 3 and 4
+        main(["--uninformative", "3", "4", "--",
+              *train(tmp_path / "again", "--connectivity", str(oracle / "pruned.pt"))])
+    pruned, _ = prune_dead_blocks(rewire_oracle(connlearn.build(**tiny(C=4, K=2, gate="random")), [1]))
+    assert pruned.graph().branches(1) == ["m1.b2", "m1.b3", "m1.b4"]
+    (tmp_path / "pruned.json").write_text(pruned.graph().to_json())
+    with pytest.raises(SystemExit, match="a pruned network"):  # its branches 3 and 4 are not the built ones
+        main(["--uninformative", "3", "4", "--",
+              *train(tmp_path / "again", "--connectivity", str(tmp_path / "pruned.json"))])
+    with pytest.raises(SystemExit, match=r"no planted\.json"):
+        main(["--report", str(tmp_path / "again")])
     assert (tmp_path / "share.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="same setting"):
         main(["--uninformative", "4", "--", *train(learned)])
