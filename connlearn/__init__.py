@@ -19,7 +19,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, Looped
 from connlearn.compile import ConnectivityNet, compile_graph
-from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, closest
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, closest
 from connlearn.gates import GATES, Gate
 from connlearn.graph import BranchGraph
 from connlearn.topologies import PRESETS, TOPOLOGIES
@@ -55,9 +55,8 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
     if not isinstance(graph, BranchGraph):
         raise ConfigTypeError(f"topology {topology!r} returned {type(graph).__name__}, not a "
                               "connlearn.graph.BranchGraph; see connlearn.topologies")
-    seed = int(graph.graph.get("seed", 0))
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(graph.seed)
         return compile_graph(graph, engine=engine)
 
 
@@ -65,8 +64,10 @@ def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | N
     """Compile a BranchGraph (or its JSON) into a network, weights initialised from the graph's seed."""
     if isinstance(graph, str):
         graph = BranchGraph.from_json(graph)
+    if not isinstance(graph, BranchGraph):
+        raise ConfigTypeError(f"from_graph takes a BranchGraph or its JSON, not a {type(graph).__name__}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(graph.graph.get("seed", 0)) if seed is None else seed)
+        torch.manual_seed(graph.seed if seed is None else check_int("seed", seed))
         return compile_graph(graph, engine=engine)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, unknown_name
+from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_name
 from connlearn.graph import BranchGraph
 
 FORMAT = "connlearn.checkpoint"
@@ -101,8 +101,7 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
     except (KeyError, RuntimeError, TypeError) as exc:
         raise CheckpointError(f"the checkpoint's weights do not fit its network: {_state_error(exc)}") from None
     if engine is not None and engine != net.engine:
-        if engine not in ("fused", "reference", "auto"):
-            raise unknown_name("engine", engine, ("fused", "reference", "auto"))
+        check_name("engine", engine, ("fused", "reference", "auto"))
         if engine != "auto":
             net = net.to_engine(engine)
         elif net.engine == "reference":  # auto: fused where every module's blocks share kind and parameters

@@ -34,6 +34,7 @@ from torch import nn
 from connlearn.blocks import (
     BLOCKS,
     LoopedBlock,
+    build_or_explain,
     check_conv_init,
     check_residual_init,
     device_and_dtype,
@@ -52,8 +53,8 @@ from connlearn.errors import (
     ConfigTypeError,
     ShapeError,
     check_int,
+    check_name,
     check_temperature,
-    unknown_name,
 )
 from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph
@@ -311,8 +312,7 @@ class ConnectivityNet(nn.Module):
 
     def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
         super().__init__()
-        if engine not in ENGINES:
-            raise unknown_name("engine", engine, ENGINES)
+        check_name("engine", engine, ENGINES)
         if not isinstance(graph, BranchGraph):
             raise ConfigTypeError(f"a network is compiled from a BranchGraph, not a {type(graph).__name__}")
         graph.validate()
@@ -347,7 +347,7 @@ class ConnectivityNet(nn.Module):
         self._init_residuals(graph)
         self._init_convs(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
-        seed = int(graph.graph.get("seed", 0))
+        seed = graph.seed
         self.generator = torch.Generator().manual_seed(seed)
         ties = tie_generator(seed)
         for module, stage in zip(self.module_ids, self.stages, strict=True):
@@ -411,7 +411,8 @@ class ConnectivityNet(nn.Module):
         nodes = info["nodes"]
         if self.engine == "single-stream":
             d = graph.nodes[nodes[0]]
-            body = BLOCKS.get(d["block"]).single_stream(
+            body = build_or_explain(
+                f"the single stream of block kind {d['block']!r}", BLOCKS.get(d["block"]).single_stream,
                 info["in_channels"], info["out_channels"], info["stride"], len(nodes), **d.get("params", {})
             )
             return SingleStreamModule(body, proj)
@@ -672,8 +673,7 @@ class ConnectivityNet(nn.Module):
     def to_engine(self, engine: str) -> ConnectivityNet:
         """A copy of this network running on ``engine`` ('fused' or 'reference'), with the same weights,
         gates and generator state."""
-        if engine not in ("fused", "reference"):
-            raise unknown_name("engine", engine, ("fused", "reference"))
+        check_name("engine", engine, ("fused", "reference"))
         if self.engine == "single-stream":
             return copy.deepcopy(self)
         with torch.random.fork_rng(devices=[]):  # the new weights are overwritten: leave the global RNG alone

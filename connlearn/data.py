@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, check_name
 
 DATA_ENV = "CONNLEARN_DATA"
 DATASETS = ("cifar10", "cifar100")
@@ -426,8 +426,7 @@ def pack(
             or ``"jpeg"`` (lossy, smaller, full-resolution colour; the format of the shared CIFAR-10 file, without
             an ``encoding`` key).
     """
-    if format not in ENCODINGS:
-        raise unknown_name("image format", format, ENCODINGS)
+    check_name("image format", format, ENCODINGS)
     quality = check_int("quality", quality, minimum=1, maximum=100)
     train = as_image_dataset(train, class_names)
     test_names = _class_names_of(test)
@@ -564,8 +563,7 @@ def load_dataset(
         DataError: nothing found and the download failed or was not allowed (one line naming ``--data`` and
             ``CONNLEARN_DATA``), or the file found is damaged or has the wrong number of classes.
     """
-    if name not in DATASETS:
-        raise unknown_name("dataset", name, DATASETS)
+    check_name("dataset", name, DATASETS)
     num_classes = 10 if name == "cifar10" else 100
     packed = find_data(name, data)
     if packed is not None:
@@ -884,8 +882,7 @@ def make_loaders(
     The test loader subtracts the train set's pixel mean (unless ``mean`` is given), is not augmented,
     keeps the last partial batch, and in DDP gives each rank ``len(test) // world_size`` samples.
     """
-    if path not in LOADER_PATHS:
-        raise unknown_name("loader path", path, LOADER_PATHS)
+    check_name("loader path", path, LOADER_PATHS)
     loader_class = BatchLoader if path == "auto" else DataLoaderPath
     if path == "auto" and {"num_workers", "pin_memory"} & options.keys():
         raise ConfigError("num_workers and pin_memory apply to path='dataloader' only; drop them or set that path")

@@ -67,6 +67,18 @@ def unknown_name(what: str, name: object, known: Iterable[str]) -> UnknownNameEr
     return UnknownNameError(msg)
 
 
+def check_name(what: str, name: object, known: Iterable[str]) -> str:
+    """``name`` if it is one of the ``known`` names; else an :class:`UnknownNameError` listing them with the
+    closest, or a :class:`ConfigTypeError` for a value that is not a string at all (a list, a number)."""
+    known = list(known)
+    if isinstance(name, str) and name in known:
+        return name
+    if not isinstance(name, str):
+        raise ConfigTypeError(f"{what} must be a name (a string), got {name!r} ({type(name).__name__}); "
+                              f"known {what}s: {', '.join(sorted(known)) or '(none)'}")
+    raise unknown_name(what, name, known)
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an int, or raise a clear error if it is not an integer in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

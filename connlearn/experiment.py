@@ -26,7 +26,7 @@ from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import ConfigError, DataError, check_int, check_temperature, unknown_name
+from connlearn.errors import ConfigError, DataError, check_int, check_name, check_temperature
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
 from connlearn.prune import (
@@ -118,10 +118,8 @@ class CifarRun:
     synthetic_fallback: bool = True
 
     def __attrs_post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise unknown_name("dataset", self.dataset, DATASETS)
-        if self.preset not in CIFAR_PRESETS:
-            raise unknown_name("CIFAR preset", self.preset, CIFAR_PRESETS)
+        check_name("dataset", self.dataset, DATASETS)
+        check_name("CIFAR preset", self.preset, CIFAR_PRESETS)
         check_residual_init(self.residual_init)
         check_conv_init(self.conv_init)
         if self.phases is not None:

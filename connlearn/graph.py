@@ -14,7 +14,12 @@ Schema (a ``networkx.DiGraph``):
 - node ``"output"`` (the head): ``kind="output"``, ``in_channels``, ``num_classes``;
 - gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``) with the real gate value ``gate`` and ``active``
   (whether the connection is used: the sampled-free, evaluation-time connectivity);
-- fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``).
+- fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``): the blocks
+  of a module without gate edges read the stem, and the head averages every block of the last module.
+
+Sizes (channels, resolutions, strides, ``module``, ``branch``, ``num_classes``, the stem's ``kernel`` and
+``stride``) are integers >= 1; :meth:`BranchGraph.validate` names any attribute that is missing or of
+another type, so a hand-edited or foreign graph is refused before anything is built from it.
 
 Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``residual_init`` (how the branches'
 output scale starts when compiled; ``"one"`` if absent), ``conv_init`` (how the convolutions inside each
@@ -36,6 +41,27 @@ from connlearn.errors import ConnlearnError, GraphError, unknown_name
 
 FORMAT = "connlearn.BranchGraph"
 VERSION = 1
+
+#: The attributes that every node of a kind must have, each an integer >= 1.
+_NODE_FIELDS = {
+    "input": ("in_channels", "out_channels", "image_size", "resolution"),
+    "block": ("module", "branch", "in_channels", "out_channels", "stride", "resolution"),
+    "output": ("in_channels", "num_classes"),
+}
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+_MISSING = _Missing()
+
+
+def _check_count(where: str, key: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        found = "it is missing" if value is _MISSING else f"got {value!r}"
+        raise GraphError(f"{where} needs {key}, an integer >= {minimum}; {found}")
 
 
 def block_name(module: int, branch: int) -> str:
@@ -124,6 +150,14 @@ class BranchGraph(nx.DiGraph):
         return int(self.graph["K"])
 
     @property
+    def seed(self) -> int:
+        """The seed of the weights, the draws and the tie orders (0 if the graph has none)."""
+        seed = self.graph.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= seed < 2**64:
+            raise GraphError(f"the graph's seed must be an integer (a 64-bit seed), got {seed!r}")
+        return int(seed)
+
+    @property
     def gate_kind(self) -> str:
         return str(self.graph["gate"])
 
@@ -131,12 +165,16 @@ class BranchGraph(nx.DiGraph):
     def validate(self, known_blocks: Iterable[str] | None = None) -> BranchGraph:
         """Check that the graph describes a network; raise one :class:`GraphError` naming the first fault.
 
-        Faults: a missing ``input``/``output`` node, a cycle, an unknown block kind, an edge whose channels
-        or resolution do not match, a block with no input, blocks of one module that disagree in channels,
-        stride or candidate inputs, a fan-in K larger than a block's possible inputs, and (for fixed
-        connectivity) a block whose number of active inputs is not K. ``known_blocks``: the block kinds to
-        accept; by default the registered ones, and then the gate kind must be registered too. Returns
-        ``self``.
+        Faults: a missing ``input``/``output`` node, a node or edge of another kind, an attribute of the
+        schema missing or of the wrong type (sizes are integers >= 1, ``active`` a bool, gate values finite,
+        ``tie`` ranks integers), two nodes for one (module, branch), an input resolution that the stem does
+        not make, a cycle, an unknown block kind, an edge whose channels or resolution do not match, a fixed
+        edge other than ``input`` → block or block → ``output``, a block reading both, a block with no
+        input, an ``output`` that does not read exactly the last module's blocks, blocks of one module that
+        disagree in channels, stride or candidate inputs, a fan-in K larger than a block's possible inputs,
+        and (for fixed connectivity) a block whose number of active inputs is not K. ``known_blocks``: the
+        block kinds to accept; by default the registered ones, and then the gate kind must be registered too.
+        Returns ``self``.
         """
         registry = known_blocks is None
         if registry:
@@ -144,10 +182,8 @@ class BranchGraph(nx.DiGraph):
 
             known_blocks = BLOCKS.names()
         known_blocks = set(known_blocks)
+        self._check_schema()
         self._check_attributes(registry)
-        for name in ("input", "output"):
-            if name not in self or self.nodes[name].get("kind") != name:
-                raise GraphError(f"the graph has no {name!r} node")
         if not nx.is_directed_acyclic_graph(self):
             cycle = nx.find_cycle(self)
             path = " → ".join([u for u, _ in cycle] + [cycle[0][0]])
@@ -166,11 +202,75 @@ class BranchGraph(nx.DiGraph):
         for node in self.block_nodes():
             if self.in_degree(node) == 0:
                 raise GraphError(f"block {node} has no input: give it a gate edge or a fixed edge from 'input'")
-        if self.in_degree("output") == 0:
-            raise GraphError("the 'output' node has no input")
+        self._check_output()
         for module in self.modules():
             self._check_module(module)
         return self
+
+    def _check_schema(self) -> None:
+        """Every node and edge has the attributes of its kind, of the right types (before anything sorts
+        or reads them): a hand-edited or foreign graph fails here, naming the node and the attribute."""
+        for name in ("input", "output"):
+            if name not in self or self.nodes[name].get("kind") != name:
+                raise GraphError(f"the graph has no {name!r} node (a node named {name!r} with kind={name!r})")
+        seen: dict[tuple[int, int], str] = {}
+        for node, d in self.nodes(data=True):
+            kind = d.get("kind")
+            if not isinstance(kind, str) or kind not in _NODE_FIELDS or (kind != "block" and node != kind):
+                raise GraphError(f"node {node!r} has kind {kind!r}; allowed: 'block', and 'input' and 'output' for "
+                                 "the nodes of those names")
+            for key in _NODE_FIELDS[kind]:
+                _check_count(f"node {node!r}", key, d.get(key, _MISSING), minimum=1)
+            if kind == "input":
+                self._check_stem(d)
+            elif kind == "block":
+                if not isinstance(d.get("block"), str):
+                    raise GraphError(f"node {node!r} has block {d.get('block', _MISSING)!r}; it must be the name "
+                                     "of a block kind, e.g. 'bottleneck'")
+                key = (d["module"], d["branch"])
+                if key in seen:
+                    raise GraphError(f"nodes {seen[key]!r} and {node!r} are both branch {key[1]} of module {key[0]}")
+                seen[key] = node
+        for u, v, d in self.edges(data=True):
+            where = f"edge {u} → {v}"
+            if d.get("kind") not in ("gate", "fixed"):
+                raise GraphError(f"{where} has kind {d.get('kind', _MISSING)!r}; allowed: 'gate', 'fixed'")
+            if "active" in d and not isinstance(d["active"], bool):
+                raise GraphError(f"{where} has active {d['active']!r}; it must be true or false")
+            gate = d.get("gate", 0.0)  # a gate edge without one: 0, as gate_matrix() reads it
+            if isinstance(gate, bool) or not isinstance(gate, numbers.Real) or not math.isfinite(gate):
+                raise GraphError(f"{where} has gate {gate!r}; a gate value must be a finite number")
+            if "tie" in d and (isinstance(d["tie"], bool) or not isinstance(d["tie"], numbers.Integral)):
+                raise GraphError(f"{where} has tie {d['tie']!r}; it must be an integer rank")
+
+    def _check_stem(self, d: dict[str, Any]) -> None:
+        stem = d.get("stem", _MISSING)
+        if not isinstance(stem, dict):
+            raise GraphError(f"node 'input' has stem {stem!r}; it must be a dict of kernel, stride and maxpool")
+        for key in ("kernel", "stride"):
+            _check_count("node 'input'", f"stem {key}", stem.get(key, _MISSING), minimum=1)
+        if not isinstance(stem.get("maxpool"), bool):
+            raise GraphError(f"node 'input' has stem maxpool {stem.get('maxpool', _MISSING)!r}; it must be true or "
+                             "false")
+        expected = math.ceil(d["image_size"] / stem["stride"])
+        expected = math.ceil(expected / 2) if stem["maxpool"] else expected
+        if d["resolution"] != expected:
+            raise GraphError(f"node 'input' has resolution {d['resolution']}, but its stem (stride {stem['stride']}"
+                             f"{', max-pool' if stem['maxpool'] else ''}) makes {expected} of images of size "
+                             f"{d['image_size']}")
+
+    def _check_output(self) -> None:
+        """The head averages every branch of the last module: 'output' reads exactly those, by fixed edges."""
+        modules = self.modules()
+        if not modules:
+            raise GraphError("the graph has no block nodes")
+        last = set(self.branches(modules[-1]))
+        sources = {u for u, _ in self.in_edges("output")}
+        if sources != last:
+            wrong, missing = sorted(sources - last), sorted(last - sources)
+            detail = f"it also reads {wrong}" if wrong else f"it does not read {missing}"
+            raise GraphError(f"the 'output' node must read every block of the last module, {modules[-1]}, and only "
+                             f"those (the head averages them): {detail}")
 
     def _check_attributes(self, registry: bool) -> None:
         for key, what in (("gate", "the gate kind, e.g. 'topk'"), ("K", "the fan-in, an integer >= 1")):
@@ -179,6 +279,18 @@ class BranchGraph(nx.DiGraph):
         K = self.graph["K"]
         if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
             raise GraphError(f"the graph's K must be an integer >= 1, got {K!r}")
+        self.seed  # noqa: B018 - the property checks it
+        weighted = self.graph.get("weighted_inputs", False)
+        if not isinstance(weighted, bool):
+            raise GraphError(f"the graph's weighted_inputs must be true or false, got {weighted!r}")
+        from connlearn.blocks.base import check_conv_init, check_residual_init
+
+        for key, check in (("residual_init", check_residual_init), ("conv_init", check_conv_init)):
+            if key in self.graph:
+                try:
+                    check(self.graph[key])
+                except ConnlearnError as exc:  # keeps its type: an UnknownNameError, a ConfigTypeError
+                    raise type(exc)(f"{exc} (graph[{key!r}])") from None
         if registry:
             from connlearn.gates import GATES
 
@@ -199,8 +311,13 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"gate edge {u} → {v} must join two blocks")
         if d["kind"] == "gate" and src["module"] >= dst["module"]:
             raise GraphError(f"gate edge {u} → {v} must go from an earlier module to a later one")
-        if "tie" in d and (isinstance(d["tie"], bool) or not isinstance(d["tie"], int)):
-            raise GraphError(f"gate edge {u} → {v} has tie {d['tie']!r}; it must be an integer rank")
+        if d["kind"] == "fixed" and not (
+            (u == "input" and dst["kind"] == "block") or (src["kind"] == "block" and v == "output")
+        ):
+            raise GraphError(f"fixed edge {u} → {v} must go from 'input' to a block or from a block to 'output'; "
+                             "blocks read each other through gate edges")
+        if u == "input" and self.gate_edges(v):
+            raise GraphError(f"block {v} reads both 'input' and gate edges; a block reads one or the other")
         if src["out_channels"] != dst["in_channels"]:
             raise GraphError(
                 f"edge {u} → {v} joins {src['out_channels']} output channels to a node that takes "
@@ -282,12 +399,27 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"not a BranchGraph JSON document (expected format {FORMAT!r})")
         if doc.get("version") != VERSION:
             raise GraphError(f"BranchGraph JSON version {doc.get('version')!r} is not supported (this is {VERSION})")
+        for key, kind in (("graph", dict), ("nodes", list), ("edges", list)):
+            if not isinstance(doc.get(key), kind):
+                found = "missing" if key not in doc else f"a {type(doc[key]).__name__}"
+                raise GraphError(f"a BranchGraph JSON document needs {key!r}, a {kind.__name__}; it is {found}")
         g = cls()
         g.graph.update(doc["graph"])
-        for node in doc["nodes"]:
+        for k, node in enumerate(doc["nodes"]):
+            if not isinstance(node, dict) or not isinstance(node.get("id"), str):
+                raise GraphError(f"node {k} of the document is {node!r}; each node is an object with a string 'id'")
             node = dict(node)
-            g.add_node(node.pop("id"), **node)
-        for edge in doc["edges"]:
+            name = node.pop("id")
+            if name in g:
+                raise GraphError(f"the document lists node {name!r} twice")
+            g.add_node(name, **node)
+        for k, edge in enumerate(doc["edges"]):
+            ends = (edge.get("source"), edge.get("target")) if isinstance(edge, dict) else (None, None)
+            if not all(isinstance(end, str) and end in g for end in ends):
+                raise GraphError(f"edge {k} of the document is {edge!r}; each edge is an object whose 'source' and "
+                                 "'target' name nodes of the document")
+            if g.has_edge(*ends):
+                raise GraphError(f"the document lists edge {ends[0]} → {ends[1]} twice")
             edge = dict(edge)
             g.add_edge(edge.pop("source"), edge.pop("target"), **edge)
         return g

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, check_float, check_int, check_temperature, unknown_name
+from connlearn.errors import ConfigError, check_float, check_int, check_name, check_temperature
 
 
 def _positive_int(name: str):
@@ -157,6 +157,4 @@ RECIPES: dict[str, Recipe] = {
 
 def get_recipe(name: str) -> Recipe:
     """A preset recipe by name: ``cifar``, ``miniimagenet`` or ``imagenet``."""
-    if name not in RECIPES:
-        raise unknown_name("recipe", name, RECIPES)
-    return RECIPES[name]
+    return RECIPES[check_name("recipe", name, RECIPES)]

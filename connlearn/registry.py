@@ -8,7 +8,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from connlearn.errors import ConfigError, ConfigTypeError, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_name
 
 T = TypeVar("T")
 
@@ -52,11 +52,9 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The object registered as ``name``; an unknown name lists the known ones and the closest."""
         self._load_entry_points()
-        if name not in self._items:
-            if name in self._broken:
-                raise ConfigError(self._broken[name])
-            raise unknown_name(self.what, name, self._items)
-        return self._items[name]
+        if isinstance(name, str) and name in self._broken and name not in self._items:
+            raise ConfigError(self._broken[name])
+        return self._items[check_name(self.what, name, self._items)]
 
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching the shell-style ``pattern``, sorted."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import graphviz
 
-from connlearn.errors import ConfigError, ConfigTypeError, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import dead_blocks
 
@@ -231,8 +231,7 @@ def _full_connectivity(graph: BranchGraph) -> BranchGraph:
 
 
 def _check_dead(dead: str) -> None:
-    if dead not in DEAD_STYLES:
-        raise unknown_name("dead-block style", dead, DEAD_STYLES)
+    check_name("dead-block style", dead, DEAD_STYLES)
 
 
 # ---------------------------------------------------------------------------- files

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, check_int, unknown_name
+from connlearn.errors import CheckpointError, ConfigError, check_int, check_name, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -185,8 +185,7 @@ class Trainer:
         meta: dict[str, Any] | None = None,
         resume_check: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        if amp not in AMP_MODES:
-            raise unknown_name("amp mode", amp, AMP_MODES)
+        check_name("amp mode", amp, AMP_MODES)
         if isinstance(compile, str) and compile not in COMPILE_MODES:
             raise unknown_name("compile mode", compile, COMPILE_MODES)
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))

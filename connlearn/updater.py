@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, check_float, unknown_name
+from connlearn.errors import ConfigError, check_float, check_name
 
 GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
 
@@ -53,8 +53,7 @@ class GateUpdater:
     """
 
     def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
-        if grad_mode not in GRAD_MODES:
-            raise unknown_name("gate gradient mode", grad_mode, GRAD_MODES)
+        check_name("gate gradient mode", grad_mode, GRAD_MODES)
         self.low, self.high = check_float("low", low), check_float("high", high)
         if self.low >= self.high:
             raise ConfigError(f"low must be below high, got low={low}, high={high}")

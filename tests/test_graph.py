@@ -1,14 +1,17 @@
 """The IR: JSON round trips rebuild the same network; validate() names each fault."""
 
 import copy
+import json
 
 import networkx as nx
 import pytest
 import torch
-from conftest import tiny
+from conftest import PlainBlock, tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import connlearn
-from connlearn.errors import GraphError
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, GraphError
 from connlearn.graph import BranchGraph
 
 
@@ -127,3 +130,133 @@ def test_graph_is_plain_networkx():
     assert isinstance(g, nx.DiGraph)
     assert nx.has_path(g, "input", "output")
     assert isinstance(copy.deepcopy(g), BranchGraph)
+
+
+# ------------------------------------------------------------------ damaged documents and foreign graphs
+def _doc(**overrides):
+    return json.loads(connlearn.build(**tiny(**overrides)).graph().to_json())
+
+
+def _compiles_or_names_the_fault(text):
+    """A document either compiles to a network that runs in both modes, or is refused by a ConnlearnError."""
+    try:
+        net = connlearn.from_graph(text)
+    except ConnlearnError:
+        return
+    net.eval()(torch.randn(2, 3, 32, 32))
+    net.train()(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
+def _leaves(doc, path=()):
+    """The paths of every value in a JSON document (containers included)."""
+    if path:
+        yield path
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        yield from _leaves(value, (*path, key))
+
+
+_DOCS = {gate: _doc(gate=gate, K=4 if gate == "full" else 2) for gate in ("topk", "full", "real", "random")}
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.sampled_from([1.5, float("nan"), -0.5]),
+                    st.sampled_from(["", "x", "input", "output", "m1.b1", "block", "gate", "fixed", "topk"]),
+                    st.just([]), st.just([1]), st.just({}), st.just({"a": 1}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(gate=st.sampled_from(sorted(_DOCS)), data=st.data())
+def test_a_damaged_document_compiles_or_is_refused_by_name(gate, data):
+    """Law: one or two values of a graph's JSON changed, deleted or replaced by a value of another type
+    never crash deep inside torch or networkx."""
+    doc = copy.deepcopy(_DOCS[gate])
+    for _ in range(data.draw(st.integers(1, 2))):
+        path = data.draw(st.sampled_from(list(_leaves(doc))))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(_VALUES)
+    _compiles_or_names_the_fault(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("nodes"), "needs 'nodes', a list; it is missing"),
+    (lambda d: d.update(graph=[]), "needs 'graph', a dict; it is a list"),
+    (lambda d: d["nodes"].insert(1, 3), "node 1 of the document is 3"),
+    (lambda d: d["nodes"].append(dict(d["nodes"][1])), "lists node 'm1.b1' twice"),
+    (lambda d: d["edges"].append({"source": "m1.b1", "target": "m9.b9"}), "name nodes of the document"),
+    (lambda d: d["edges"].append(dict(d["edges"][0])), "lists edge input → m1.b1 twice"),
+])
+def test_from_json_names_a_broken_structure(edit, message):
+    doc = _doc()
+    edit(doc)
+    with pytest.raises(GraphError, match=message):
+        BranchGraph.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda g: g.nodes["m2.b1"].update(module=[2]), r"node 'm2.b1' needs module, an integer >= 1; got \[2\]"),
+    (lambda g: g.nodes["m2.b1"].pop("stride"), "node 'm2.b1' needs stride, an integer >= 1; it is missing"),
+    (lambda g: g.nodes["m2.b1"].update(block=None), "node 'm2.b1' has block None"),
+    (lambda g: g.nodes["m2.b2"].update(branch=1), "nodes 'm2.b1' and 'm2.b2' are both branch 1 of module 2"),
+    (lambda g: g.nodes["output"].update(num_classes=0), "node 'output' needs num_classes, an integer >= 1"),
+    (lambda g: g.nodes["input"]["stem"].update(kernel=2.5), "node 'input' needs stem kernel"),
+    (lambda g: g.nodes["input"]["stem"].update(maxpool=1), "stem maxpool 1; it must be true or false"),
+    (lambda g: g.nodes["input"].update(resolution=16), "resolution 16, but its stem .* makes 32"),
+    (lambda g: g.add_node("extra", kind="shortcut"), "node 'extra' has kind 'shortcut'"),
+    (lambda g: g.edges["m1.b1", "m2.b1"].update(gate=float("nan")), "gate nan; a gate value must be a finite"),
+    (lambda g: g.edges["m1.b1", "m2.b1"].update(active="yes"), "active 'yes'; it must be true or false"),
+    (lambda g: g.graph.update(seed=[1]), r"seed must be an integer \(a 64-bit seed\), got \[1\]"),
+    (lambda g: g.graph.update(weighted_inputs="no"), "weighted_inputs must be true or false"),
+    (lambda g: g.add_edge("m1.b1", "m2.b1", kind="fixed", active=True), "fixed edge m1.b1 → m2.b1 must go from"),
+    (lambda g: g.add_edge("input", "m2.b1", kind="fixed", active=True), "reads both 'input' and gate edges"),
+    (lambda g: g.remove_edge("m3.b1", "output"), r"it does not read \['m3.b1'\]"),
+])
+def test_validate_names_the_node_and_the_attribute(edit, message):
+    g = _graph()
+    edit(g)
+    with pytest.raises(GraphError, match=message):
+        g.validate()
+    with pytest.raises(GraphError, match=message):
+        connlearn.from_graph(g.to_json())
+
+
+def test_the_output_reads_the_last_module_only():
+    g = connlearn.build(**tiny(M=6)).graph()  # modules 5 and 6 share their channels
+    g.add_edge("m5.b1", "output", kind="fixed", active=True)
+    with pytest.raises(GraphError, match=r"every block of the last module, 6, and only those .*: it also reads "
+                                         r"\['m5.b1'\]"):
+        g.validate()
+
+
+class _Fussy(PlainBlock):
+    """A plug-in block kind that cannot be built at stride 2."""
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        if stride != 1:
+            raise ValueError("fussy blocks keep the resolution")
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+
+
+def test_a_block_kind_that_fails_to_build_is_named_with_its_arguments(clean_registries):
+    connlearn.blocks.BLOCKS.register("fussy", _Fussy)
+    with pytest.raises(ConfigError, match=r"block kind 'fussy' .* failed to build a module of 4 branches from 8 to "
+                                          r"16 channels at stride 2 with the parameters \{'width': 4\}: ValueError: "
+                                          "fussy blocks keep the resolution"):
+        connlearn.build(**tiny(block="fussy"))
+    full = connlearn.build(**tiny(gate="full", K=4)).graph()
+    for node in full.block_nodes():
+        full.nodes[node]["params"] = {}
+    with pytest.raises(ConfigError, match="the single stream of block kind 'bottleneck' failed to build"):
+        connlearn.from_graph(full)
+
+
+@pytest.mark.parametrize("value", [[2, 1], {"a": 1}, 3])
+def test_a_name_that_is_not_a_string_is_a_type_error_listing_the_names(value):
+    with pytest.raises(ConfigTypeError, match=r"preset must be a name .*known presets: cifar-"):
+        connlearn.build(**tiny(preset=value))
+    with pytest.raises(ConfigTypeError, match=r"gate kind must be a name .*known gate kinds: .*topk"):
+        connlearn.build(**tiny(gate=value))
+    with pytest.raises(ConfigTypeError, match="topology must be a name"):
+        connlearn.build(value)

@@ -17,6 +17,7 @@ from connlearn.blocks.base import (
     Looped,
     LoopedBlock,
     block_parameters,
+    build_or_explain,
     check_block_kind,
     check_conv_init,
     check_residual_init,
@@ -40,7 +41,8 @@ BLOCKS.register("basic", Basic)
 
 __all__ = [
     "BLOCKS", "CONV_INITS", "DEFAULT_CONV_INIT", "DEFAULT_RESIDUAL_INIT", "RESIDUAL_INITS", "Basic", "Bottleneck",
-    "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "check_block_kind",
+    "BranchBlock", "Looped", "LoopedBlock", "ResNeXtBottleneck", "block_parameters", "build_or_explain",
+    "check_block_kind",
     "check_conv_init", "check_residual_init", "conv", "device_and_dtype", "init_conv_scale", "init_residual_scale",
     "make_block", "require_block_method", "residual_scale", "scales_residual", "starts_of",
 ]

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_int, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_name
 
 #: How a branch's output scale starts (the ``residual_init`` option of a topology).
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
@@ -41,9 +41,7 @@ DEFAULT_RESIDUAL_INIT = "auto"
 
 def check_residual_init(init: str) -> str:
     """``init`` if it is one of :data:`RESIDUAL_INITS`; else an error naming the allowed values."""
-    if init not in RESIDUAL_INITS:
-        raise unknown_name("residual_init", init, RESIDUAL_INITS)
-    return init
+    return check_name("residual_init", init, RESIDUAL_INITS)
 
 
 #: How the convolutions inside each branch start (the ``conv_init`` option of a topology).
@@ -54,9 +52,7 @@ DEFAULT_CONV_INIT = "branch"
 
 def check_conv_init(init: str) -> str:
     """``init`` if it is one of :data:`CONV_INITS`; else an error naming the allowed values."""
-    if init not in CONV_INITS:
-        raise unknown_name("conv_init", init, CONV_INITS)
-    return init
+    return check_name("conv_init", init, CONV_INITS)
 
 
 #: The starts of a network whose record lacks the option: it was written before the option existed.
@@ -396,7 +392,8 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
                 f"block kind {name!r} ({_describe(kind)}) cannot be built with the parameters {params}: {exc}; "
                 f"besides {fixed} it takes: {takes_text}"
             ) from None
-    block = kind(in_ch, out_ch, stride, branches, **params)
+    block = build_or_explain(f"block kind {name!r} ({_describe(kind)})", kind, in_ch, out_ch, stride, branches,
+                             **params)
     if isinstance(block, BranchBlock):
         lost = {k: v for k, v in params.items() if k not in block.block_params or block.block_params[k] != v}
         if lost:
@@ -411,6 +408,21 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
     if isinstance(held, int) and held != branches:
         raise ConfigError(f"block kind {name!r} was asked for {branches} branches and its block holds {held}")
     return block
+
+
+def build_or_explain(what: str, factory: Callable[..., Any], in_ch: int, out_ch: int, stride: int, branches: int,
+                     **params: Any) -> Any:
+    """``factory(in_ch, out_ch, stride, branches, **params)``; a failure of its own (channels that its groups
+    do not divide, a parameter it lacks) is a :class:`ConfigError` naming ``what`` and the arguments."""
+    try:
+        return factory(in_ch, out_ch, stride, branches, **params)
+    except ConnlearnError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"{what} failed to build a module of {branches} branches from {in_ch} to {out_ch} channels at stride "
+            f"{stride} with the parameters {params}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def require_block_method(block: nn.Module, method: str, purpose: str) -> None:

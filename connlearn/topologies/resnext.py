@@ -27,7 +27,7 @@ from connlearn.blocks import (
     check_conv_init,
     check_residual_init,
 )
-from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import BranchGraph, block_name
 
@@ -185,14 +185,12 @@ def resnext(
             resolution), DenseNet-style, instead of only the previous module.
     """
     if preset is not None:
-        if preset not in PRESETS:
-            raise unknown_name("preset", preset, PRESETS)
+        check_name("preset", preset, PRESETS)
         base = {**DEFAULTS, **PRESETS[preset]}
     else:
         base = dict(DEFAULTS)
     layout_name = layout if layout is not None else base["layout"]
-    if layout_name not in LAYOUTS:
-        raise unknown_name("layout", layout_name, LAYOUTS)
+    check_name("layout", layout_name, LAYOUTS)
     lay = LAYOUTS[layout_name]
     if M is None and depth is None:
         depth = base["depth"]
