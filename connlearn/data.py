@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_device, check_int, check_name
 
 DATA_ENV = "CONNLEARN_DATA"
 DATASETS = ("cifar10", "cifar100")
@@ -654,7 +654,7 @@ class _EpochLoader:
         self.dataset = dataset
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.train = bool(train)
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
         self.drop_last = self.train if drop_last is None else bool(drop_last)
         self.shuffle = self.train if shuffle is None else bool(shuffle)

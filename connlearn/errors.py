@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import numbers
 from collections.abc import Iterable
+from typing import Any
 
 
 class ConnlearnError(Exception):
@@ -116,3 +117,30 @@ def check_temperature(name: str, value: object) -> float:
     if value is None:
         raise ConfigError(f"{name} must be a number in [{low:g}, {high:g}], got None")
     return check_float(name, value, minimum=low, maximum=high)
+
+
+def check_device(value: object, name: str = "device") -> Any:
+    """``value`` (a ``torch.device``, a string such as ``"cuda:1"``, a CUDA index, or ``None`` for CUDA where
+    PyTorch sees a GPU, else the CPU) as a ``torch.device``; a clear error for anything else, and for a CUDA
+    device that this machine does not have."""
+    import torch
+
+    if value is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral, torch.device)):
+        raise ConfigTypeError(f"{name} must be a device name such as 'cpu', 'cuda' or 'cuda:1', got {value!r} "
+                              f"({type(value).__name__})")
+    try:
+        device = torch.device(int(value) if isinstance(value, numbers.Integral) else value)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} {value!r} is not a device: {str(exc).splitlines()[0]}; use e.g. 'cpu', "
+                          "'cuda' or 'cuda:1'") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"{name} {value!r} asks for a CUDA GPU, but PyTorch sees none here "
+                              "(torch.cuda.is_available() is False); use 'cpu'")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"{name} {value!r} asks for CUDA GPU {device.index}, but PyTorch sees {count} "
+                              f"(indices 0 to {count - 1})")
+    return device

@@ -19,14 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
 import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
-from connlearn.errors import ConfigError, DataError, check_int, check_name, check_temperature
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    DataError,
+    check_device,
+    check_int,
+    check_name,
+    check_temperature,
+)
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
 from connlearn.prune import (
@@ -50,6 +57,24 @@ def _optional_int(name: str):
             check_int(name, value, minimum=1)
 
     return check
+
+
+def _text(name: str, default: str | None, *, path: bool = True) -> Any:
+    """A field that holds a path (a ``Path`` becomes its string, as JSON records it) or a device name: a
+    non-empty string, or ``None`` where that is the default."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, str) or not value:
+            allowed = ("a path" if path else "a device name such as 'cuda:1'") + (" or None" if optional else "")
+            raise ConfigTypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+
+    def fspath(value: Any) -> Any:
+        return os.fspath(value) if path and isinstance(value, os.PathLike) else value
+
+    optional = default is None
+    return attrs.field(default=default, converter=fspath, validator=check)
 
 
 def phases_total(phases: Any) -> int:
@@ -88,10 +113,10 @@ class CifarRun:
     epochs: int = attrs.field(default=320, validator=_optional_int("epochs"))
     phases: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     seed: int = 0
-    data: str | None = None
-    out: str = "runs/cifar"
+    data: str | None = _text("data", None)
+    out: str = _text("out", "runs/cifar")
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
-    device: str | None = None
+    device: str | None = _text("device", None, path=False)
     amp: str = "auto"
     compile: bool | str = False
     engine: str = "fused"
@@ -103,7 +128,7 @@ class CifarRun:
     gate_temperature_end: float | None = None
     residual_init: str = DEFAULT_RESIDUAL_INIT
     conv_init: str = DEFAULT_CONV_INIT
-    connectivity: str | None = None
+    connectivity: str | None = _text("connectivity", None)
     train_subset: int | None = attrs.field(default=None, validator=_optional_int("train_subset"))
     test_subset: int | None = attrs.field(default=None, validator=_optional_int("test_subset"))
     val_split: int | None = attrs.field(default=None, validator=_optional_int("val_split"))
@@ -283,7 +308,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
-    device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_device(run.device)
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
         eval_batch_size=max(recipe.batch_size, 256),

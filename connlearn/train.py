@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
 from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, check_int, check_name, unknown_name
+from connlearn.errors import CheckpointError, ConfigError, check_device, check_int, check_name, unknown_name
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -188,7 +188,7 @@ class Trainer:
         check_name("amp mode", amp, AMP_MODES)
         if isinstance(compile, str) and compile not in COMPILE_MODES:
             raise unknown_name("compile mode", compile, COMPILE_MODES)
-        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = check_device(device)
         cuda = self.device.type == "cuda"
         self.amp = {"auto": torch.bfloat16 if cuda else None, "bf16": torch.bfloat16, "fp16": torch.float16,
                     "none": None}[amp]

@@ -1,11 +1,24 @@
 """Bad input is a ConnlearnError that names the value, what is allowed and the closest valid name."""
 
+import contextlib
+
+import attrs
 import pytest
 import torch
 from conftest import tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import connlearn
-from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, ShapeError, UnknownNameError
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    ConnlearnError,
+    ShapeError,
+    UnknownNameError,
+    check_device,
+)
+from connlearn.experiment import CifarRun
 from connlearn.recipe import Phase, Recipe
 from connlearn.train import Trainer
 
@@ -112,3 +125,60 @@ def test_a_negative_snapshot_interval_is_refused(tmp_path):
     recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2)], batch_size=4)
     with pytest.raises(ConfigError, match="snapshot_every must be >= 0, got -1"):
         Trainer(connlearn.build(**tiny()), [], None, recipe, out_dir=tmp_path, progress=False, snapshot_every=-1)
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=True, allow_infinity=True),
+                 st.text(max_size=6), st.lists(st.integers(0, 5), max_size=3),
+                 st.sampled_from(["topk", "full", "random", "real", "basic", "auto", "one", "cifar-20-4-8"]))
+_OPTIONS = ["C", "M", "depth", "width", "num_classes", "preset", "layout", "block", "gate", "K", "seed",
+            "gate_init", "residual_init", "conv_init", "stem_channels", "base_channels"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(options=st.dictionaries(st.sampled_from(_OPTIONS), _ANY, max_size=3),
+       topology=st.sampled_from(["resnext", "dense"]), engine=st.sampled_from(["fused", "reference"]))
+def test_any_options_build_a_working_net_or_raise_a_connlearn_error(options, topology, engine):
+    """Law: build() with values of any type either gives a network that runs, or names the bad value."""
+    try:
+        net = connlearn.build(topology, engine=engine, **{**tiny(M=3, C=2, K=1, width=1), **options})
+    except ConnlearnError:
+        return
+    if sum(p.numel() for p in net.parameters()) > 2_000_000:
+        return  # a large valid net: not worth running here
+    net.eval()(torch.randn(2, 3, 32, 32))
+    net.train()(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
+@pytest.mark.parametrize("field", [f.name for f in attrs.fields(CifarRun)])
+@pytest.mark.parametrize("value", [None, True, -1, 1.5, float("nan"), "", "x", [1, 2], {"a": 1}])
+def test_a_run_config_of_any_value_is_made_or_refused_by_name(field, value):
+    with contextlib.suppress(ConnlearnError):
+        CifarRun(**{field: value})
+
+
+def test_paths_may_be_path_objects_and_are_recorded_as_strings(tmp_path):
+    run = CifarRun(out=tmp_path / "run", data=tmp_path / "x.npz", connectivity=tmp_path / "g.json")
+    assert run.to_dict()["out"] == str(tmp_path / "run") and isinstance(run.data, str)
+    with pytest.raises(ConfigTypeError, match="out must be a path, got None"):
+        CifarRun(out=None)
+    with pytest.raises(ConfigTypeError, match="device must be a device name such as 'cuda:1' or None, got 0"):
+        CifarRun(device=0)
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    ("gpu", ConfigError, "device 'gpu' is not a device: .*use e.g. 'cpu', 'cuda' or 'cuda:1'"),
+    (-1, ConfigError, "device -1 is not a device"),
+    (True, ConfigTypeError, "device must be a device name .*got True"),
+    ([0], ConfigTypeError, r"got \[0\] \(list\)"),
+])
+def test_a_bad_device_is_named(value, error, message):
+    with pytest.raises(error, match=message):
+        check_device(value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without a CUDA GPU")
+def test_a_cuda_device_on_a_machine_without_one_is_named():
+    assert check_device(None) == torch.device("cpu") and check_device("cpu") == torch.device("cpu")
+    for value in ("cuda", "cuda:1", 0):
+        with pytest.raises(ConfigError, match=r"asks for a CUDA GPU, but PyTorch sees none here"):
+            check_device(value)
