@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_name
-from connlearn.graph import BranchGraph
+from connlearn.compile import ConnectivityNet, check_net
+from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_name, check_path
+from connlearn.graph import BranchGraph, check_graph
 
 FORMAT = "connlearn.checkpoint"
 VERSION = 1
@@ -26,7 +26,7 @@ VERSION = 1
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace``: a crash never
     leaves a half-written file under ``path``."""
-    path = Path(path)
+    path = check_path("path", path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder; give the checkpoint file to write (e.g. {path / 'model.pt'})")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,6 +45,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
     """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries."""
+    check_net(net)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -57,7 +58,7 @@ def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load and check a checkpoint; a missing, truncated or foreign file is a :class:`CheckpointError`."""
-    path = Path(path)
+    path = check_path("path", path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     with path.open("rb") as f:
@@ -129,7 +130,7 @@ def _state_error(exc: BaseException) -> str:
 def architecture(graph: BranchGraph) -> tuple:
     """What must match for weights to transfer: every node's shape attributes (not gate values)."""
     nodes = []
-    for n, d in sorted(graph.nodes(data=True)):
+    for n, d in sorted(check_graph(graph).nodes(data=True)):
         keep = {k: v for k, v in d.items() if k not in ("kind",)}
         nodes.append((n, repr(sorted(keep.items()))))
     return tuple(nodes)

@@ -742,6 +742,14 @@ def _source_plan(graph: BranchGraph, module: int, position: dict[int, int]) -> l
     return plan
 
 
+def check_net(obj: object, what: str = "net") -> ConnectivityNet:
+    """``obj`` if it is a :class:`ConnectivityNet`; else a clear error (for a graph: compile it first)."""
+    if isinstance(obj, ConnectivityNet):
+        return obj
+    hint = "; build one from it with connlearn.from_graph()" if isinstance(obj, BranchGraph) else ""
+    raise ConfigTypeError(f"{what} must be a connlearn ConnectivityNet, got {type(obj).__name__}{hint}")
+
+
 def compile_graph(graph: BranchGraph, engine: str = "fused") -> ConnectivityNet:
     """Compile ``graph`` into a :class:`ConnectivityNet` (weights freshly initialised)."""
     return ConnectivityNet(graph, engine=engine)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import numbers
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -144,3 +146,18 @@ def check_device(value: object, name: str = "device") -> Any:
             raise ConfigError(f"{name} {value!r} asks for CUDA GPU {device.index}, but PyTorch sees {count} "
                               f"(indices 0 to {count - 1})")
     return device
+
+
+def check_path(name: str, value: object) -> Path:
+    """``value`` (a non-empty string or an ``os.PathLike``) as a ``Path``; a clear error for anything else."""
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and value):
+        return Path(value)
+    raise ConfigTypeError(f"{name} must be a path (a non-empty string or a pathlib.Path), got {value!r} "
+                          f"({type(value).__name__})")
+
+
+def check_title(value: object, name: str = "title") -> str | None:
+    """``value`` if it is a string or ``None`` (a figure's or drawing's title); else a clear error."""
+    if value is not None and not isinstance(value, str):
+        raise ConfigTypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__})")
+    return value

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from connlearn.blocks import device_and_dtype
-from connlearn.compile import ConnectivityNet
-from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, unknown_name
+from connlearn.compile import ConnectivityNet, check_net
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_int, check_path, unknown_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 #: The formats by the suffix of their files (``pt2``: ``export``), which name them too.
@@ -42,8 +42,8 @@ def onnx_supported() -> bool:
 def example_input(net: ConnectivityNet, batch: int = 2) -> torch.Tensor:
     """A random input batch of the network's image size, ``[batch, in_channels, size, size]``, on its
     device and in its dtype."""
-    size = net.graph().nodes["input"]["image_size"]
-    return torch.randn(batch, net.in_channels, size, size, **device_and_dtype(net))
+    size = check_net(net).graph().nodes["input"]["image_size"]
+    return torch.randn(check_int("batch", batch, minimum=1), net.in_channels, size, size, **device_and_dtype(net))
 
 
 def onnx_files(path: str | os.PathLike) -> list[Path]:
@@ -59,14 +59,13 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     of a format's files names it too: 'ts', 'pt2'); returns the path. The input's batch size may vary at
     run time; the input's dtype is the network's (``example``, if given, must match it). ONNX may keep the
     weights in a second file beside ``path`` (``onnx_files`` lists both)."""
-    if not isinstance(net, ConnectivityNet):
-        raise ConfigTypeError(f"export() takes a connlearn ConnectivityNet, got {type(net).__name__}")
+    check_net(net)
     format = format_name(format)
     if not isinstance(format, str) or format not in FORMATS:
         if not isinstance(format, str):
             raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
         raise unknown_name("export format", format, set(_BY_SUFFIX) | set(FORMATS))
-    path = Path(path)
+    path = check_path("path", path)
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / ('model' + FORMATS[format])})")
     path.parent.mkdir(parents=True, exist_ok=True)

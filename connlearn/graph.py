@@ -37,7 +37,7 @@ from typing import Any
 
 import networkx as nx
 
-from connlearn.errors import ConnlearnError, GraphError, unknown_name
+from connlearn.errors import ConfigTypeError, ConnlearnError, GraphError, unknown_name
 
 FORMAT = "connlearn.BranchGraph"
 VERSION = 1
@@ -62,6 +62,14 @@ def _check_count(where: str, key: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         found = "it is missing" if value is _MISSING else f"got {value!r}"
         raise GraphError(f"{where} needs {key}, an integer >= {minimum}; {found}")
+
+
+def check_graph(obj: object, what: str = "graph") -> BranchGraph:
+    """``obj`` if it is a :class:`BranchGraph`; else a clear error (for a network: pass ``net.graph()``)."""
+    if isinstance(obj, BranchGraph):
+        return obj
+    hint = "; pass net.graph()" if callable(getattr(obj, "graph", None)) else ""
+    raise ConfigTypeError(f"{what} must be a connlearn BranchGraph, got {type(obj).__name__}{hint}")
 
 
 def block_name(module: int, branch: int) -> str:

@@ -29,8 +29,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int
-from connlearn.graph import BranchGraph
+from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, check_path, check_title
+from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import active_branches
 from connlearn.train import read_jsonl
 
@@ -56,6 +56,7 @@ def plot_active_branches(
     the largest cardinality C.
     """
     path = _figure_path(path)
+    check_title(title)
     if isinstance(graphs, BranchGraph):
         graphs = {f"K={graphs.graph.get('K', '?')}": graphs}
     if not isinstance(graphs, Mapping):
@@ -68,8 +69,7 @@ def plot_active_branches(
     ax = fig.add_subplot()
     cardinality = 0
     for label, graph in graphs.items():
-        if not isinstance(graph, BranchGraph):
-            raise ConfigTypeError(f"graphs[{label!r}] must be a BranchGraph, got {type(graph).__name__}")
+        check_graph(graph, f"graphs[{label!r}]")
         counts = active_branches(graph)
         modules = sorted(counts)
         cardinality = max([cardinality, *(len(graph.branches(m)) for m in modules)])
@@ -92,8 +92,7 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
     Rows are the module's blocks, columns its candidate inputs; one colour bar in [0, 1] for all.
     """
     path = _figure_path(path)
-    if not isinstance(graph, BranchGraph):
-        raise ConfigTypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
+    check_graph(graph)
     modules = [m for m in graph.modules() if graph.candidates(m)]
     if not modules:
         raise DataError("the graph has no gated module (no gate edges): there is no gate matrix to draw")
@@ -130,7 +129,11 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Recor
     numbers and draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a
     non-empty ``snapshots`` file is given). Returns the files written."""
     _check_eval_set(eval_set)
-    out = Path(out)
+    out = check_path("out", out)
+    check_graph(graph)
+    K = check_int("K", K, minimum=1)
+    if snapshots is not None:
+        snapshots = check_path("snapshots", snapshots)
     files = [plot_active_branches({f"K={K}": graph}, out / "active_branches.png")]
     if any(graph.candidates(m) for m in graph.modules()):
         files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
@@ -140,7 +143,7 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Recor
                                           eval_set=eval_set))
         if any(r.get("drawn_distinct") is not None for r in records):
             files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
-    if snapshots is not None and Path(snapshots).is_file() and Path(snapshots).stat().st_size:
+    if snapshots is not None and snapshots.is_file() and snapshots.stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
     return files
 
@@ -296,7 +299,9 @@ def plot_training_curves(
     ``"validation"`` for a run evaluated on a held-out split of the training set).
     """
     path = _figure_path(path)
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    keys = (keys,) if isinstance(keys, str) else tuple(keys) if isinstance(keys, (list, tuple)) else keys
+    if not isinstance(keys, tuple) or not all(isinstance(k, str) for k in keys):
+        raise ConfigTypeError(f"keys must be a logged value's name or a list of them, got {keys!r}")
     if not keys:
         raise ConfigError("keys is empty: name at least one logged value to plot, e.g. 'test_top1'")
     _check_eval_set(eval_set)
@@ -405,7 +410,7 @@ def _series(records: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple
 
 # ---------------------------------------------------------------------------- output
 def _figure_path(path: str | os.PathLike[str]) -> Path:
-    path = Path(path)
+    path = check_path("path", path)
     if not path.suffix:
         return path.with_name(path.name + ".png")
     if path.suffix.lower() not in SUFFIXES:

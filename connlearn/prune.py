@@ -17,13 +17,14 @@ import networkx as nx
 import torch
 
 from connlearn.blocks import device_and_dtype, require_block_method
-from connlearn.compile import ConnectivityNet, FusedModule
-from connlearn.errors import ConfigError, ConfigTypeError
-from connlearn.graph import BranchGraph
+from connlearn.compile import ConnectivityNet, FusedModule, check_net
+from connlearn.errors import ConfigError, check_int
+from connlearn.graph import BranchGraph, check_graph
 
 
 def live_blocks(graph: BranchGraph) -> set[str]:
     """Blocks with a path to the head along the edges the function reads (the active ones)."""
+    check_graph(graph)
     active = nx.DiGraph()
     active.add_nodes_from(graph.nodes)
     active.add_edges_from(graph.used_edges())
@@ -32,7 +33,7 @@ def live_blocks(graph: BranchGraph) -> set[str]:
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
     """Blocks without an active path to the head (what the pruner removes)."""
-    return set(graph.block_nodes()) - live_blocks(graph)
+    return set(check_graph(graph).block_nodes()) - live_blocks(graph)
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:
@@ -51,6 +52,7 @@ def input_overlap(graph: BranchGraph) -> dict[int, float]:
     out). 1 when every block reads the same inputs (Fixed-Full always),
     0 when no two share one. Independent uniform draws of K of C inputs give :func:`random_overlap`;
     a learned connectivity far above it has its blocks crowding onto the same few branches."""
+    check_graph(graph)
     overlap = {}
     for m in graph.modules():
         sets = [{u for u, _, d in graph.gate_edges(n) if d.get("active", False)} for n in graph.branches(m)]
@@ -63,7 +65,8 @@ def input_overlap(graph: BranchGraph) -> dict[int, float]:
 def random_overlap(C: int, K: int) -> float:
     """The expected :func:`input_overlap` of two blocks that each draw K of C inputs uniformly and
     independently (Fixed-Random): the hypergeometric mean of i / (2K - i) over the shared count i."""
-    if not 1 <= K <= C:
+    C, K = check_int("C", C, minimum=1), check_int("K", K, minimum=1)
+    if K > C:
         raise ConfigError(f"random_overlap needs 1 <= K <= C, got C={C}, K={K}")
     return sum(math.comb(K, i) * math.comb(C - K, K - i) * i / (2 * K - i)
                for i in range(max(0, 2 * K - C), K + 1)) / math.comb(C, K)
@@ -94,6 +97,7 @@ class PruneReport:
 def freezing_changes_outputs(net: ConnectivityNet) -> bool:
     """Whether freezing ``net`` to its top-K (as pruning does) would change its eval outputs: its gates are
     learned and evaluated by their values, not by their top-K (``real`` gates before phase 2)."""
+    check_net(net)
     return not net.fixed_connectivity and not net.evaluates_top_k()
 
 
@@ -107,8 +111,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
     and a module none of whose blocks is read is left out) and the surviving weights are copied through the
     blocks' ``select()``, on the net's device and dtype. ``net`` itself is left unchanged.
     """
-    if not isinstance(net, ConnectivityNet):
-        raise ConfigTypeError(f"prune_dead_blocks takes a connlearn ConnectivityNet, got {type(net).__name__}")
+    check_net(net)
     if not net.fixed_connectivity:
         if not freeze:
             raise ConfigError(

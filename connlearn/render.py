@@ -27,8 +27,8 @@ from typing import Any
 
 import graphviz
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_name
-from connlearn.graph import BranchGraph
+from connlearn.errors import ConfigError, ConfigTypeError, check_name, check_path, check_title
+from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import dead_blocks
 
 #: How dead blocks are drawn: ``hollow`` (dashed grey outline, edges dashed grey) or ``hide`` (left out).
@@ -80,6 +80,7 @@ def side_by_side(
     """
     _check_graph(learned, "side_by_side")
     _check_dead(dead)
+    check_title(title)
     if reference is None:
         pruned = _pruned_away(learned)
         if pruned:
@@ -109,9 +110,7 @@ def _pruned_away(graph: BranchGraph) -> str | None:
 
 
 def _check_graph(graph: Any, caller: str) -> None:
-    if not isinstance(graph, BranchGraph):
-        hint = "; pass net.graph()" if hasattr(graph, "graph") and callable(graph.graph) else ""
-        raise ConfigTypeError(f"{caller}() draws a BranchGraph, got {type(graph).__name__}{hint}")
+    check_graph(graph, f"the graph that {caller}() draws")
 
 
 def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to_dot_kwargs: Any) -> list[Path]:
@@ -122,7 +121,7 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
     file is written and a warning says what to install. Files are replaced atomically. ``to_dot_kwargs``
     go to :func:`to_dot` when ``obj`` is a BranchGraph.
     """
-    path = Path(path)
+    path = check_path("path", path)
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise ConfigError(
@@ -210,6 +209,7 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
 
 
 def _legend(graph: BranchGraph, title: str | None) -> str:
+    check_title(title)
     blocks = graph.block_nodes()
     live = len(blocks) - len(dead_blocks(graph))
     reads = " (every input, weighted by its gate)" if graph.weights_inputs() else ""

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, check_float, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_name
 
 GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
 
@@ -126,6 +126,9 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float)
         check_float(name, value, minimum=0.0)
         if math.isinf(value):
             raise ConfigError(f"{name} must be finite, got {value}")
+    if not callable(getattr(net, "weight_parameters", None)) or not callable(getattr(net, "gate_parameters", None)):
+        raise ConfigTypeError(f"param_groups takes a connlearn ConnectivityNet (it splits weights from gates), got "
+                              f"{type(net).__name__}")
     groups = [{"params": list(net.weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]
     gates = list(net.gate_parameters())
     if gates:
@@ -138,6 +141,8 @@ def drop_gate_group(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
     momentum), and return its parameters. Call it after ``net.freeze()``, which takes the real gates out of
     the network: the optimizer then holds only the network's parameters again, and its ``state_dict`` loads
     into one built from ``param_groups`` of the frozen network."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigTypeError(f"drop_gate_group takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
     removed = [p for g in optimizer.param_groups if g.get("name") == "gates" for p in g["params"]]
     optimizer.param_groups[:] = [g for g in optimizer.param_groups if g.get("name") != "gates"]
     for p in removed:

@@ -1,6 +1,7 @@
 """Bad input is a ConnlearnError that names the value, what is allowed and the closest valid name."""
 
 import contextlib
+import warnings
 
 import attrs
 import pytest
@@ -182,3 +183,48 @@ def test_a_cuda_device_on_a_machine_without_one_is_named():
     for value in ("cuda", "cuda:1", 0):
         with pytest.raises(ConfigError, match=r"asks for a CUDA GPU, but PyTorch sees none here"):
             check_device(value)
+
+
+def _public_functions():
+    from connlearn import checkpoint, export, plots, prune, recipe, render, updater
+
+    return [prune.live_blocks, prune.dead_blocks, prune.active_branches, prune.input_overlap,
+            prune.random_overlap, prune.freezing_changes_outputs, prune.prune_dead_blocks, render.to_dot,
+            render.side_by_side, render.save, plots.plot_active_branches, plots.plot_gate_heatmaps, plots.plot_run,
+            plots.plot_gate_evolution, plots.plot_training_curves, checkpoint.load_checkpoint,
+            checkpoint.net_from_checkpoint, checkpoint.make_checkpoint, checkpoint.architecture,
+            checkpoint.save_atomic, export.example_input, export.export, updater.param_groups,
+            updater.drop_gate_group, updater.GateUpdater, recipe.get_recipe, connlearn.from_graph]
+
+
+@pytest.mark.parametrize("fn", _public_functions(), ids=lambda fn: fn.__qualname__)
+def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path):
+    """Law: each argument of a public function, given None, a number, a string, a list, a dict, a network
+    or a graph where it takes something else, raises a ConnlearnError (or works), never a bare TypeError or
+    AttributeError from inside."""
+    import inspect
+
+    from connlearn.checkpoint import make_checkpoint
+
+    net = connlearn.build(**tiny())
+    graph = net.graph()
+    ckpt = tmp_path / "c.pt"
+    torch.save(make_checkpoint(net), ckpt)
+    valid = {"graph": graph, "net": net, "obj": graph, "learned": graph, "path": tmp_path / "f.svg",
+             "out": tmp_path, "K": 2, "C": 4, "lr": 0.1, "weight_decay": 0.0, "gate_lr": 0.1, "ckpt": ckpt,
+             "optimizer": torch.optim.SGD(net.parameters(), lr=0.1), "snapshots": [], "log": [], "name": "cifar",
+             "graphs": graph}
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for param in params:
+        for value in (None, 3, -1, 1.5, float("nan"), "", "x", [1], {"a": 1}, True, net, graph):
+            kwargs = {p.name: valid[p.name] for p in params if p.default is inspect.Parameter.empty}
+            kwargs[param.name] = value
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # e.g. a figure squashed by a label it should have refused
+                    fn(**kwargs)
+            except ConnlearnError:
+                pass
+            except Exception as exc:  # pragma: no cover - the message is the point
+                raise AssertionError(f"{fn.__qualname__}({param.name}={value!r}) raised {exc!r}") from exc

@@ -134,5 +134,5 @@ def test_bad_examples_targets_and_formats_are_named(pruned, tmp_path):
         export(pruned, tmp_path)
     with pytest.raises(ConfigTypeError, match="export format must be one of torchscript, onnx, export, got None"):
         export(pruned, tmp_path / "x", None)
-    with pytest.raises(ConfigTypeError, match="takes a connlearn ConnectivityNet"):
+    with pytest.raises(ConfigTypeError, match="net must be a connlearn ConnectivityNet"):
         export(torch.nn.Linear(2, 2), tmp_path / "x.ts")

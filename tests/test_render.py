@@ -263,9 +263,10 @@ def test_save_rejects_drawing_options_for_a_finished_drawing(sparse, tmp_path):
 
 def test_a_network_or_a_pruned_graph_is_named_not_drawn_wrongly():
     net = connlearn.build(**tiny(gate="random", K=1, M=6))
-    with pytest.raises(ConfigTypeError, match=r"to_dot\(\) draws a BranchGraph, got ConnectivityNet; pass net.graph"):
+    with pytest.raises(ConfigTypeError, match=r"the graph that to_dot\(\) draws must be a connlearn BranchGraph, got "
+                                              r"ConnectivityNet; pass net.graph"):
         render.to_dot(net)
-    with pytest.raises(ConfigTypeError, match=r"side_by_side\(\) draws a BranchGraph"):
+    with pytest.raises(ConfigTypeError, match=r"the graph that side_by_side\(\) draws must be a connlearn BranchGraph"):
         render.side_by_side(net.graph(), reference=net)
     pruned, _ = prune_dead_blocks(net)
     with pytest.raises(ConfigError, match=r"was pruned \(module \d+ has \d of C=4 blocks\)"):
