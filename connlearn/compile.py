@@ -193,11 +193,11 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torc
     c, n = mix.shape
     if inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous():
         # [B, H, W, N, ch] in memory: contract N per pixel and keep channels last
-        parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, -1, ch) for t in inputs]
+        parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
         return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
-    parts = [t.reshape(b, -1, ch * h * w) for t in inputs]
+    parts = [t.reshape(b, t.shape[1] // ch, ch * h * w) for t in inputs]  # sizes, not -1: a batch may be empty
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, h, w)
 
@@ -456,12 +456,19 @@ class ConnectivityNet(nn.Module):
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in_channels, H, W]`` images → ``[B, num_classes]`` logits."""
+        if not isinstance(x, torch.Tensor):
+            raise ConfigTypeError(f"expected a tensor of images [B, {self.in_channels}, H, W], got {type(x).__name__}")
         if not torch.jit.is_tracing() and (x.dim() != 4 or x.shape[1] != self.in_channels):
             raise ShapeError(
                 f"expected images of shape [B, {self.in_channels}, H, W], got {list(x.shape)}"
             )
         if not x.is_floating_point():
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
+        weights = self.stem.conv.weight.dtype
+        if x.dtype != weights and not _autocast_enabled(x.device.type):
+            raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weights}: cast the images "
+                                  f"(x.to({weights})) or the network (net.to({x.dtype})), or run it under "
+                                  "torch.autocast")
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
@@ -483,7 +490,8 @@ class ConnectivityNet(nn.Module):
             pooled = last
         elif self.engine == "fused":
             b, _, hh, ww = last.shape
-            pooled = last.reshape(b, self.stages[-1].branches, -1, hh, ww).mean(dim=1).relu()
+            c = self.stages[-1].branches
+            pooled = last.reshape(b, c, last.shape[1] // c, hh, ww).mean(dim=1).relu()
         else:
             pooled = torch.stack(last, dim=1).mean(dim=1).relu()
         return self.head(pooled)
@@ -494,7 +502,8 @@ class ConnectivityNet(nn.Module):
         if chosen is None:
             return [out]
         b, _, h, w = out.shape
-        return [out.reshape(b, -1, stage.in_ch, h, w)[:, chosen].reshape(b, -1, h, w)]
+        ch = stage.in_ch
+        return [out.reshape(b, out.shape[1] // ch, ch, h, w)[:, chosen].reshape(b, len(chosen) * ch, h, w)]
 
     def gate_matrices(self) -> list[torch.Tensor | None]:
         """The gate matrices used by this forward pass, scaled by 1/K (``None`` for modules without gates).
@@ -740,6 +749,14 @@ def _source_plan(graph: BranchGraph, module: int, position: dict[int, int]) -> l
         chosen = [i for i, n in enumerate(nodes) if n in cols]
         plan.append((position[src], None if len(chosen) == len(nodes) else chosen))
     return plan
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (it then casts the images where the layers need it)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # PyTorch before 2.4 takes no device type
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
 def check_net(obj: object, what: str = "net") -> ConnectivityNet:

@@ -228,3 +228,32 @@ def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path):
                 pass
             except Exception as exc:  # pragma: no cover - the message is the point
                 raise AssertionError(f"{fn.__qualname__}({param.name}={value!r}) raised {exc!r}") from exc
+
+
+@pytest.mark.parametrize("value", [None, [1, 2], "images"])
+def test_forward_of_something_other_than_a_tensor(value):
+    net = connlearn.build(**tiny())
+    with pytest.raises(ConfigTypeError, match=r"expected a tensor of images \[B, 3, H, W\], got"):
+        net(value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_images_of_another_dtype_than_the_weights_are_named_unless_autocast_casts_them(dtype):
+    net = connlearn.build(**tiny()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.raises(ConfigTypeError, match=rf"the images are {dtype} and the network's weights torch.float32: "
+                                              r"cast the images \(x.to\(torch.float32\)\) or the network"):
+        net(x.to(dtype))
+    if dtype is torch.bfloat16:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert net(x.to(dtype)).shape == (2, 10)
+    assert net.to(dtype)(x.to(dtype)).dtype == dtype
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize("gate", ["topk", "real", "random", "full"])
+def test_an_empty_batch_gives_empty_logits(engine, gate):
+    net = connlearn.build(**tiny(gate=gate, K=4 if gate == "full" else 2), engine=engine)
+    for mode in (net.eval, net.train):
+        mode()
+        assert net(torch.randn(0, 3, 32, 32)).shape == (0, 10)
