@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, check_float, check_int, check_name, check_temperature
+from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name, check_temperature
 
 
 def _positive_int(name: str):
@@ -25,9 +25,33 @@ def _positive_int(name: str):
 
 def _non_negative(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        check_float(name, value, minimum=0.0)
+        if math.isinf(check_float(name, value, minimum=0.0)):
+            raise ConfigError(f"{name} must be finite, got {value}")
 
     return check
+
+
+def _flag(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+    return check
+
+
+def _name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigTypeError(f"a recipe's name must be a string, got {value!r} ({type(value).__name__})")
+
+
+def _phases(value: Any) -> Any:
+    """A list of phases as a tuple; anything else is left for the check to name."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _check_phases(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(p, Phase) for p in value):
+        raise ConfigTypeError(f"phases must be a list of connlearn.recipe.Phase, got {value!r}")
 
 
 def _temperature(name: str, optional: bool = False):
@@ -51,7 +75,7 @@ class Phase:
     epochs: int = attrs.field(validator=_positive_int("epochs"))
     lr: float = attrs.field(validator=_non_negative("lr"))
     gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
-    frozen: bool = False
+    frozen: bool = attrs.field(default=False, validator=_flag("frozen"))
     temperature: float = attrs.field(default=1.0, validator=_temperature("temperature"))
     temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end", optional=True))
 
@@ -75,12 +99,12 @@ class Phase:
 class Recipe:
     """A phased SGD schedule (momentum, weight decay, batch size) for GateConnect training."""
 
-    name: str
-    phases: tuple[Phase, ...] = attrs.field(converter=tuple)
+    name: str = attrs.field(validator=_name)
+    phases: tuple[Phase, ...] = attrs.field(converter=_phases, validator=_check_phases)
     batch_size: int = attrs.field(default=128, validator=_positive_int("batch_size"))
     momentum: float = attrs.field(default=0.9, validator=_non_negative("momentum"))
     weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
-    nesterov: bool = False
+    nesterov: bool = attrs.field(default=False, validator=_flag("nesterov"))
 
     def __attrs_post_init__(self) -> None:
         if not self.phases:

@@ -36,8 +36,16 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
-from connlearn.compile import ConnectivityNet
-from connlearn.errors import CheckpointError, ConfigError, check_device, check_int, check_name, unknown_name
+from connlearn.compile import ConnectivityNet, check_net
+from connlearn.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigTypeError,
+    check_device,
+    check_int,
+    check_name,
+    check_path,
+)
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -53,6 +61,10 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+def _is_loader(obj: object) -> bool:
+    return callable(getattr(obj, "epoch", None)) and callable(getattr(obj, "__len__", None))
 
 
 def _rank() -> int:
@@ -185,9 +197,22 @@ class Trainer:
         meta: dict[str, Any] | None = None,
         resume_check: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        check_net(net)
+        for name, loader in (("train_loader", train_loader), ("test_loader", test_loader)):
+            if (loader is not None or name == "train_loader") and not _is_loader(loader):
+                raise ConfigTypeError(f"{name} must be a loader: an object with len() (batches per epoch) and "
+                                      f"epoch(n) giving (images, labels) batches (connlearn.data.make_loaders), got "
+                                      f"{type(loader).__name__}")
+        if not isinstance(recipe, Recipe):
+            raise ConfigTypeError(f"recipe must be a connlearn.recipe.Recipe (e.g. get_recipe('cifar')), got "
+                                  f"{recipe!r}")
         check_name("amp mode", amp, AMP_MODES)
-        if isinstance(compile, str) and compile not in COMPILE_MODES:
-            raise unknown_name("compile mode", compile, COMPILE_MODES)
+        if not isinstance(compile, bool):
+            check_name("compile mode", compile, COMPILE_MODES)
+        if resume_check is not None and not callable(resume_check):
+            raise ConfigTypeError(f"resume_check must be a function of the checkpoint dict, got {resume_check!r}")
+        if meta is not None and not isinstance(meta, dict):
+            raise ConfigTypeError(f"meta must be a dict of JSON-able facts, got {meta!r} ({type(meta).__name__})")
         self.device = check_device(device)
         cuda = self.device.type == "cuda"
         self.amp = {"auto": torch.bfloat16 if cuda else None, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -204,7 +229,7 @@ class Trainer:
         self.meta = dict(meta or {})
         self.resume_check = resume_check
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_path("out_dir", out_dir)
         self.is_main = _rank() == 0
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)

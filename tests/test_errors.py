@@ -6,7 +6,7 @@ import warnings
 import attrs
 import pytest
 import torch
-from conftest import tiny
+from conftest import RandomLoader, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,7 +125,8 @@ def test_integer_images_are_refused_by_name():
 def test_a_negative_snapshot_interval_is_refused(tmp_path):
     recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2)], batch_size=4)
     with pytest.raises(ConfigError, match="snapshot_every must be >= 0, got -1"):
-        Trainer(connlearn.build(**tiny()), [], None, recipe, out_dir=tmp_path, progress=False, snapshot_every=-1)
+        Trainer(connlearn.build(**tiny()), RandomLoader(), None, recipe, out_dir=tmp_path, progress=False,
+                snapshot_every=-1)
 
 
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=True, allow_infinity=True),
@@ -257,3 +258,41 @@ def test_an_empty_batch_gives_empty_logits(engine, gate):
     for mode in (net.eval, net.train):
         mode()
         assert net(torch.randn(0, 3, 32, 32)).shape == (0, 10)
+
+
+_WRONG = (None, True, 0, -1, 1.5, float("nan"), float("inf"), "", "x", [1], {"a": 1})
+
+
+def test_phases_and_recipes_of_any_field_value_are_made_or_refused_by_name():
+    for field in attrs.fields(Phase):
+        for value in _WRONG:
+            with contextlib.suppress(ConnlearnError):
+                Phase(**{"epochs": 1, "lr": 0.1, field.name: value})
+    for field in attrs.fields(Recipe):
+        for value in _WRONG:
+            with contextlib.suppress(ConnlearnError):
+                Recipe(**{"name": "r", "phases": [Phase(epochs=1, lr=0.1)], field.name: value})
+    with pytest.raises(ConfigTypeError, match=r"phases must be a list of connlearn\.recipe\.Phase, got 'x'"):
+        Recipe(name="r", phases="x")
+    with pytest.raises(ConfigError, match="lr must be finite"):
+        Phase(epochs=1, lr=float("inf"))
+
+
+def test_trainer_arguments_of_the_wrong_kind_are_named(tmp_path):
+    import inspect
+
+    recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1, gate_lr=0.1),), batch_size=8)
+    args = {"net": connlearn.build(**tiny()), "train_loader": RandomLoader(n=16, batch=8),
+            "test_loader": RandomLoader(n=8, batch=8), "recipe": recipe}
+    keywords = [p.name for p in inspect.signature(Trainer).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    for name in [*args, *keywords]:
+        for value in (*_WRONG, args["net"].graph()):
+            kwargs = {**args, "out_dir": tmp_path / "run", "progress": False, "verbose": False, name: value}
+            with contextlib.suppress(ConnlearnError):
+                Trainer(**kwargs)
+    with pytest.raises(ConfigTypeError, match=r"recipe must be a connlearn.recipe.Recipe \(e.g. get_recipe"):
+        Trainer(**{**args, "recipe": "cifar"}, out_dir=tmp_path)
+    with pytest.raises(ConfigTypeError, match="test_loader must be a loader: an object with len"):
+        Trainer(**{**args, "test_loader": [1, 2]}, out_dir=tmp_path)
+    with pytest.raises(UnknownNameError, match="unknown compile mode 'fast'"):
+        Trainer(**args, out_dir=tmp_path, compile="fast")

@@ -4,7 +4,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import RandomLoader, tiny
 from torch import nn
 
 import connlearn
@@ -123,7 +123,7 @@ def test_a_user_gate_without_a_temperature_trains_at_the_default_and_refuses_ano
         net.sample_temperature = 0.5
     recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2, temperature_end=0.1)], batch_size=4)
     with pytest.raises(connlearn.ConfigError, match="the recipe's temperature must stay 1"):
-        Trainer(net, [], None, recipe, out_dir=tmp_path, progress=False)  # refused when built, not mid-run
+        Trainer(net, RandomLoader(), None, recipe, out_dir=tmp_path, progress=False)  # refused when built, not mid-run
 
 
 class FirstKWithOptions(FirstK):
