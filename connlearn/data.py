@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_device, check_int, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_device, check_int, check_name, check_path
 
 DATA_ENV = "CONNLEARN_DATA"
 DATASETS = ("cifar10", "cifar100")
@@ -64,6 +64,8 @@ def _as_label_array(labels: Any) -> np.ndarray:
 def _as_class_names(names: Any) -> tuple[str, ...]:
     if isinstance(names, str):
         raise ConfigTypeError(f"class_names must be a sequence of names, got the single string {names!r}")
+    if not isinstance(names, (list, tuple, np.ndarray)):
+        raise ConfigTypeError(f"class_names must be a sequence of names, got {names!r} ({type(names).__name__})")
     return tuple(str(n) for n in names)
 
 
@@ -170,6 +172,9 @@ class ImageDataset:
 
 def pixel_mean(dataset: ImageDataset) -> torch.Tensor:
     """The per-pixel mean image of ``dataset``: float32 ``[3, H, W]`` in [0, 1] (pixel values / 255)."""
+    if not isinstance(dataset, ImageDataset):
+        raise ConfigTypeError(f"pixel_mean takes an ImageDataset, got {type(dataset).__name__}; convert it with "
+                              "as_image_dataset()")
     mean_hwc = dataset.images.mean(axis=0, dtype=np.float64) / 255.0
     return torch.from_numpy(np.ascontiguousarray(mean_hwc.transpose(2, 0, 1), dtype=np.float32))
 
@@ -257,6 +262,9 @@ def _decode_split(buffer: bytes, offsets: list[int], encoding: str, where: str) 
 def _read_split(archive: Any, split: str, class_names: tuple[str, ...], encoding: str, path: Path) -> ImageDataset:
     where = f"{path} ({split} split)"
     buffer, offsets, labels = (archive[f"{split}_{key}"] for key in ("jpeg", "offsets", "labels"))
+    if labels.ndim != 1:
+        raise DataError(f"{where}: {split}_labels must be a 1-D array of class indices, got {labels.dtype} "
+                        f"{list(labels.shape)}")
     if buffer.dtype != np.uint8 or buffer.ndim != 1:
         raise DataError(f"{where}: {split}_jpeg must be a 1-D uint8 byte buffer, got {buffer.dtype} {buffer.shape}")
     if not np.issubdtype(offsets.dtype, np.integer) or offsets.ndim != 1 or len(offsets) != len(labels) + 1:
@@ -290,7 +298,7 @@ def load_packed(path: str | os.PathLike[str]) -> tuple[ImageDataset, ImageDatase
         DataError: the file is missing, not a packed dataset, truncated or corrupt, lacks keys, or has bad
             offsets, labels or images; the message says which.
     """
-    path = Path(path).expanduser()
+    path = check_path("path", path).expanduser()
     if not path.is_file():
         raise DataError(f"dataset file {path} does not exist; {_WHERE_TO_PUT_DATA}")
     try:
@@ -426,6 +434,9 @@ def pack(
             or ``"jpeg"`` (lossy, smaller, full-resolution colour; the format of the shared CIFAR-10 file, without
             an ``encoding`` key).
     """
+    path = check_path("path", path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / 'data.npz'})")
     check_name("image format", format, ENCODINGS)
     quality = check_int("quality", quality, minimum=1, maximum=100)
     train = as_image_dataset(train, class_names)
@@ -443,7 +454,6 @@ def pack(
     arrays["class_names"] = np.array(train.class_names, dtype=str)
     if format == "png":
         arrays["encoding"] = np.array("png")
-    path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -518,7 +528,7 @@ def _packed_file_in(name: str, location: Path, source: str) -> Path | None:
 
 def _data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
     if data is not None:
-        return Path(data).expanduser(), "data path"
+        return check_path("data", data).expanduser(), "data path"
     from_env = os.environ.get(DATA_ENV)
     if from_env:
         return Path(from_env).expanduser(), DATA_ENV
@@ -681,7 +691,11 @@ class _EpochLoader:
 
     def _check_mean(self, mean: Any) -> torch.Tensor:
         height, width = self.dataset.image_size
-        mean = torch.as_tensor(mean, dtype=torch.float32).cpu()
+        try:
+            mean = torch.as_tensor(mean, dtype=torch.float32).cpu()
+        except (TypeError, ValueError, RuntimeError):
+            raise ConfigTypeError(f"mean must be a tensor or array of numbers (e.g. pixel_mean(train_set)), got "
+                                  f"{mean!r}") from None
         try:
             return mean.expand(3, height, width)
         except RuntimeError:

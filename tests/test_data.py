@@ -1,6 +1,7 @@
 """Datasets, the packed file format and the loaders: lossless packing, clear errors for bad files, the real
 CIFAR-10 copy, class-balanced subsets, and loaders whose batches depend on (seed, epoch) only."""
 
+import contextlib
 import io
 import os
 
@@ -15,6 +16,7 @@ from connlearn.data import (
     BatchLoader,
     DataLoaderPath,
     ImageDataset,
+    as_image_dataset,
     find_data,
     load_dataset,
     load_packed,
@@ -23,7 +25,7 @@ from connlearn.data import (
     pixel_mean,
     synthetic,
 )
-from connlearn.errors import ConfigError, DataError, UnknownNameError
+from connlearn.errors import ConfigError, ConnlearnError, DataError, UnknownNameError
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -380,3 +382,44 @@ def test_split_holds_out_the_last_images_of_each_class_and_keeps_the_rest():
     assert sorted(held.images[:, 0, 0, 0].tolist()) == [6, 7, 8, 9, 10, 11]
     assert rest.images[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
     assert np.bincount(held.labels).tolist() == [2, 2, 2]
+
+
+def _small_set():
+    rng = np.random.default_rng(0)
+    return ImageDataset(rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8), np.arange(12) % 3, ("a", "b", "c"))
+
+
+_WRONG = (None, True, -1, 1.5, float("nan"), "", "x", [1], {"a": 1}, np.zeros((2, 2)))
+
+
+def test_data_functions_name_arguments_of_the_wrong_kind(tmp_path):
+    """Law: the data API given a value of another kind raises a ConnlearnError (or works)."""
+    ds = _small_set()
+    good = {"images": ds.images, "labels": ds.labels, "class_names": ds.class_names}
+    calls = [lambda v, k=k: ImageDataset(**{**good, k: v}) for k in good]
+    calls += [ds.subset, ds.split, as_image_dataset, pixel_mean, load_packed,
+              lambda v: find_data("cifar10", v), lambda v: synthetic(num_classes=v), lambda v: synthetic(seed=v),
+              lambda v: pack(v, ds, ds), lambda v: pack(tmp_path / "p.npz", v, ds),
+              lambda v: pack(tmp_path / "q.npz", ds, ds, quality=v)]
+    calls.append(lambda v: BatchLoader(ds, v, train=True))
+    for option in ("seed", "rank", "world_size", "pad", "crop", "device", "mean"):
+        calls.append(lambda v, o=option: list(BatchLoader(ds, 4, train=True, **{o: v}).epoch(0)))
+    for option in ("batch_size", "eval_batch_size", "seed", "path"):
+        calls.append(lambda v, o=option: [list(loader.epoch(0)) for loader in
+                                          make_loaders(ds, ds, **{"batch_size": 4, "device": "cpu", o: v})])
+    calls.append(lambda v: list(BatchLoader(ds, 4, train=True).epoch(v)))
+    for call in calls:
+        for value in _WRONG:
+            with contextlib.suppress(ConnlearnError):
+                call(value)
+
+
+@pytest.mark.parametrize("key", ["train_jpeg", "train_offsets", "train_labels", "test_labels", "class_names"])
+def test_a_packed_file_with_a_damaged_array_is_a_data_error(tmp_path, key):
+    good = pack(tmp_path / "good.npz", _small_set(), _small_set())
+    arrays = dict(np.load(good, allow_pickle=False))
+    for damaged in (np.zeros(0, np.uint8), np.array(["x"]), np.zeros((3, 3)), np.array(5), None):
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, **{k: v for k, v in arrays.items() if k != key}, **({} if damaged is None else {key: damaged}))
+        with contextlib.suppress(DataError):
+            load_packed(bad)
