@@ -19,7 +19,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, Looped
 from connlearn.compile import ConnectivityNet, compile_graph
-from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, closest
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_pattern, closest
 from connlearn.gates import GATES, Gate
 from connlearn.graph import BranchGraph
 from connlearn.topologies import PRESETS, TOPOLOGIES
@@ -168,6 +168,7 @@ def list_presets(pattern: str = "*") -> list[str]:
     """Architecture presets of the paper's tables (``resnext(preset=...)``)."""
     import fnmatch
 
+    pattern = check_pattern(pattern)
     return sorted(p for p in PRESETS if fnmatch.fnmatchcase(p, pattern))
 
 

@@ -156,6 +156,14 @@ def check_path(name: str, value: object) -> Path:
                           f"({type(value).__name__})")
 
 
+def check_pattern(value: object) -> str:
+    """``value`` if it is a shell-style pattern (a string such as ``"cifar-*"``); else a clear error."""
+    if not isinstance(value, str):
+        raise ConfigTypeError(f"pattern must be a shell-style pattern string such as 'cifar-*', got {value!r} "
+                              f"({type(value).__name__})")
+    return value
+
+
 def check_title(value: object, name: str = "title") -> str | None:
     """``value`` if it is a string or ``None`` (a figure's or drawing's title); else a clear error."""
     if value is not None and not isinstance(value, str):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_name, check_pattern
 
 T = TypeVar("T")
 
@@ -59,6 +59,7 @@ class Registry(Generic[T]):
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching the shell-style ``pattern``, sorted."""
         self._load_entry_points()
+        pattern = check_pattern(pattern)
         return sorted(n for n in self._items if fnmatch.fnmatchcase(n, pattern))
 
     def __contains__(self, name: object) -> bool:

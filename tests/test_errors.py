@@ -296,3 +296,11 @@ def test_trainer_arguments_of_the_wrong_kind_are_named(tmp_path):
         Trainer(**{**args, "test_loader": [1, 2]}, out_dir=tmp_path)
     with pytest.raises(UnknownNameError, match="unknown compile mode 'fast'"):
         Trainer(**args, out_dir=tmp_path, compile="fast")
+
+
+@pytest.mark.parametrize("listing", ["list_blocks", "list_gates", "list_presets", "list_topologies"])
+def test_a_listing_pattern_that_is_not_a_string_is_named(listing):
+    assert getattr(connlearn, listing)("*")
+    for value in (None, 1, ["*"]):
+        with pytest.raises(ConfigTypeError, match="pattern must be a shell-style pattern string"):
+            getattr(connlearn, listing)(value)
