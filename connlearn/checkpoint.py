@@ -80,7 +80,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a connlearn checkpoint")
     _check_contents(ckpt, str(path))
-    if ckpt.get("version") != VERSION:
+    if not isinstance(ckpt.get("version"), int) or ckpt["version"] != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this connlearn reads {VERSION}")
     return ckpt
 

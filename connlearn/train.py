@@ -41,7 +41,9 @@ from connlearn.errors import (
     CheckpointError,
     ConfigError,
     ConfigTypeError,
+    ConnlearnError,
     check_device,
+    check_float,
     check_int,
     check_name,
     check_path,
@@ -325,19 +327,30 @@ class Trainer:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
             raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
                                   f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
-        if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
-            raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
-        self._set_net(net_from_checkpoint(ckpt))
-        self.optimizer = self._make_optimizer()
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.scaler is not None and ckpt.get("scaler"):
-            self.scaler.load_state_dict(ckpt["scaler"])
-        self.epoch, self.step = int(ckpt["epoch"]), int(ckpt["step"])
-        self.history = list(ckpt["history"])
-        self.best_top1 = ckpt.get("best_top1")
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if torch.cuda.is_available() and ckpt["rng"].get("cuda"):
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        try:
+            if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
+                raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
+            self._set_net(net_from_checkpoint(ckpt))
+            self.optimizer = self._make_optimizer()
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if self.scaler is not None and ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
+            self.epoch = check_int("the checkpoint's epoch", ckpt["epoch"], minimum=0)
+            self.step = check_int("the checkpoint's step", ckpt["step"], minimum=0)
+            self.history = list(ckpt["history"])
+            if not all(isinstance(record, dict) for record in self.history):
+                raise TypeError("history is not a list of epoch records")
+            best = ckpt.get("best_top1")
+            self.best_top1 = None if best is None else check_float("the checkpoint's best_top1", best)
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if torch.cuda.is_available() and ckpt["rng"].get("cuda"):
+                torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        except ConnlearnError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+            raise CheckpointError(f"the training state in {path} is damaged or of another version, so it cannot be "
+                                  f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new out_dir, "
+                                  "or resume from previous.pt") from exc
         self._last_connectivity = self.net.connectivity()
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)

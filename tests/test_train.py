@@ -286,3 +286,31 @@ def test_an_annealed_temperature_is_logged_snapshotted_and_resumed_exactly(tmp_p
     assert [r.get("temperature") for r in plain.fit()] == [1.0, 1.0, None]
     # the gates start at U(0,1) draws: at temperature 0.01 nearly every draw is the top-K, at 1 few are
     assert log[1]["drawn_topk_share"] > 0.9 > 0.5 > plain.history[1]["drawn_topk_share"]
+
+
+def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_resume(tmp_path):
+    """Law: a last.pt whose entries were edited or lost (and no previous.pt to fall back to) stops the resume
+    with a ConnlearnError, never a KeyError or TypeError from inside."""
+    import contextlib
+
+    from connlearn.errors import ConnlearnError
+
+    recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1, gate_lr=0.1), Phase(epochs=1, lr=0.01, frozen=True)),
+                    batch_size=8)
+
+    def trainer(out):
+        return Trainer(connlearn.build(**tiny()), RandomLoader(n=16, batch=8), RandomLoader(n=8, batch=8), recipe,
+                       out_dir=out, progress=False, verbose=False)
+
+    trainer(tmp_path / "base").fit(max_epochs=1)
+    saved = torch.load(tmp_path / "base" / "last.pt", weights_only=False)
+    for key in sorted(saved):
+        for value in (None, "x", {"a": 1}, torch.zeros(3), "<missing>"):
+            out = tmp_path / f"{key}-{len(str(value))}"
+            shutil.copytree(tmp_path / "base", out)
+            damaged = {k: v for k, v in saved.items() if k != key or value != "<missing>"}
+            if value != "<missing>":
+                damaged[key] = value
+            torch.save(damaged, out / "last.pt")
+            with contextlib.suppress(ConnlearnError):
+                trainer(out).fit()
