@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from connlearn.compile import ConnectivityNet, check_net
-from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_name, check_path
+from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_device, check_name, check_path
 from connlearn.graph import BranchGraph, check_graph
 
 FORMAT = "connlearn.checkpoint"
@@ -59,6 +59,8 @@ def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load and check a checkpoint; a missing, truncated or foreign file is a :class:`CheckpointError`."""
     path = check_path("path", path)
+    if map_location is not None and not isinstance(map_location, dict) and not callable(map_location):
+        map_location = check_device(map_location, "map_location")  # a device, its name or a CUDA index
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     with path.open("rb") as f:

@@ -464,11 +464,13 @@ class ConnectivityNet(nn.Module):
             )
         if not x.is_floating_point():
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
-        weights = self.stem.conv.weight.dtype
-        if x.dtype != weights and not _autocast_enabled(x.device.type):
-            raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weights}: cast the images "
-                                  f"(x.to({weights})) or the network (net.to({x.dtype})), or run it under "
-                                  "torch.autocast")
+        weight = getattr(getattr(self.stem, "conv", None), "weight", None)
+        if (not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and x.dtype != weight.dtype
+                and weight.numel() > 0 and not _autocast_enabled(x.device.type)):  # a sharded (FSDP) weight may
+            # be cast later, and is not checked
+            raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
+                                  f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
+                                  "under torch.autocast")
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
@@ -751,12 +753,22 @@ def _source_plan(graph: BranchGraph, module: int, position: dict[int, int]) -> l
     return plan
 
 
+def _takes_device_type() -> bool:
+    try:
+        torch.is_autocast_enabled("cpu")
+    except TypeError:  # PyTorch before 2.4 takes no device type
+        return False
+    return True
+
+
+_AUTOCAST_TAKES_DEVICE_TYPE = _takes_device_type()  # decided once, so that forward stays one graph to compile
+
+
 def _autocast_enabled(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (it then casts the images where the layers need it)."""
-    try:
+    if _AUTOCAST_TAKES_DEVICE_TYPE:
         return torch.is_autocast_enabled(device_type)
-    except TypeError:  # PyTorch before 2.4 takes no device type
-        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+    return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
 def check_net(obj: object, what: str = "net") -> ConnectivityNet:

@@ -29,6 +29,7 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     DataError,
+    GraphError,
     check_device,
     check_int,
     check_name,
@@ -214,6 +215,10 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
     with path.open("rb") as f:
         is_json = f.read(1) == b"{"
     graph = BranchGraph.from_json(path.read_text() if is_json else load_checkpoint(path)["graph"])
+    try:
+        graph.validate()
+    except GraphError as exc:
+        raise GraphError(f"connectivity: {path} does not describe a network: {exc}") from None
     stem = graph.nodes["input"]
     if stem.get("in_channels") != 3 or stem.get("image_size", 32) != 32:
         raise ConfigError(f"connectivity: the network in {path} takes {stem.get('in_channels')}-channel "
@@ -299,6 +304,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
     is not finished; calling it again resumes."""
     started = time.perf_counter()
+    device = check_device(run.device)  # a device this machine lacks is named before any data is read
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     train, test, source = load_data(run)
@@ -308,7 +314,6 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
-    device = check_device(run.device)
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
         eval_batch_size=max(recipe.batch_size, 256),

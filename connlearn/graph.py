@@ -58,10 +58,23 @@ class _Missing:
 _MISSING = _Missing()
 
 
+#: The largest size (channels, resolution, classes, ...) a graph may name: far beyond any real network, and
+#: within what torch takes for a dimension.
+_MAX_SIZE = 2**31 - 1
+
+
 def _check_count(where: str, key: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not minimum <= value <= _MAX_SIZE:
         found = "it is missing" if value is _MISSING else f"got {value!r}"
-        raise GraphError(f"{where} needs {key}, an integer >= {minimum}; {found}")
+        raise GraphError(f"{where} needs {key}, an integer from {minimum} to {_MAX_SIZE}; {found}")
+
+
+def _scalar(value: object) -> object:
+    """A 0-d tensor or NumPy scalar as the Python number or bool it holds (a plug-in topology may write
+    those); anything else as it is."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 def check_graph(obj: object, what: str = "graph") -> BranchGraph:
@@ -243,13 +256,14 @@ class BranchGraph(nx.DiGraph):
             where = f"edge {u} → {v}"
             if d.get("kind") not in ("gate", "fixed"):
                 raise GraphError(f"{where} has kind {d.get('kind', _MISSING)!r}; allowed: 'gate', 'fixed'")
-            if "active" in d and not isinstance(d["active"], bool):
+            if "active" in d and not isinstance(_scalar(d["active"]), bool):
                 raise GraphError(f"{where} has active {d['active']!r}; it must be true or false")
-            gate = d.get("gate", 0.0)  # a gate edge without one: 0, as gate_matrix() reads it
-            if isinstance(gate, bool) or not isinstance(gate, numbers.Real) or not math.isfinite(gate):
-                raise GraphError(f"{where} has gate {gate!r}; a gate value must be a finite number")
-            if "tie" in d and (isinstance(d["tie"], bool) or not isinstance(d["tie"], numbers.Integral)):
-                raise GraphError(f"{where} has tie {d['tie']!r}; it must be an integer rank")
+            gate = _scalar(d.get("gate", 0.0))  # a gate edge without one: 0, as gate_matrix() reads it
+            if isinstance(gate, bool) or not isinstance(gate, numbers.Real):  # NaN too: a diverged run's gates
+                raise GraphError(f"{where} has gate {d['gate']!r}; a gate value must be a number")
+            tie = _scalar(d.get("tie", 0))
+            if isinstance(tie, bool) or not isinstance(tie, numbers.Integral) or not -(2**63) <= tie < 2**63:
+                raise GraphError(f"{where} has tie {d['tie']!r}; it must be an integer rank (64-bit)")
 
     def _check_stem(self, d: dict[str, Any]) -> None:
         stem = d.get("stem", _MISSING)
@@ -260,8 +274,9 @@ class BranchGraph(nx.DiGraph):
         if not isinstance(stem.get("maxpool"), bool):
             raise GraphError(f"node 'input' has stem maxpool {stem.get('maxpool', _MISSING)!r}; it must be true or "
                              "false")
-        expected = math.ceil(d["image_size"] / stem["stride"])
-        expected = math.ceil(expected / 2) if stem["maxpool"] else expected
+        kernel, stride = stem["kernel"], stem["stride"]
+        expected = (d["image_size"] + 2 * (kernel // 2) - kernel) // stride + 1  # the stem's padding is kernel // 2
+        expected = (expected - 1) // 2 + 1 if stem["maxpool"] else expected  # 3x3 max-pool, stride 2, padding 1
         if d["resolution"] != expected:
             raise GraphError(f"node 'input' has resolution {d['resolution']}, but its stem (stride {stem['stride']}"
                              f"{', max-pool' if stem['maxpool'] else ''}) makes {expected} of images of size "

@@ -8,10 +8,11 @@ gates and only the weights are fine-tuned at decreasing learning rates. Gate kin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name, check_temperature
 
@@ -31,10 +32,15 @@ def _non_negative(name: str):
     return check
 
 
-def _flag(name: str):
+def _flag(value: Any) -> Any:
+    """A NumPy bool as the Python bool it holds; anything else is left for the check to name."""
+    return bool(value) if isinstance(value, np.bool_) else value
+
+
+def _check_flag(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if not isinstance(value, bool):
-            raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+            raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__qualname__})")
 
     return check
 
@@ -45,8 +51,10 @@ def _name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _phases(value: Any) -> Any:
-    """A list of phases as a tuple; anything else is left for the check to name."""
-    return tuple(value) if isinstance(value, (list, tuple)) else value
+    """Phases given as any iterable (a list, a generator) as a tuple; anything else is left for the check."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        return value
+    return tuple(value)
 
 
 def _check_phases(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -75,7 +83,7 @@ class Phase:
     epochs: int = attrs.field(validator=_positive_int("epochs"))
     lr: float = attrs.field(validator=_non_negative("lr"))
     gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
-    frozen: bool = attrs.field(default=False, validator=_flag("frozen"))
+    frozen: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("frozen"))
     temperature: float = attrs.field(default=1.0, validator=_temperature("temperature"))
     temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end", optional=True))
 
@@ -104,7 +112,7 @@ class Recipe:
     batch_size: int = attrs.field(default=128, validator=_positive_int("batch_size"))
     momentum: float = attrs.field(default=0.9, validator=_non_negative("momentum"))
     weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
-    nesterov: bool = attrs.field(default=False, validator=_flag("nesterov"))
+    nesterov: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("nesterov"))
 
     def __attrs_post_init__(self) -> None:
         if not self.phases:

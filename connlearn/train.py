@@ -209,6 +209,8 @@ class Trainer:
             raise ConfigTypeError(f"recipe must be a connlearn.recipe.Recipe (e.g. get_recipe('cifar')), got "
                                   f"{recipe!r}")
         check_name("amp mode", amp, AMP_MODES)
+        if compile is None:  # as in a config file's "compile": null
+            compile = False
         if not isinstance(compile, bool):
             check_name("compile mode", compile, COMPILE_MODES)
         if resume_check is not None and not callable(resume_check):
@@ -327,30 +329,43 @@ class Trainer:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
             raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
                                   f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
-        try:
-            if Recipe.from_dict(ckpt["recipe"]) != self.recipe:
-                raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
-            self._set_net(net_from_checkpoint(ckpt))
-            self.optimizer = self._make_optimizer()
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            if self.scaler is not None and ckpt.get("scaler"):
-                self.scaler.load_state_dict(ckpt["scaler"])
-            self.epoch = check_int("the checkpoint's epoch", ckpt["epoch"], minimum=0)
-            self.step = check_int("the checkpoint's step", ckpt["step"], minimum=0)
-            self.history = list(ckpt["history"])
-            if not all(isinstance(record, dict) for record in self.history):
+        def damaged(exc: Exception) -> CheckpointError:
+            return CheckpointError(f"the training state in {path} is damaged or of another version, so it cannot be "
+                                   f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new out_dir, "
+                                   "or resume from previous.pt")
+
+        try:  # read every entry first: a damaged one leaves this trainer as it was
+            recipe = Recipe.from_dict(ckpt["recipe"])
+            epoch = check_int("the checkpoint's epoch", ckpt["epoch"], minimum=0)
+            step = check_int("the checkpoint's step", ckpt["step"], minimum=0)
+            history = list(ckpt["history"])
+            if not all(isinstance(record, dict) for record in history):
                 raise TypeError("history is not a list of epoch records")
             best = ckpt.get("best_top1")
-            self.best_top1 = None if best is None else check_float("the checkpoint's best_top1", best)
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            if torch.cuda.is_available() and ckpt["rng"].get("cuda"):
-                torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+            best = None if best is None else check_float("the checkpoint's best_top1", best)
+            rng, optimizer = ckpt["rng"], ckpt["optimizer"]
+            if not isinstance(rng, dict) or not torch.is_tensor(rng["torch"]) or not isinstance(optimizer, dict):
+                raise TypeError("rng or optimizer is not the state this trainer writes")
         except ConnlearnError:
             raise
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
-            raise CheckpointError(f"the training state in {path} is damaged or of another version, so it cannot be "
-                                  f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new out_dir, "
-                                  "or resume from previous.pt") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise damaged(exc) from exc
+        if recipe != self.recipe:
+            raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
+        self._set_net(net_from_checkpoint(ckpt))
+        self.optimizer = self._make_optimizer()
+        try:
+            self.optimizer.load_state_dict(optimizer)
+            if self.scaler is not None and ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
+            torch.set_rng_state(rng["torch"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # their contents, not the machine
+            raise damaged(exc) from exc
+        self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
+        cuda_states = rng.get("cuda") or []
+        if torch.cuda.is_available() and cuda_states:  # as many as both machines have GPUs
+            for index, state in enumerate(cuda_states[:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(state, index)
         self._last_connectivity = self.net.connectivity()
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)

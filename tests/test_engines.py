@@ -77,3 +77,17 @@ def test_reference_round_trips_to_fused(images):
     net = connlearn.build(**tiny(gate="random")).eval()
     back = net.to_engine("reference").to_engine("fused").eval()
     torch.testing.assert_close(net(images), back(images))
+
+
+def test_engines_agree_when_a_module_reads_part_of_the_previous_one():
+    """A module whose candidates are some of the previous module's branches (the fused engine picks them
+    out of its one tensor), on a batch of images and on an empty batch."""
+    graph = connlearn.build(**tiny(gate="topk", C=4, K=2)).graph()
+    for block in graph.branches(2):
+        graph.remove_edge("m1.b4", block)
+    fused = connlearn.from_graph(graph, engine="fused").eval()
+    reference = connlearn.from_graph(graph, engine="reference").eval()
+    reference.load_state_dict(fused.to_engine("reference").state_dict())
+    for batch in (3, 0):
+        x = torch.randn(batch, 3, 32, 32)
+        torch.testing.assert_close(fused(x), reference(x))

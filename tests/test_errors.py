@@ -198,33 +198,45 @@ def _public_functions():
             updater.drop_gate_group, updater.GateUpdater, recipe.get_recipe, connlearn.from_graph]
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A short run's folder: last.pt, log.jsonl and gates.jsonl."""
+    out = tmp_path_factory.mktemp("run")
+    recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1, gate_lr=0.1),), batch_size=8)
+    Trainer(connlearn.build(**tiny()), RandomLoader(n=16, batch=8), RandomLoader(n=8, batch=8), recipe,
+            out_dir=out, progress=False, verbose=False, snapshot_every=1).fit()
+    return out
+
+
 @pytest.mark.parametrize("fn", _public_functions(), ids=lambda fn: fn.__qualname__)
-def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path):
+def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path, finished_run):
     """Law: each argument of a public function, given None, a number, a string, a list, a dict, a network
     or a graph where it takes something else, raises a ConnlearnError (or works), never a bare TypeError or
-    AttributeError from inside."""
+    AttributeError from inside. The call with valid arguments works, so every argument is reached."""
     import inspect
 
-    from connlearn.checkpoint import make_checkpoint
-
-    net = connlearn.build(**tiny())
+    net = connlearn.build(**tiny(gate="random"))  # fixed: it prunes
     graph = net.graph()
-    ckpt = tmp_path / "c.pt"
-    torch.save(make_checkpoint(net), ckpt)
-    valid = {"graph": graph, "net": net, "obj": graph, "learned": graph, "path": tmp_path / "f.svg",
-             "out": tmp_path, "K": 2, "C": 4, "lr": 0.1, "weight_decay": 0.0, "gate_lr": 0.1, "ckpt": ckpt,
-             "optimizer": torch.optim.SGD(net.parameters(), lr=0.1), "snapshots": [], "log": [], "name": "cifar",
+    valid = {"graph": graph, "net": net, "obj": graph, "learned": graph, "path": tmp_path / "f.png",
+             "out": tmp_path, "K": 2, "C": 4, "lr": 0.1, "weight_decay": 0.0, "gate_lr": 0.1,
+             "ckpt": finished_run / "last.pt", "optimizer": torch.optim.SGD(net.parameters(), lr=0.1),
+             "snapshots": finished_run / "gates.jsonl", "log": finished_run / "log.jsonl", "name": "cifar",
              "graphs": graph}
+    valid.update({"load_checkpoint": {"path": finished_run / "last.pt"},
+                  "save_atomic": {"obj": {"a": 1}, "path": tmp_path / "x.pt"},
+                  "export": {"path": tmp_path / "m.ts"}, "save": {"path": tmp_path / "f.dot"}}.get(fn.__name__, {}))
     params = [p for p in inspect.signature(fn).parameters.values()
               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = {p.name: valid[p.name] for p in params if p.default is inspect.Parameter.empty}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn(**required)
     for param in params:
         for value in (None, 3, -1, 1.5, float("nan"), "", "x", [1], {"a": 1}, True, net, graph):
-            kwargs = {p.name: valid[p.name] for p in params if p.default is inspect.Parameter.empty}
-            kwargs[param.name] = value
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")  # e.g. a figure squashed by a label it should have refused
-                    fn(**kwargs)
+                    fn(**{**required, param.name: value})
             except ConnlearnError:
                 pass
             except Exception as exc:  # pragma: no cover - the message is the point
@@ -304,3 +316,55 @@ def test_a_listing_pattern_that_is_not_a_string_is_named(listing):
     for value in (None, 1, ["*"]):
         with pytest.raises(ConfigTypeError, match="pattern must be a shell-style pattern string"):
             getattr(connlearn, listing)(value)
+
+
+def test_recipe_flags_and_names_are_refused_unless_bools_and_strings():
+    import numpy as np
+
+    for field in ("frozen",):
+        for value in ("yes", 1, None):
+            with pytest.raises(ConfigTypeError, match=f"{field} must be True or False, got"):
+                Phase(epochs=1, lr=0.1, **{field: value})
+    assert Phase(epochs=1, lr=0.1, frozen=np.bool_(True)).frozen is True
+    with pytest.raises(ConfigTypeError, match="nesterov must be True or False, got 'yes'"):
+        Recipe(name="r", phases=[Phase(epochs=1, lr=0.1)], nesterov="yes")
+    with pytest.raises(ConfigTypeError, match="a recipe's name must be a string, got 3"):
+        Recipe(name=3, phases=[Phase(epochs=1, lr=0.1)])
+    assert len(Recipe("r", (Phase(epochs=1, lr=0.1) for _ in range(2))).phases) == 2  # any iterable
+
+
+def test_trainer_takes_compile_none_and_refuses_a_resume_check_that_is_not_a_function(tmp_path):
+    recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1, gate_lr=0.1),), batch_size=8)
+    args = (connlearn.build(**tiny()), RandomLoader(n=16, batch=8), None, recipe)
+    assert Trainer(*args, out_dir=tmp_path, compile=None).compile is False
+    with pytest.raises(ConfigTypeError, match="resume_check must be a function of the checkpoint dict, got 'x'"):
+        Trainer(*args, out_dir=tmp_path, resume_check="x")
+
+
+def test_a_cuda_index_beyond_the_gpus_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ConfigError, match=r"asks for CUDA GPU 2, but PyTorch sees 2 \(indices 0 to 1\)"):
+        check_device("cuda:2")
+
+
+def test_a_map_location_is_a_device_this_machine_has(finished_run):
+    from connlearn.checkpoint import load_checkpoint
+
+    assert load_checkpoint(finished_run / "last.pt", map_location=torch.device("cpu"))["epoch"] == 1
+    with pytest.raises(ConfigError, match="map_location 'gpu' is not a device"):
+        load_checkpoint(finished_run / "last.pt", map_location="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="map_location 'cuda' asks for a CUDA GPU, but PyTorch sees none"):
+            load_checkpoint(finished_run / "last.pt", map_location="cuda")
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_an_empty_batch_runs_through_a_pruned_network(engine):
+    """Modules of fewer branches than C, after pruning."""
+    from connlearn.prune import prune_dead_blocks
+
+    pruned, report = prune_dead_blocks(connlearn.build(**tiny(gate="random", K=1, M=6), engine=engine))
+    assert report.params_after < report.params_before
+    assert pruned.eval()(torch.randn(0, 3, 32, 32)).shape == (0, 10)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 from conftest import SHARED_DATA
 
 import connlearn
@@ -16,7 +17,7 @@ from connlearn import experiment
 from connlearn.checkpoint import load_checkpoint
 from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
-from connlearn.errors import ConfigError, DataError
+from connlearn.errors import ConfigError, DataError, GraphError
 from connlearn.experiment import CifarRun, eval_set_of, run_cifar
 from connlearn.recipe import get_recipe
 from connlearn.train import read_jsonl
@@ -361,3 +362,21 @@ def test_a_run_is_evaluated_on_the_validation_split_it_holds_out_else_on_the_tes
     assert eval_set_of(CifarRun().to_dict()) == "test"
     with pytest.raises(ConfigError, match="got str"):
         eval_set_of("validation")
+
+
+def test_a_connectivity_file_that_is_no_network_and_a_missing_gpu_are_named_before_data(tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read")
+
+    monkeypatch.setattr(experiment, "load_dataset", no_data)
+    doc = json.loads(connlearn.build(M=3, C=2, K=1, width=1).graph().to_json())
+    doc["nodes"] = [n for n in doc["nodes"] if n["id"] != "input"]
+    doc["edges"] = [e for e in doc["edges"] if e["source"] != "input"]
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    with pytest.raises(GraphError, match=r"connectivity: .*g.json does not describe a network: the graph has no "
+                                         "'input' node"):
+        experiment._net_of_connectivity(CifarRun(connectivity=str(tmp_path / "g.json"), out=str(tmp_path / "run")),
+                                        10)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device 'cuda' asks for a CUDA GPU"):
+            run_cifar(CifarRun(device="cuda", out=str(tmp_path / "run")))

@@ -4,6 +4,7 @@ import copy
 import json
 
 import networkx as nx
+import numpy as np
 import pytest
 import torch
 from conftest import PlainBlock, tiny
@@ -196,16 +197,18 @@ def test_from_json_names_a_broken_structure(edit, message):
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda g: g.nodes["m2.b1"].update(module=[2]), r"node 'm2.b1' needs module, an integer >= 1; got \[2\]"),
-    (lambda g: g.nodes["m2.b1"].pop("stride"), "node 'm2.b1' needs stride, an integer >= 1; it is missing"),
+    (lambda g: g.nodes["m2.b1"].update(module=[2]), r"node 'm2.b1' needs module, an integer from 1 to .*; got \[2\]"),
+    (lambda g: g.nodes["m2.b1"].pop("stride"), "node 'm2.b1' needs stride, an integer from 1 to .*; it is missing"),
     (lambda g: g.nodes["m2.b1"].update(block=None), "node 'm2.b1' has block None"),
     (lambda g: g.nodes["m2.b2"].update(branch=1), "nodes 'm2.b1' and 'm2.b2' are both branch 1 of module 2"),
-    (lambda g: g.nodes["output"].update(num_classes=0), "node 'output' needs num_classes, an integer >= 1"),
+    (lambda g: g.nodes["output"].update(num_classes=0), "node 'output' needs num_classes, an integer from 1 to"),
     (lambda g: g.nodes["input"]["stem"].update(kernel=2.5), "node 'input' needs stem kernel"),
     (lambda g: g.nodes["input"]["stem"].update(maxpool=1), "stem maxpool 1; it must be true or false"),
     (lambda g: g.nodes["input"].update(resolution=16), "resolution 16, but its stem .* makes 32"),
     (lambda g: g.add_node("extra", kind="shortcut"), "node 'extra' has kind 'shortcut'"),
-    (lambda g: g.edges["m1.b1", "m2.b1"].update(gate=float("nan")), "gate nan; a gate value must be a finite"),
+    (lambda g: g.edges["m1.b1", "m2.b1"].update(gate="0.5"), "gate '0.5'; a gate value must be a number"),
+    (lambda g: g.edges["m1.b1", "m2.b1"].update(tie=10**30), "it must be an integer rank"),
+    (lambda g: g.nodes["output"].update(num_classes=10**30), r"num_classes, an integer from 1 to 2147483647"),
     (lambda g: g.edges["m1.b1", "m2.b1"].update(active="yes"), "active 'yes'; it must be true or false"),
     (lambda g: g.graph.update(seed=[1]), r"seed must be an integer \(a 64-bit seed\), got \[1\]"),
     (lambda g: g.graph.update(weighted_inputs="no"), "weighted_inputs must be true or false"),
@@ -260,3 +263,38 @@ def test_a_name_that_is_not_a_string_is_a_type_error_listing_the_names(value):
         connlearn.build(**tiny(gate=value))
     with pytest.raises(ConfigTypeError, match="topology must be a name"):
         connlearn.build(value)
+
+
+def test_a_plug_in_topology_may_write_numpy_and_tensor_scalars():
+    g = _graph()
+    for _, _, d in g.edges(data=True):
+        if d["kind"] == "gate":
+            d.update(active=np.bool_(d["active"]), gate=torch.tensor(d["gate"]), tie=np.int64(d.get("tie", 0)))
+    net = connlearn.from_graph(g)
+    assert all(isinstance(d["active"], bool) for _, _, d in net.graph().edges(data=True))
+
+
+def test_a_network_whose_gates_diverged_still_checkpoints_and_loads():
+    """A run whose loss went to NaN keeps what it trained: its checkpoint loads, its engine moves."""
+    from connlearn.checkpoint import make_checkpoint, net_from_checkpoint
+
+    net = connlearn.build(**tiny())
+    with torch.no_grad():
+        next(iter(net.gate_parameters()))[0, 0] = float("nan")
+    again = net_from_checkpoint(make_checkpoint(net))
+    assert torch.isnan(next(iter(again.gate_parameters()))[0, 0])
+    net.to_engine("reference")
+
+
+@pytest.mark.parametrize(("kernel", "stride", "maxpool"), [(3, 1, False), (2, 2, False), (4, 1, True), (7, 2, True)])
+def test_the_stem_resolution_is_what_its_convolution_makes(kernel, stride, maxpool):
+    net = connlearn.build(**tiny())
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 4, kernel, stride, kernel // 2),
+                               torch.nn.MaxPool2d(3, 2, 1) if maxpool else torch.nn.Identity())
+    made = stem(torch.randn(1, 3, 32, 32)).shape[-1]
+    g = net.graph()
+    g.nodes["input"].update(stem={"kernel": kernel, "stride": stride, "maxpool": maxpool}, resolution=made)
+    g._check_stem(g.nodes["input"])
+    g.nodes["input"].update(resolution=made + 1)
+    with pytest.raises(GraphError, match=f"makes {made} of images of size 32"):
+        g._check_stem(g.nodes["input"])
