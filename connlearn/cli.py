@@ -109,16 +109,20 @@ def run_from_args(args: argparse.Namespace, dataset: str | None = None):
 def _read_config(path: Path, fields: set[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"no config file at {path}")
-    text = path.read_text()
-    if path.suffix == ".toml":
-        import tomllib
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        text = path.read_text()
+        if kind == "TOML":
+            import tomllib  # Python 3.11 and later
 
-        data = tomllib.loads(text)
-    else:
-        try:
+            data = tomllib.loads(text)
+        else:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ConfigError(f"{path} is not valid {kind}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a {type(data).__name__}; a config is one {kind} object of options, e.g. "
+                          '{"epochs": 30, "gate": "topk"}')
     options = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(options) - fields)
     if unknown:
@@ -247,7 +251,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         raise DataError(f"no file at {path}")
     try:
         return read_jsonl(path)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not a JSONL log: {exc}") from None
 
 

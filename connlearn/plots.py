@@ -333,7 +333,7 @@ def _records(source: Any, what: str) -> list[Mapping[str, Any]]:
             records = read_jsonl(source)
         except OSError as exc:
             raise DataError(f"cannot read {what} from {str(source)!r}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"{what} file {str(source)!r} is not JSONL (one JSON object a line): {exc}") from None
         what = f"{what} file {str(source)!r}"
     elif isinstance(source, Sequence):

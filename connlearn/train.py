@@ -234,6 +234,8 @@ class Trainer:
         self.resume_check = resume_check
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.out_dir = check_path("out_dir", out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ConfigError(f"out_dir {str(self.out_dir)!r} is a file; give the folder of the run")
         self.is_main = _rank() == 0
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)

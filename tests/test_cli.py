@@ -257,6 +257,18 @@ def test_an_unknown_config_key_is_one_line_with_the_closest_option(tmp_path, cap
     assert _one_line_error(code, err) and "did you mean 'epochs'" in err
 
 
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("run.json", "[1, 2]", "holds a list; a config is one JSON object of options"),
+    ("run.json", b"\x80\x81", "is not valid JSON"),
+    ("run.toml", "epochs = [", "is not valid TOML"),
+])
+def test_a_config_file_that_is_no_object_of_options_is_one_line(tmp_path, capsys, name, content, message):
+    config = tmp_path / name
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, _, err = _run(["train", "--config", config], capsys)
+    assert _one_line_error(code, err) and message in err
+
+
 @pytest.fixture(scope="module")
 def real_ckpt(tmp_path_factory):
     """A ``real``-gated net in phase 1: its gates weight every input, nothing is frozen yet."""

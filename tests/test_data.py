@@ -392,8 +392,9 @@ def _small_set():
 _WRONG = (None, True, -1, 1.5, float("nan"), "", "x", [1], {"a": 1}, np.zeros((2, 2)))
 
 
-def test_data_functions_name_arguments_of_the_wrong_kind(tmp_path):
+def test_data_functions_name_arguments_of_the_wrong_kind(tmp_path, monkeypatch):
     """Law: the data API given a value of another kind raises a ConnlearnError (or works)."""
+    monkeypatch.chdir(tmp_path)  # a string given as a path ('x') lands here
     ds = _small_set()
     good = {"images": ds.images, "labels": ds.labels, "class_names": ds.class_names}
     calls = [lambda v, k=k: ImageDataset(**{**good, k: v}) for k in good]

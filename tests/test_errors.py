@@ -15,6 +15,7 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     ConnlearnError,
+    DataError,
     ShapeError,
     UnknownNameError,
     check_device,
@@ -209,11 +210,13 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fn", _public_functions(), ids=lambda fn: fn.__qualname__)
-def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path, finished_run):
+def test_every_argument_of_the_wrong_kind_is_named(fn, tmp_path, finished_run, monkeypatch):
     """Law: each argument of a public function, given None, a number, a string, a list, a dict, a network
     or a graph where it takes something else, raises a ConnlearnError (or works), never a bare TypeError or
     AttributeError from inside. The call with valid arguments works, so every argument is reached."""
     import inspect
+
+    monkeypatch.chdir(tmp_path)  # a string given as a path ('x') lands here
 
     net = connlearn.build(**tiny(gate="random"))  # fixed: it prunes
     graph = net.graph()
@@ -290,8 +293,11 @@ def test_phases_and_recipes_of_any_field_value_are_made_or_refused_by_name():
         Phase(epochs=1, lr=float("inf"))
 
 
-def test_trainer_arguments_of_the_wrong_kind_are_named(tmp_path):
+def test_trainer_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
     import inspect
+
+    monkeypatch.chdir(tmp_path)  # a string given as out_dir lands here
+    (tmp_path / "x").write_text("a file where a run folder would go")
 
     recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1, gate_lr=0.1),), batch_size=8)
     args = {"net": connlearn.build(**tiny()), "train_loader": RandomLoader(n=16, batch=8),
@@ -368,3 +374,14 @@ def test_an_empty_batch_runs_through_a_pruned_network(engine):
     pruned, report = prune_dead_blocks(connlearn.build(**tiny(gate="random", K=1, M=6), engine=engine))
     assert report.params_after < report.params_before
     assert pruned.eval()(torch.randn(0, 3, 32, 32)).shape == (0, 10)
+
+
+def test_a_binary_file_for_a_log_and_a_file_for_a_run_folder_are_named(tmp_path, finished_run):
+    from connlearn.plots import plot_training_curves
+
+    with pytest.raises(DataError, match="is not JSONL"):
+        plot_training_curves(finished_run / "last.pt", tmp_path / "c.png")
+    (tmp_path / "run").write_text("")
+    recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1),), batch_size=8)
+    with pytest.raises(ConfigError, match=r"out_dir .* is a file; give the folder of the run"):
+        Trainer(connlearn.build(**tiny()), RandomLoader(), None, recipe, out_dir=tmp_path / "run")
