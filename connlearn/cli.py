@@ -113,8 +113,10 @@ def _read_config(path: Path, fields: set[str]) -> dict[str, Any]:
     try:
         text = path.read_text()
         if kind == "TOML":
-            import tomllib  # Python 3.11 and later
-
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                raise ConfigError(f"{path}: TOML configs need Python 3.11 or later; write it as JSON") from None
             data = tomllib.loads(text)
         else:
             data = json.loads(text)

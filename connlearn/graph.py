@@ -73,7 +73,10 @@ def _scalar(value: object) -> object:
     """A 0-d tensor or NumPy scalar as the Python number or bool it holds (a plug-in topology may write
     those); anything else as it is."""
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        return value.item()
+        try:
+            return value.item()
+        except (RuntimeError, ValueError, TypeError):  # e.g. a tensor on the meta device: refused as it is
+            return value
     return value
 
 

@@ -52,8 +52,8 @@ def _name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 def _phases(value: Any) -> Any:
     """Phases given as any iterable (a list, a generator) as a tuple; anything else is left for the check."""
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        return value
+    if isinstance(value, (str, bytes, Mapping, set, frozenset)) or not isinstance(value, Iterable):
+        return value  # unordered or not phases at all: left for the check to name
     return tuple(value)
 
 

@@ -336,7 +336,7 @@ class Trainer:
                                    f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new out_dir, "
                                    "or resume from previous.pt")
 
-        try:  # read every entry first: a damaged one leaves this trainer as it was
+        try:  # read and check the entries first: a damaged one is named before anything is restored
             recipe = Recipe.from_dict(ckpt["recipe"])
             epoch = check_int("the checkpoint's epoch", ckpt["epoch"], minimum=0)
             step = check_int("the checkpoint's step", ckpt["step"], minimum=0)
@@ -348,6 +348,10 @@ class Trainer:
             rng, optimizer = ckpt["rng"], ckpt["optimizer"]
             if not isinstance(rng, dict) or not torch.is_tensor(rng["torch"]) or not isinstance(optimizer, dict):
                 raise TypeError("rng or optimizer is not the state this trainer writes")
+            cuda_states = rng.get("cuda")
+            cuda_states = [] if cuda_states is None else cuda_states
+            if not isinstance(cuda_states, (list, tuple)) or not all(torch.is_tensor(s) for s in cuda_states):
+                raise TypeError("rng['cuda'] is not a list of CUDA generator states")
         except ConnlearnError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -361,13 +365,12 @@ class Trainer:
             if self.scaler is not None and ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])
             torch.set_rng_state(rng["torch"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # their contents, not the machine
+            if torch.cuda.is_available():  # as many states as both machines have GPUs
+                for index, state in enumerate(cuda_states[:torch.cuda.device_count()]):
+                    torch.cuda.set_rng_state(state, index)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
-        cuda_states = rng.get("cuda") or []
-        if torch.cuda.is_available() and cuda_states:  # as many as both machines have GPUs
-            for index, state in enumerate(cuda_states[:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(state, index)
         self._last_connectivity = self.net.connectivity()
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)

@@ -336,7 +336,9 @@ def test_recipe_flags_and_names_are_refused_unless_bools_and_strings():
         Recipe(name="r", phases=[Phase(epochs=1, lr=0.1)], nesterov="yes")
     with pytest.raises(ConfigTypeError, match="a recipe's name must be a string, got 3"):
         Recipe(name=3, phases=[Phase(epochs=1, lr=0.1)])
-    assert len(Recipe("r", (Phase(epochs=1, lr=0.1) for _ in range(2))).phases) == 2  # any iterable
+    assert len(Recipe("r", (Phase(epochs=1, lr=0.1) for _ in range(2))).phases) == 2  # any ordered iterable
+    with pytest.raises(ConfigTypeError, match="phases must be a list"):
+        Recipe("r", {Phase(epochs=1, lr=0.1)})
 
 
 def test_trainer_takes_compile_none_and_refuses_a_resume_check_that_is_not_a_function(tmp_path):

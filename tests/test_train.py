@@ -314,3 +314,13 @@ def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_re
             torch.save(damaged, out / "last.pt")
             with contextlib.suppress(ConnlearnError):
                 trainer(out).fit()
+    for name, edit in (("cuda", lambda c: c["rng"].update(cuda=torch.zeros(8, dtype=torch.uint8))),
+                       ("cuda-list", lambda c: c["rng"].update(cuda=["x"])),
+                       ("state", lambda c: c["optimizer"].update(state=[]))):
+        damaged = torch.load(tmp_path / "base" / "last.pt", weights_only=False)
+        edit(damaged)
+        out = tmp_path / f"nested-{name}"
+        shutil.copytree(tmp_path / "base", out)
+        torch.save(damaged, out / "last.pt")
+        with pytest.raises(CheckpointError, match="is damaged or of another version"):
+            trainer(out).fit()
