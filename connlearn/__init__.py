@@ -21,7 +21,7 @@ from connlearn.blocks import BLOCKS, Looped
 from connlearn.compile import ConnectivityNet, compile_graph
 from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_pattern, closest
 from connlearn.gates import GATES, Gate
-from connlearn.graph import BranchGraph
+from connlearn.graph import BranchGraph, check_graph
 from connlearn.topologies import PRESETS, TOPOLOGIES
 
 __version__ = "0.1.0"
@@ -64,8 +64,7 @@ def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | N
     """Compile a BranchGraph (or its JSON) into a network, weights initialised from the graph's seed."""
     if isinstance(graph, str):
         graph = BranchGraph.from_json(graph)
-    if not isinstance(graph, BranchGraph):
-        raise ConfigTypeError(f"from_graph takes a BranchGraph or its JSON, not a {type(graph).__name__}")
+    graph = check_graph(graph, "from_graph's graph (a BranchGraph or its JSON)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(graph.seed if seed is None else check_int("seed", seed))
         return compile_graph(graph, engine=engine)

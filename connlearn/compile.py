@@ -464,10 +464,11 @@ class ConnectivityNet(nn.Module):
             )
         if not x.is_floating_point():
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
+        # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
+        # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight = getattr(getattr(self.stem, "conv", None), "weight", None)
         if (not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and x.dtype != weight.dtype
-                and weight.numel() > 0 and not _autocast_enabled(x.device.type)):  # a sharded (FSDP) weight may
-            # be cast later, and is not checked
+                and weight.numel() > 0 and not _autocast_enabled(x.device.type)):
             raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
                                   f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
                                   "under torch.autocast")

@@ -9,6 +9,7 @@ for names, the closest valid ones.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import os
 from collections.abc import Iterable
@@ -94,8 +95,10 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
     return value
 
 
-def check_float(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None) -> float:
-    """Return ``value`` as a float, or raise a clear error if it is not a number in [minimum, maximum]."""
+def check_float(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
+                finite: bool = False) -> float:
+    """Return ``value`` as a float, or raise a clear error if it is not a number in [minimum, maximum] (and,
+    with ``finite``, not infinite)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigTypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     value = float(value)
@@ -105,6 +108,8 @@ def check_float(name: str, value: object, *, minimum: float | None = None, maxim
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ConfigError(f"{name} must be <= {maximum}, got {value}")
+    if finite and math.isinf(value):
+        raise ConfigError(f"{name} must be finite, got {value}")
     return value
 
 

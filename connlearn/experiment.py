@@ -63,6 +63,7 @@ def _optional_int(name: str):
 def _text(name: str, default: str | None, *, path: bool = True) -> Any:
     """A field that holds a path (a ``Path`` becomes its string, as JSON records it) or a device name: a
     non-empty string, or ``None`` where that is the default."""
+    optional = default is None
 
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is None and optional:
@@ -74,7 +75,6 @@ def _text(name: str, default: str | None, *, path: bool = True) -> Any:
     def fspath(value: Any) -> Any:
         return os.fspath(value) if path and isinstance(value, os.PathLike) else value
 
-    optional = default is None
     return attrs.field(default=default, converter=fspath, validator=check)
 
 

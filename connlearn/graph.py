@@ -63,10 +63,10 @@ _MISSING = _Missing()
 _MAX_SIZE = 2**31 - 1
 
 
-def _check_count(where: str, key: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not minimum <= value <= _MAX_SIZE:
+def _check_count(where: str, key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
         found = "it is missing" if value is _MISSING else f"got {value!r}"
-        raise GraphError(f"{where} needs {key}, an integer from {minimum} to {_MAX_SIZE}; {found}")
+        raise GraphError(f"{where} needs {key}, an integer from 1 to {_MAX_SIZE}; {found}")
 
 
 def _scalar(value: object) -> object:
@@ -190,7 +190,7 @@ class BranchGraph(nx.DiGraph):
         """Check that the graph describes a network; raise one :class:`GraphError` naming the first fault.
 
         Faults: a missing ``input``/``output`` node, a node or edge of another kind, an attribute of the
-        schema missing or of the wrong type (sizes are integers >= 1, ``active`` a bool, gate values finite,
+        schema missing or of the wrong type (sizes are integers >= 1, ``active`` a bool, gate values numbers,
         ``tie`` ranks integers), two nodes for one (module, branch), an input resolution that the stem does
         not make, a cycle, an unknown block kind, an edge whose channels or resolution do not match, a fixed
         edge other than ``input`` → block or block → ``output``, a block reading both, a block with no
@@ -244,7 +244,7 @@ class BranchGraph(nx.DiGraph):
                 raise GraphError(f"node {node!r} has kind {kind!r}; allowed: 'block', and 'input' and 'output' for "
                                  "the nodes of those names")
             for key in _NODE_FIELDS[kind]:
-                _check_count(f"node {node!r}", key, d.get(key, _MISSING), minimum=1)
+                _check_count(f"node {node!r}", key, d.get(key, _MISSING))
             if kind == "input":
                 self._check_stem(d)
             elif kind == "block":
@@ -273,7 +273,7 @@ class BranchGraph(nx.DiGraph):
         if not isinstance(stem, dict):
             raise GraphError(f"node 'input' has stem {stem!r}; it must be a dict of kernel, stride and maxpool")
         for key in ("kernel", "stride"):
-            _check_count("node 'input'", f"stem {key}", stem.get(key, _MISSING), minimum=1)
+            _check_count("node 'input'", f"stem {key}", stem.get(key, _MISSING))
         if not isinstance(stem.get("maxpool"), bool):
             raise GraphError(f"node 'input' has stem maxpool {stem.get('maxpool', _MISSING)!r}; it must be true or "
                              "false")

@@ -26,8 +26,7 @@ def _positive_int(name: str):
 
 def _non_negative(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if math.isinf(check_float(name, value, minimum=0.0)):
-            raise ConfigError(f"{name} must be finite, got {value}")
+        check_float(name, value, minimum=0.0, finite=True)
 
     return check
 

@@ -27,7 +27,6 @@ observation that sampling depends only on the ratios within a row of gates:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -123,9 +122,7 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float)
     weight decay). Each group carries a ``name`` ('weights' or 'gates'). The rates and the decay must be
     finite and non-negative (PyTorch checks only an optimizer's default ``lr``)."""
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("gate_lr", gate_lr)):
-        check_float(name, value, minimum=0.0)
-        if math.isinf(value):
-            raise ConfigError(f"{name} must be finite, got {value}")
+        check_float(name, value, minimum=0.0, finite=True)
     if not callable(getattr(net, "weight_parameters", None)) or not callable(getattr(net, "gate_parameters", None)):
         raise ConfigTypeError(f"param_groups takes a connlearn ConnectivityNet (it splits weights from gates), got "
                               f"{type(net).__name__}")
