@@ -1,10 +1,10 @@
 """Epoch time on CIFAR-10 per arm: the device-resident BatchLoader vs the torch DataLoader path.
 
-For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times one
-training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), once
-per loader path, plus the loaders alone (images/s without a model). ``--train-subset N`` times an epoch
-of N images and scales the time to the full 50,000 (reported as extrapolated) for machines where a full
-epoch takes too long.
+For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times a
+training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), the
+second of two (the first autotunes and compiles), once per loader path, plus the loaders alone (images/s
+without a model). ``--train-subset N`` times an epoch of N images and scales the time to the full 50,000
+(reported as extrapolated) for machines where a full epoch takes too long.
 
     python benchmarks/epoch.py --data ../shared/data/cifar10_jpeg.npz                 # full epochs
     python benchmarks/epoch.py --data ... --train-subset 2560 --archs cifar-20-4-8     # CPU: part of one
@@ -44,10 +44,10 @@ def loader_throughput(loader) -> float:
 
 
 def epoch_time(arch: str, arm: str, loader, device: torch.device, compile: str | None, channels_last: bool) -> float:
-    """Seconds of one phase-1 training epoch (gates learning) of ``arm`` on ``arch`` with ``loader``; with
-    ``compile``, of the second epoch (the first pays for compilation)."""
+    """Seconds of a phase-1 training epoch (gates learning) of ``arm`` on ``arch`` with ``loader``: the second
+    of two, since the first pays for cuDNN's autotuning and, with ``compile``, for compilation."""
     net = connlearn.build(preset=arch, gate=ARMS[arm]["gate"], K=ARMS[arm]["K"], num_classes=10)
-    recipe = Recipe("bench", [Phase(2 if compile else 1, 0.1, gate_lr=0.2)])
+    recipe = Recipe("bench", [Phase(2, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
                           channels_last=channels_last, snapshot_every=0, progress=False, verbose=False)

@@ -117,3 +117,14 @@ def test_the_state_to_resume_from_is_packed_without_the_spare_copies(tmp_path):
                              text=True, check=True).stdout.split()
     assert "runs/sweep30/topk4-s0/last.pt" in listing and "runs/sweep30/topk4-s0/log.jsonl" in listing
     assert not any(name.endswith(("previous.pt", "best.pt")) for name in listing)
+
+
+def test_measure_times_the_epochs_first_and_compile_before_the_step_times(tmp_path):
+    done, calls = _suite(tmp_path, "measure", "data.npz", "out", "600")
+    assert done.returncode == 0, done.stderr
+    timed = [c for c in calls if "benchmarks/" in c]
+    assert [c.split()[0] for c in timed] == ["benchmarks/epoch.py"] * 3 + ["benchmarks/speed.py"]
+    eager, default, overhead, _ = timed
+    assert "--arms full topk4 random4 real4 topk1" in eager and "--compile" not in eager
+    assert default.endswith("--compile --json out/epoch_compile.json")
+    assert "--compile reduce-overhead" in overhead
