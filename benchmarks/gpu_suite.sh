@@ -30,7 +30,7 @@
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep30_annealed, runs/sweep30_resnext, runs/sweep320, runs/choose30,
 # runs/choose30_annealed, runs/gates without the previous.pt/best.pt copies): unpack it in the repository
-# root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile", or "--gate-grad
+# root of the next machine. EXTRA holds further accuracy.py options (e.g. "--compile reduce-overhead", or "--gate-grad
 # centered" once choose has chosen a rule for the learned arms of sweep and protocol): keep its settings
 # the same for every command of one folder (only --compile, --amp and --device may change), since a sweep
 # folder refuses runs with other settings; DEVICE (default cuda) lets the suite run on a CPU for a trial.

@@ -126,3 +126,16 @@ def test_a_training_forward_is_one_graph_for_torch_compile(images, gate):
     net = connlearn.build(**tiny(gate=gate)).train()
     explained = torch._dynamo.explain(net)(images)
     assert explained.graph_count == 1
+
+
+def test_annealing_the_temperature_and_new_draws_never_recompile(images):
+    # The trainer sets sample_temperature at every step of an annealed phase 1 and every step draws anew.
+    # Were either guarded on by the compiled graph, each step would recompile until torch gave up and ran
+    # the network eagerly: CUDA graphs (reduce-overhead) would then be lost without a word.
+    net = connlearn.build(**tiny(gate="topk")).train()
+    compiled = torch.compile(net, backend="eager")
+    compiled(images)  # the one compilation
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in range(4):
+            net.sample_temperature = 1.0 / (step + 2)
+            compiled(images).sum().backward()
