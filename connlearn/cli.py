@@ -58,7 +58,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
     a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default; on a GPU "
-           "reduce-overhead, CUDA graphs, is the mode that shortens an epoch)")
+           "use reduce-overhead, CUDA graphs: of the modes measured, the one that shortens an epoch)")
     a("--engine", choices=ENGINES, help="default fused")
     a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches; dataloader: torch DataLoader")
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")

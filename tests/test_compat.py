@@ -131,7 +131,7 @@ def test_a_training_forward_is_one_graph_for_torch_compile(images, gate):
 def test_annealing_the_temperature_and_new_draws_never_recompile(images):
     # The trainer sets sample_temperature at every step of an annealed phase 1 and every step draws anew.
     # Were either guarded on by the compiled graph, each step would recompile until torch gave up and ran
-    # the network eagerly: CUDA graphs (reduce-overhead) would then be lost without a word.
+    # the network eagerly, losing CUDA graphs (reduce-overhead) with no more than a logged warning.
     net = connlearn.build(**tiny(gate="topk")).train()
     compiled = torch.compile(net, backend="eager")
     compiled(images)  # the one compilation
