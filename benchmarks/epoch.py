@@ -1,10 +1,11 @@
 """Epoch time on CIFAR-10 per arm: the device-resident BatchLoader vs the torch DataLoader path.
 
 For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times a
-training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), the
-second of two (the first autotunes and compiles), once per loader path, plus the loaders alone (images/s
-without a model). ``--train-subset N`` times an epoch of N images and scales the time to the full 50,000
-(reported as extrapolated) for machines where a full epoch takes too long.
+training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), after
+one that is not timed (it autotunes and compiles); ``--repeats N`` times N epochs and reports their
+median. Each is timed once per loader path, beside the loaders alone (images/s without a model).
+``--train-subset N`` times an epoch of N images and scales the time to the full 50,000 (reported as
+extrapolated) for machines where a full epoch takes too long.
 
     python benchmarks/epoch.py --data ../shared/data/cifar10_jpeg.npz                 # full epochs
     python benchmarks/epoch.py --data ... --train-subset 2560 --archs cifar-20-4-8     # CPU: part of one
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import tempfile
 import time
 from datetime import date
@@ -43,15 +45,16 @@ def loader_throughput(loader) -> float:
     return seen / (time.perf_counter() - t0)
 
 
-def epoch_time(arch: str, arm: str, loader, device: torch.device, compile: str | None, channels_last: bool) -> float:
-    """Seconds of a phase-1 training epoch (gates learning) of ``arm`` on ``arch`` with ``loader``: the second
-    of two, since the first pays for cuDNN's autotuning and, with ``compile``, for compilation."""
+def epoch_times(arch: str, arm: str, loader, device: torch.device, compile: str | None, channels_last: bool,
+                repeats: int = 1) -> list[float]:
+    """Seconds of ``repeats`` phase-1 training epochs (gates learning) of ``arm`` on ``arch`` with ``loader``,
+    after one more that is not timed: it pays for cuDNN's autotuning and, with ``compile``, for compilation."""
     net = connlearn.build(preset=arch, gate=ARMS[arm]["gate"], K=ARMS[arm]["K"], num_classes=10)
-    recipe = Recipe("bench", [Phase(2, 0.1, gate_lr=0.2)])
+    recipe = Recipe("bench", [Phase(1 + repeats, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
                           channels_last=channels_last, snapshot_every=0, progress=False, verbose=False)
-        return trainer.fit()[-1]["epoch_time"]
+        return [r["epoch_time"] for r in trainer.fit()[1:]]
 
 
 def main() -> None:
@@ -65,8 +68,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="DataLoader workers")
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1, help="timed epochs per configuration (the median is "
+                        "reported, every time in the JSON); default 1")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     device = torch.device(args.device)
     train, test = load_dataset("cifar10", args.data)
     if args.train_subset:
@@ -83,14 +90,18 @@ def main() -> None:
     threads = torch.get_num_threads()
     name = torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.machine()}, {threads} threads)"
     results = {"device": name, "date": str(date.today()), "images": len(train), "extrapolated": scale != 1,
-               "loader_images_per_s": {k: loader_throughput(v) for k, v in paths.items()}, "epoch_s": {}}
+               "loader_images_per_s": {k: loader_throughput(v) for k, v in paths.items()}, "repeats": args.repeats,
+               "epoch_s": {}, "epoch_s_each": {}}
     for arch in args.archs:
         for arm in args.arms:
-            row = {k: epoch_time(arch, arm, v, device, args.compile, args.channels_last) * scale
-                   for k, v in paths.items()}
+            each = {k: [t * scale for t in epoch_times(arch, arm, v, device, args.compile, args.channels_last,
+                                                       args.repeats)] for k, v in paths.items()}
+            row = {k: statistics.median(times) for k, times in each.items()}
             results["epoch_s"].setdefault(arch, {})[arm] = row
-            print(arch, arm, row, flush=True)
+            results["epoch_s_each"].setdefault(arch, {})[arm] = each
+            print(arch, arm, each, flush=True)
     note = f" (timed on {len(train)} images, scaled to 50,000)" if scale != 1 else ""
+    note += f", median of {args.repeats} epochs" if args.repeats > 1 else ""
     options = f", torch.compile ({args.compile})" if args.compile else ""
     options += ", channels-last" if args.channels_last else ""
     print(f"\n{name}, {date.today()}, batch 128{options}{note}\n")

@@ -4,8 +4,8 @@
 #   benchmarks/gpu_suite.sh MODE DATA RESULTS [SECONDS]
 #
 # MODE
-#   measure   epoch.py per arm (eager), epoch.py for topk4 under torch.compile (default, then
-#             reduce-overhead), then speed.py's step times (contiguous) with what time is left
+#   measure   epoch.py per arm (eager, median of 2 epochs), epoch.py for topk4 under torch.compile (default,
+#             then reduce-overhead; median of 3), then speed.py's step times (contiguous) with what time is left
 #   rules     the gate rules (plain, centered, renormalized) over 5 epochs of phase 1 on a 5,000-image
 #             validation split, then the drawn / undrawn split of their raw gate gradients
 #   choose    the gate rules' payoff, to choose one: 30-epoch runs of random4, topk4-plain, topk4-centered and
@@ -86,12 +86,12 @@ sweep() {  # budget, arms, seeds, parallel, out, further accuracy.py options
 
 case $mode in
 measure)
-  step 130 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 \
-    --arms full topk4 random4 real4 topk1 --paths resident --json "$results/epoch.json"
+  step 150 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 \
+    --arms full topk4 random4 real4 topk1 --paths resident --repeats 2 --json "$results/epoch.json"
   step 200 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
-    --paths resident --compile --json "$results/epoch_compile.json"
+    --paths resident --repeats 3 --compile --json "$results/epoch_compile.json"
   step 180 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
-    --paths resident --compile reduce-overhead --json "$results/epoch_compile_ro.json"
+    --paths resident --repeats 3 --compile reduce-overhead --json "$results/epoch_compile_ro.json"
   step 120 speed.log python3 benchmarks/speed.py --device "$device" --json "$results/speed.json"
   ;;
 rules)

@@ -127,4 +127,5 @@ def test_measure_times_the_epochs_first_and_compile_before_the_step_times(tmp_pa
     eager, default, overhead, _ = timed
     assert "--arms full topk4 random4 real4 topk1" in eager and "--compile" not in eager
     assert default.endswith("--compile --json out/epoch_compile.json")
+    assert all("--repeats" in c for c in (eager, default, overhead))
     assert "--compile reduce-overhead" in overhead

@@ -369,3 +369,12 @@ def test_a_study_finds_one_finished_run_per_seed_or_says_what_is_wrong(tmp_path)
     run(tmp_path / "d" / "two" / "topk4-s0")
     with pytest.raises(ConnlearnError, match="two runs of seed 0"):
         find_runs(f"{tmp_path}/d/*/topk4-s*")
+
+
+def test_epoch_times_are_the_epochs_after_the_untimed_first():
+    from conftest import RandomLoader
+    from epoch import epoch_times
+
+    times = epoch_times("cifar-20-4-8", "topk4", RandomLoader(n=16, batch=8), torch.device("cpu"), None, False,
+                        repeats=2)
+    assert len(times) == 2 and all(t > 0 for t in times)
