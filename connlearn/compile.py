@@ -57,7 +57,7 @@ from connlearn.errors import (
     check_temperature,
 )
 from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
-from connlearn.graph import BranchGraph
+from connlearn.graph import BranchGraph, check_graph
 
 ENGINES = ("fused", "reference", "auto")
 
@@ -313,9 +313,7 @@ class ConnectivityNet(nn.Module):
     def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
         super().__init__()
         check_name("engine", engine, ENGINES)
-        if not isinstance(graph, BranchGraph):
-            raise ConfigTypeError(f"a network is compiled from a BranchGraph, not a {type(graph).__name__}")
-        graph.validate()
+        check_graph(graph, "the graph a network is compiled from").validate()
         self._graph = copy.deepcopy(graph)
         self.K = graph.K
         self.gate_kind = graph.gate_kind

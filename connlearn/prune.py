@@ -33,7 +33,8 @@ def live_blocks(graph: BranchGraph) -> set[str]:
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
     """Blocks without an active path to the head (what the pruner removes)."""
-    return set(check_graph(graph).block_nodes()) - live_blocks(graph)
+    live = live_blocks(graph)  # checks that it is a graph
+    return set(graph.block_nodes()) - live
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:

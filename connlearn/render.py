@@ -58,6 +58,7 @@ def to_dot(
     """
     _check_graph(graph, "to_dot")
     _check_dead(dead)
+    check_title(title)
     dot = graphviz.Digraph(name="connectivity")
     dot.attr(label=_legend(graph, title), labelloc="t", fontsize="12")
     _draw(dot, graph, prefix="", weighted=weighted, dead=dead)
@@ -209,7 +210,6 @@ def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
 
 
 def _legend(graph: BranchGraph, title: str | None) -> str:
-    check_title(title)
     blocks = graph.block_nodes()
     live = len(blocks) - len(dead_blocks(graph))
     reads = " (every input, weighted by its gate)" if graph.weights_inputs() else ""
