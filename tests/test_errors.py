@@ -387,3 +387,13 @@ def test_a_binary_file_for_a_log_and_a_file_for_a_run_folder_are_named(tmp_path,
     recipe = Recipe(name="r", phases=(Phase(epochs=1, lr=0.1),), batch_size=8)
     with pytest.raises(ConfigError, match=r"out_dir .* is a file; give the folder of the run"):
         Trainer(connlearn.build(**tiny()), RandomLoader(), None, recipe, out_dir=tmp_path / "run")
+
+
+def test_a_network_given_where_a_graph_goes_says_to_pass_its_graph():
+    from connlearn.compile import ConnectivityNet
+
+    net = connlearn.build(**tiny())
+    with pytest.raises(ConfigTypeError, match=r"compiled from must be a connlearn BranchGraph, got "
+                                              r"ConnectivityNet; pass net.graph\(\)"):
+        ConnectivityNet(net)
+    assert ConnectivityNet(net.graph()).graph().to_json() == net.graph().to_json()
