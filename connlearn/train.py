@@ -165,9 +165,9 @@ class Trainer:
         cudnn_benchmark: on CUDA, set ``torch.backends.cudnn.benchmark`` (the shapes are fixed, so cuDNN's
             autotuned kernels are chosen once); ``False`` leaves the global setting alone.
         compile: wrap the network in ``torch.compile`` (recompiled once, when the connectivity freezes);
-            ``True`` or a mode of :data:`COMPILE_MODES`. On a GPU use ``"reduce-overhead"`` (CUDA graphs): on
-            an H200 it made a gated {20,4,8} epoch 4.7 s against 7.2-8.6 s eager, while the default mode
-            gained nothing measurable (see BENCHMARKS.md).
+            ``True`` or a mode of :data:`COMPILE_MODES`. On a GPU use ``"reduce-overhead"`` (CUDA graphs): it
+            shortened the gated epochs measured in BENCHMARKS.md, where the default mode gained nothing
+            measurable.
         gate_grad: the GateUpdater's gate rule: ``plain`` (the default: plain gradient, clip), ``centered``,
             ``normalized``, ``double-centered`` or ``renormalized`` (see :mod:`connlearn.updater`).
         snapshot_every: steps between gate snapshots (0: none).
