@@ -16,7 +16,15 @@ from typing import Any
 import torch
 
 from connlearn.compile import ConnectivityNet, check_net
-from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, check_device, check_name, check_path
+from connlearn.errors import (
+    CheckpointError,
+    ConfigError,
+    ConnlearnError,
+    check_device,
+    check_file_path,
+    check_name,
+    check_path,
+)
 from connlearn.graph import BranchGraph, check_graph
 
 FORMAT = "connlearn.checkpoint"
@@ -26,9 +34,7 @@ VERSION = 1
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace``: a crash never
     leaves a half-written file under ``path``."""
-    path = check_path("path", path)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a folder; give the checkpoint file to write (e.g. {path / 'model.pt'})")
+    path = check_file_path("path", path, "model.pt")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -38,7 +38,16 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_device, check_int, check_name, check_path
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    DataError,
+    check_device,
+    check_file_path,
+    check_int,
+    check_name,
+    check_path,
+)
 
 DATA_ENV = "CONNLEARN_DATA"
 DATASETS = ("cifar10", "cifar100")
@@ -434,9 +443,7 @@ def pack(
             or ``"jpeg"`` (lossy, smaller, full-resolution colour; the format of the shared CIFAR-10 file, without
             an ``encoding`` key).
     """
-    path = check_path("path", path).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / 'data.npz'})")
+    path = check_file_path("path", path, "data.npz")
     check_name("image format", format, ENCODINGS)
     quality = check_int("quality", quality, minimum=1, maximum=100)
     train = as_image_dataset(train, class_names)

@@ -161,6 +161,15 @@ def check_path(name: str, value: object) -> Path:
                           f"({type(value).__name__})")
 
 
+def check_file_path(name: str, value: object, example: str) -> Path:
+    """``value`` as a ``Path`` (see :func:`check_path`) to a file to write; a folder there is refused with an
+    example file name inside it (``example``, e.g. ``"model.pt"``)."""
+    path = check_path(name, value).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / example})")
+    return path
+
+
 def check_pattern(value: object) -> str:
     """``value`` if it is a shell-style pattern (a string such as ``"cifar-*"``); else a clear error."""
     if not isinstance(value, str):

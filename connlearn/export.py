@@ -18,7 +18,7 @@ import torch
 
 from connlearn.blocks import device_and_dtype
 from connlearn.compile import ConnectivityNet, check_net
-from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_int, check_path, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_file_path, check_int, unknown_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 #: The formats by the suffix of their files (``pt2``: ``export``), which name them too.
@@ -65,9 +65,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
         if not isinstance(format, str):
             raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
         raise unknown_name("export format", format, set(_BY_SUFFIX) | set(FORMATS))
-    path = check_path("path", path)
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / ('model' + FORMATS[format])})")
+    path = check_file_path("path", path, "model" + FORMATS[format])
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
     if model.stochastic and model.evaluates_top_k():  # fixed to it, the graph holds no sort

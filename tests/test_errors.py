@@ -4,6 +4,7 @@ import contextlib
 import warnings
 
 import attrs
+import numpy as np
 import pytest
 import torch
 from conftest import RandomLoader, tiny
@@ -397,3 +398,20 @@ def test_a_network_given_where_a_graph_goes_says_to_pass_its_graph():
                                               r"ConnectivityNet; pass net.graph\(\)"):
         ConnectivityNet(net)
     assert ConnectivityNet(net.graph()).graph().to_json() == net.graph().to_json()
+
+
+def test_every_file_writer_refuses_a_folder_alike_and_writes_nothing_into_it(tmp_path):
+    from connlearn.checkpoint import save_atomic
+    from connlearn.data import ImageDataset, pack
+    from connlearn.export import export
+
+    net = connlearn.build(**tiny()).eval()
+    images = ImageDataset(np.zeros((4, 8, 8, 3), dtype=np.uint8), np.arange(4) % 2, ("a", "b"))
+    writers = {"model.pt": lambda: save_atomic({"x": 1}, tmp_path),
+               "model.ts": lambda: export(net, tmp_path),
+               "data.npz": lambda: pack(tmp_path, images, images)}
+    for example, write in writers.items():
+        with pytest.raises(ConfigError, match=rf"{tmp_path} is a folder; give the file to write "
+                                              rf"\(e.g. {tmp_path / example}\)"):
+            write()
+    assert not list(tmp_path.iterdir())
