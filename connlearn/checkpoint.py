@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from connlearn.compile import ConnectivityNet, check_net
+from connlearn.compile import ConnectivityNet, check_net, engine_to_rebuild
 from connlearn.errors import (
     CheckpointError,
     ConfigError,
@@ -103,7 +103,7 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
     saved = ckpt.get("engine", "fused")
     try:
         graph = BranchGraph.from_json(ckpt["graph"])
-        net = ConnectivityNet(graph, engine="fused" if saved == "single-stream" else saved)
+        net = ConnectivityNet(graph, engine=engine_to_rebuild(saved))
         net.load_state_dict(ckpt["model"])
     except ConnlearnError:
         raise

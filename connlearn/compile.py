@@ -372,7 +372,7 @@ class ConnectivityNet(nn.Module):
                 if "real" in module._parameters and "tie_order" not in module._buffers:
                     state._metadata[name]["version"] = 1
             with torch.random.fork_rng(devices=[]):
-                net = ConnectivityNet(self._graph, engine="fused" if self.engine == "single-stream" else self.engine)
+                net = ConnectivityNet(self._graph, engine=engine_to_rebuild(self.engine))
             net.to(**device_and_dtype(self))
             net.load_state_dict(state)
         except Exception as exc:
@@ -714,6 +714,12 @@ class ConnectivityNet(nn.Module):
 
 
 @functools.cache
+def engine_to_rebuild(engine: str) -> str:
+    """The ``engine`` argument that rebuilds a network whose ``.engine`` is ``engine``: a single-stream
+    network is built with 'fused' (a Fixed-Full graph whose blocks have that form always compiles to it)."""
+    return "fused" if engine == "single-stream" else engine
+
+
 def _draws_with_temperature(gate: type[Gate]) -> bool:
     """Whether a gate kind's ``draw`` takes a ``temperature`` (by name or through ``**kwargs``)."""
     params = inspect.signature(gate.draw).parameters
