@@ -194,11 +194,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
+    from connlearn.train import read_jsonl
 
     source, out = Path(args.source), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     if source.suffix == ".jsonl":
-        records = _read_records(source)
+        records = read_jsonl(source)
         if records and "gates" in records[0]:
             if args.K is None:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
@@ -210,7 +211,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     else:
         ckpt, net = _load_net(str(source))
         log = source.parent / "log.jsonl"
-        log_records = _read_records(log) if log.is_file() and log.stat().st_size else None
+        log_records = read_jsonl(log, "log file") if log.is_file() and log.stat().st_size else None
         eval_set = args.eval_set or _eval_set(_options_in(ckpt))
         files = plots.plot_run(net.graph(), out, net.K, log=log_records, snapshots=source.parent / "gates.jsonl",
                                eval_set=eval_set)
@@ -245,17 +246,6 @@ def _run_options(folder: Path) -> dict[str, Any]:
         with contextlib.suppress(ConnlearnError):
             options = _options_in(load_checkpoint(folder / "last.pt"))
     return options
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    from connlearn.train import read_jsonl
-
-    if not path.is_file():
-        raise DataError(f"no file at {path}")
-    try:
-        return read_jsonl(path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not a JSONL log: {exc}") from None
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -18,7 +18,6 @@ between the regular ones.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -329,13 +328,9 @@ def plot_training_curves(
 def _records(source: Any, what: str) -> list[Mapping[str, Any]]:
     """The records of a JSONL file or a list of dicts, checked to be a non-empty list of dicts."""
     if isinstance(source, (str, os.PathLike)):
-        try:
-            records = read_jsonl(source)
-        except OSError as exc:
-            raise DataError(f"cannot read {what} from {str(source)!r}: {exc.strerror or exc}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"{what} file {str(source)!r} is not JSONL (one JSON object a line): {exc}") from None
-        what = f"{what} file {str(source)!r}"
+        what = f"{what} file"
+        records = read_jsonl(source, what)
+        what = f"{what} {str(source)!r}"
     elif isinstance(source, Sequence):
         records = list(source)
     else:

@@ -42,6 +42,7 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     ConnlearnError,
+    DataError,
     check_device,
     check_float,
     check_int,
@@ -82,10 +83,28 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a JSONL file (a log or gate snapshots)."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
+    """The records of a JSONL file (a log or gate snapshots): one JSON object a line, blank lines skipped.
+    A file that cannot be read, or a line that is not a JSON object, is a :class:`DataError` naming
+    ``what`` (e.g. "log file"), the path and the line."""
+    records: list[dict[str, Any]] = []
+    where = f"{what} {str(path)!r}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise DataError(f"{where} is not JSONL (one JSON object a line): line {number} is a "
+                                    f"{type(record).__name__}")
+                records.append(record)
+    except OSError as exc:
+        raise DataError(f"cannot read {where}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line = f"line {number}: " if isinstance(exc, json.JSONDecodeError) else ""
+        raise DataError(f"{where} is not JSONL (one JSON object a line): {line}{exc}") from None
+    return records
 
 
 def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:

@@ -253,6 +253,30 @@ def test_a_snapshot_file_that_is_not_jsonl_is_a_data_error(tmp_path):
         plots.gate_statistics(tmp_path / "gates.jsonl", K=1)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"step": 0}\n\n[1, 2]\n', r"line 3 is a list"),
+    ('{"step": 0}\n{"step": 1,\n', r"line 2: Expecting"),
+    (b'{"step": 0}\n\xff\xfe\n', r"'utf-8' codec can't decode"),
+])
+def test_one_jsonl_reader_names_the_file_and_the_bad_line_for_the_library_and_the_command(text, message, tmp_path,
+                                                                                           capsys):
+    from connlearn.cli import main
+    from connlearn.train import read_jsonl
+
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    bad = rf"log file '{path}' is not JSONL \(one JSON object a line\): {message}"
+    with pytest.raises(DataError, match=bad):
+        read_jsonl(path, "log file")
+    with pytest.raises(DataError, match=bad):
+        plots.plot_training_curves(path, tmp_path / "c.png")
+    assert main(["plot", str(path), "-o", str(tmp_path / "plots")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"file '{path}' is not JSONL" in err
+    (tmp_path / "blank.jsonl").write_text("\n \n")
+    assert read_jsonl(tmp_path / "blank.jsonl") == []
+
+
 def test_a_graph_without_gated_modules_is_a_data_error(tmp_path):
     g = _graph()
     g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] == "gate"])
