@@ -18,7 +18,7 @@ import torch
 
 from connlearn.blocks import device_and_dtype
 from connlearn.compile import ConnectivityNet, check_net
-from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_file_path, check_int, unknown_name
+from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_file_path, check_int, check_name
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 #: The formats by the suffix of their files (``pt2``: ``export``), which name them too.
@@ -60,11 +60,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     run time; the input's dtype is the network's (``example``, if given, must match it). ONNX may keep the
     weights in a second file beside ``path`` (``onnx_files`` lists both)."""
     check_net(net)
-    format = format_name(format)
-    if not isinstance(format, str) or format not in FORMATS:
-        if not isinstance(format, str):
-            raise ConfigTypeError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
-        raise unknown_name("export format", format, set(_BY_SUFFIX) | set(FORMATS))
+    format = check_name("export format", format_name(format), {*FORMATS, *_BY_SUFFIX})  # aliases are mapped
     path = check_file_path("path", path, "model" + FORMATS[format])
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
