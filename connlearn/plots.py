@@ -88,7 +88,8 @@ def plot_active_branches(
 def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path:
     """One heatmap per gated module of its real gate matrix (``graph.gate_matrix(i)``), active entries dotted.
 
-    Rows are the module's blocks, columns its candidate inputs; one colour bar in [0, 1] for all.
+    Rows are the module's blocks, columns its candidate inputs; one colour bar in [0, 1] for all. For
+    unfrozen ``real`` gates, which weight every input, the dots mark the top-K that ``net.freeze()`` keeps.
     """
     path = _figure_path(path)
     check_graph(graph)

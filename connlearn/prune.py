@@ -52,7 +52,8 @@ def input_overlap(graph: BranchGraph) -> dict[int, float]:
     module with at least two blocks that have gate inputs (a module of one block has no pairs and is left
     out). 1 when every block reads the same inputs (Fixed-Full always),
     0 when no two share one. Independent uniform draws of K of C inputs give :func:`random_overlap`;
-    a learned connectivity far above it has its blocks crowding onto the same few branches."""
+    a learned connectivity far above it has its blocks crowding onto the same few branches. Unfrozen
+    ``real`` gates weight every input; their active inputs are the top-K that ``net.freeze()`` keeps."""
     check_graph(graph)
     overlap = {}
     for m in graph.modules():
