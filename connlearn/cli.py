@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, ConnlearnError, DataError, closest
+from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest
 
 
 def _value(text: str) -> Any:
@@ -29,20 +29,24 @@ def _value(text: str) -> Any:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
-    """The flags of the CIFAR protocol (``connlearn train`` and the examples)."""
+    """The flags of the paper's protocol (``connlearn train`` and the examples); ``dataset`` fixes the dataset
+    (an example's), else ``--dataset`` chooses it."""
     from connlearn.blocks import CONV_INITS, RESIDUAL_INITS
     from connlearn.compile import ENGINES
     from connlearn.data import LOADER_PATHS
-    from connlearn.experiment import CIFAR_PRESETS, DATASETS, CifarRun
+    from connlearn.experiment import DATASETS, PROTOCOLS, TRAIN_PRESETS, CifarRun
+    from connlearn.recipe import get_recipe
     from connlearn.train import AMP_MODES, COMPILE_MODES
     from connlearn.updater import GRAD_MODES
 
-    defaults = CifarRun()
+    defaults = CifarRun(dataset=dataset or CifarRun().dataset)
     a = parser.add_argument
     a("--config", metavar="FILE", help="JSON (or TOML) file of the options below; flags override it")
     if dataset is None:
         a("--dataset", choices=sorted(DATASETS), help=f"default {defaults.dataset}")
-    a("--preset", choices=CIFAR_PRESETS, help=f"architecture {{D,w,C}} (default {defaults.preset})")
+    presets = TRAIN_PRESETS if dataset is None else PROTOCOLS[dataset].presets
+    a("--preset", choices=presets, help=f"architecture {{D,w,C}} (default {defaults.preset}"
+                                        + ("; miniimagenet-29-8-8 for miniimagenet)" if dataset is None else ")"))
     a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
     a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
     a("--epochs", type=int, help="total epochs; the paper's 120/100/50/50 schedule is scaled to it (default 320, "
@@ -53,7 +57,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (default 0)")
     a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download)")
     a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
-    a("--batch-size", type=int, help="default 128")
+    a("--batch-size", type=int, help=f"default {get_recipe(PROTOCOLS[defaults.dataset].recipe).batch_size}"
+                                     + (" (256 for miniimagenet)" if dataset is None else ""))
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
     a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
@@ -320,20 +325,31 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from connlearn.data import load_dataset, pack
+    from connlearn.data import load_dataset, pack, read_image_folder
 
     source = Path(args.source)
+    folder_only = [flag for flag, value in (("--size", args.size), ("--test-per-class", args.test_per_class))
+                   if value is not None]
     if args.source in ("cifar10", "cifar100"):
+        if folder_only:
+            raise ConfigError(f"{' and '.join(folder_only)} apply to an image folder, not to {args.source}")
         train, test = load_dataset(args.source, args.data)
-        written = pack(args.output, train, test, format=args.format)
+    elif not source.is_dir():
+        raise DataError(f"{args.source!r} is neither cifar10/cifar100 nor a folder of images")
     elif (source / "train").is_dir() and (source / "test").is_dir():
-        from torchvision.datasets import ImageFolder
-
-        written = pack(args.output, ImageFolder(str(source / "train")), ImageFolder(str(source / "test")),
-                       format=args.format)
+        if args.test_per_class is not None:
+            raise ConfigError(f"{source} is split into train/ and test/ already; drop --test-per-class")
+        train, test = (read_image_folder(source / split, args.size) for split in ("train", "test"))
+    elif args.test_per_class is None:
+        raise DataError(f"{source} has no train/ and test/ folders: give --test-per-class N to hold out N images "
+                        "of each class folder for testing")
     else:
-        raise DataError(f"{args.source!r} is neither cifar10/cifar100 nor a folder with train/ and test/ image folders")
-    print(f"wrote {written}")
+        per_class = check_int("--test-per-class", args.test_per_class, minimum=1)
+        images = read_image_folder(source, args.size)
+        train, test = images.split(per_class * images.num_classes)
+    written = pack(args.output, train, test, format=args.format)
+    shape = "x".join(map(str, train.image_size))
+    print(f"wrote {written}: {len(train)} train and {len(test)} test images of {shape}, {train.num_classes} classes")
     return 0
 
 
@@ -346,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="the paper's CIFAR protocol", description="Train, prune and draw a CIFAR run.")
+    p = sub.add_parser("train", help="the paper's CIFAR / Mini-ImageNet protocol",
+                       description="Train, prune and draw a run of the paper's CIFAR or Mini-ImageNet protocol.")
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
@@ -393,12 +410,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("pack", help="write a packed .npz dataset",
-                       description="Pack CIFAR (cifar10/cifar100, with --data) or an image folder with train/ and "
-                                   "test/ class folders into the offline .npz format.")
-    p.add_argument("source", help="cifar10, cifar100, or a folder with train/ and test/")
+                       description="Pack CIFAR (cifar10/cifar100, with --data) or an image folder into the offline "
+                                   ".npz format. An image folder holds train/ and test/, each with one folder of "
+                                   "images per class, or the class folders themselves and --test-per-class. "
+                                   "Mini-ImageNet as the paper uses it (100 classes of 600 images, 500 to train "
+                                   "and 100 to test, 84x84): connlearn pack FOLDER --size 84 --test-per-class 100 "
+                                   "-o miniimagenet.npz")
+    p.add_argument("source", help="cifar10, cifar100, or a folder of images")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")
     p.add_argument("--data", help="where the CIFAR files are (else $CONNLEARN_DATA, else download)")
+    p.add_argument("--size", type=int, help="resize every image to SIZE x SIZE (default: keep; all must match)")
+    p.add_argument("--test-per-class", type=int, metavar="N",
+                   help="for a folder of class folders: hold out the last N images of each class (in file-name "
+                        "order) as the test set")
     p.set_defaults(func=cmd_pack)
     return parser
 
@@ -410,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train_script(dataset: str, description: str | None, argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``examples/cifar10.py`` / ``cifar100.py``: the ``train`` flags, dataset fixed."""
+    """Entry point of ``examples/cifar10.py``, ``cifar100.py`` and ``miniimagenet.py``: the ``train`` flags,
+    dataset fixed."""
     from connlearn.experiment import run_cifar
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,7 +5,8 @@ An :class:`ImageDataset` is uint8 images ``[N, H, W, 3]`` (HWC) with int64 label
 - :func:`load_packed`: the packed ``.npz`` format of ``../shared/data/README.md`` (encoded image files joined
   end to end, with offsets), written by :func:`pack` from an ImageDataset or any torchvision-style dataset;
 - :func:`load_dataset`: CIFAR-10/100 by name, from a packed file (``--data`` / ``CONNLEARN_DATA``), a
-  torchvision CIFAR folder, or a torchvision download;
+  torchvision CIFAR folder, or a torchvision download; Mini-ImageNet from a packed file only (no download
+  exists: :func:`read_image_folder` and :func:`pack`, or ``connlearn pack``, make one from its images);
 - :func:`synthetic`: a small generated dataset for tests and smoke runs.
 
 Two loaders yield ``(x float32 [B, 3, crop, crop], y int64 [B])`` batches on the target device with the
@@ -50,7 +51,13 @@ from connlearn.errors import (
 )
 
 DATA_ENV = "CONNLEARN_DATA"
-DATASETS = ("cifar10", "cifar100")
+DATASETS = ("cifar10", "cifar100", "miniimagenet")
+#: Classes of each dataset :func:`load_dataset` knows.
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100}
+#: How to make the packed Mini-ImageNet file (the paper's: 100 classes of 600 images, 500 to train and 100
+#: to test, resized to 84x84).
+PACK_MINIIMAGENET = ("connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz (FOLDER holding "
+                     "one folder of images per class)")
 ENCODINGS = ("png", "jpeg")
 LOADER_PATHS = ("auto", "dataloader")
 DEFAULT_CACHE_DIR = Path("~/.cache/connlearn")
@@ -407,6 +414,42 @@ def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> 
     return ImageDataset(np.stack(images), labels, class_names)
 
 
+def read_image_folder(folder: str | os.PathLike[str], size: int | None = None) -> ImageDataset:
+    """The images of ``folder`` (one subfolder of images per class, as ``torchvision.datasets.ImageFolder``
+    reads it: classes in sorted order, images in sorted order within each), as an :class:`ImageDataset`.
+    ``size`` resizes every image to ``size x size`` (bilinear, antialiased); without it all images must
+    share one size.
+
+    Raises:
+        DataError: ``folder`` is not a folder of class folders holding images, or (without ``size``) the
+            images differ in size.
+    """
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import Resize
+
+    folder = check_path("folder", folder).expanduser()
+    size = None if size is None else check_int("size", size, minimum=1)
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder (expected one folder of images per class)")
+    try:
+        images = ImageFolder(str(folder), transform=None if size is None else Resize((size, size), antialias=True))
+    except (FileNotFoundError, OSError) as exc:  # no class folders, or no image in one of them
+        raise DataError(f"{folder}: {' '.join(str(exc).split())} (expected one folder of images per class)") from None
+    try:
+        with ThreadPoolExecutor(_worker_count()) as pool:  # decoding and resizing release the GIL
+            samples = list(pool.map(images.__getitem__, range(len(images))))
+    except OSError as exc:  # PIL's message names the file
+        raise DataError(f"{folder}: {' '.join(str(exc).split())}") from None
+    arrays = [_to_hwc_uint8(image, path) for (image, _), (path, _) in zip(samples, images.samples, strict=True)]
+    for array, (path, _) in zip(arrays, images.samples, strict=True):
+        if array.shape != arrays[0].shape:
+            raise DataError(f"{path} is {array.shape[1]}x{array.shape[0]} but {images.samples[0][0]} is "
+                            f"{arrays[0].shape[1]}x{arrays[0].shape[0]}; give size (--size on the command line) to "
+                            "resize them all to one")
+    labels = np.asarray([label for _, label in samples], dtype=np.int64)
+    return ImageDataset(np.stack(arrays), labels, tuple(images.classes))
+
+
 def _encode_split(images: np.ndarray, encoding: str, quality: int) -> tuple[np.ndarray, np.ndarray]:
     files: list[bytes] = [b""] * len(images)
     # full-resolution colour (4:4:4): halving the chroma of 32-pixel images triples the error at quality 95
@@ -568,12 +611,14 @@ def load_dataset(
     download: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[ImageDataset, ImageDataset]:
-    """``(train, test)`` of ``"cifar10"`` or ``"cifar100"``, from the first source that has it.
+    """``(train, test)`` of ``"cifar10"``, ``"cifar100"`` or ``"miniimagenet"``, from the first source that has it.
 
     1. the packed file that :func:`find_data` finds from ``data`` or ``CONNLEARN_DATA``;
     2. a torchvision CIFAR folder at that location (holding ``cifar-10-batches-py`` / ``cifar-100-python``);
     3. torchvision's CIFAR class with ``root = cache_dir`` (default ``~/.cache/connlearn``), downloading the
        files there when ``download`` and they are absent.
+
+    Mini-ImageNet has no download: only 1. finds it (see :data:`PACK_MINIIMAGENET` for making the file).
 
     Raises:
         UnknownNameError: an unknown ``name``.
@@ -581,7 +626,7 @@ def load_dataset(
             ``CONNLEARN_DATA``), or the file found is damaged or has the wrong number of classes.
     """
     check_name("dataset", name, DATASETS)
-    num_classes = 10 if name == "cifar10" else 100
+    num_classes = NUM_CLASSES[name]
     packed = find_data(name, data)
     if packed is not None:
         train, test = load_packed(packed)
@@ -591,6 +636,10 @@ def load_dataset(
                 f"point --data or {DATA_ENV} at the {name} file"
             )
         return train, test
+    if name == "miniimagenet":
+        where = "" if _data_location(data) is None else f" in {_data_location(data)[0]}"
+        raise DataError(f"no packed miniimagenet file found{where}: make one with {PACK_MINIIMAGENET}, then pass "
+                        f"--data miniimagenet.npz or set {DATA_ENV}")
 
     import torchvision.datasets
 

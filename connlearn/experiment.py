@@ -1,7 +1,8 @@
-"""The paper's CIFAR protocol as one call: data, network, phased training, pruning and pictures.
+"""The paper's CIFAR and Mini-ImageNet protocols as one call: data, network, phased training, pruning and
+pictures.
 
-``run_cifar(CifarRun(...))`` is what ``connlearn train``, ``examples/cifar10.py`` and
-``examples/cifar100.py`` run. Everything lands in ``out``: ``log.jsonl``, ``gates.jsonl``, the training
+``run_cifar(CifarRun(...))`` is what ``connlearn train``, ``examples/cifar10.py``, ``examples/cifar100.py``
+and ``examples/miniimagenet.py`` run. Everything lands in ``out``: ``log.jsonl``, ``gates.jsonl``, the training
 checkpoints, ``pruned.pt``, ``connectivity.dot``/``.svg``, ``resnext_vs_learned.svg``, plots and
 ``summary.json``. Running the same command again resumes where it stopped.
 """
@@ -24,7 +25,7 @@ import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
-from connlearn.data import DATA_ENV, ImageDataset, load_dataset, make_loaders, synthetic
+from connlearn.data import DATA_ENV, NUM_CLASSES, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
@@ -48,8 +49,43 @@ from connlearn.recipe import Recipe, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
-DATASETS = {"cifar10": 10, "cifar100": 100}
+DATASETS = NUM_CLASSES
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
+MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))
+
+
+@attrs.frozen
+class Protocol:
+    """What the paper's protocol of a dataset fixes: its presets (``preset`` the default), recipe, stored
+    image size, and the training crop (random, after zero padding of ``pad``; evaluation takes the centre
+    ``crop``)."""
+
+    presets: tuple[str, ...]
+    preset: str
+    recipe: str
+    image_size: int
+    crop: int | None = None
+    pad: int = 4
+
+    @property
+    def input_size(self) -> int:
+        """The side of the images the network sees."""
+        return self.image_size if self.crop is None else self.crop
+
+
+#: The paper's protocol of each dataset (CIFAR: 32x32, 4-pixel padding, random 32x32 crop; Mini-ImageNet:
+#: 84x84 images, a random 64x64 crop without padding, the centre crop at test, batch 256).
+PROTOCOLS = {
+    "cifar10": Protocol(CIFAR_PRESETS, "cifar-29-8-8", "cifar", 32),
+    "cifar100": Protocol(CIFAR_PRESETS, "cifar-29-8-8", "cifar", 32),
+    "miniimagenet": Protocol(MINIIMAGENET_PRESETS, "miniimagenet-29-8-8", "miniimagenet", 84, crop=64, pad=0),
+}
+TRAIN_PRESETS = CIFAR_PRESETS + MINIIMAGENET_PRESETS
+
+
+def _protocol_of(dataset: object) -> Protocol:
+    """The protocol of ``dataset``; CIFAR's for a name that is not one (which the run's check then names)."""
+    return PROTOCOLS[dataset] if isinstance(dataset, str) and dataset in PROTOCOLS else PROTOCOLS["cifar100"]
 
 
 def _optional_int(name: str):
@@ -60,7 +96,7 @@ def _optional_int(name: str):
     return check
 
 
-def _text(name: str, default: str | None, *, path: bool = True) -> Any:
+def _text(name: str, default: Any, *, path: bool = True) -> Any:
     """A field that holds a path (a ``Path`` becomes its string, as JSON records it) or a device name: a
     non-empty string, or ``None`` where that is the default."""
     optional = default is None
@@ -94,9 +130,11 @@ def _as_tuple(value: Any) -> Any:
 
 @attrs.frozen
 class CifarRun:
-    """One CIFAR run. ``epochs`` scales the paper's 320-epoch, four-phase schedule (120/100/50/50), keeping
-    its proportions; ``phases`` gives each phase's epochs instead (four counts that add up to ``epochs``:
-    ``phases=(10, 3, 2, 1), epochs=16`` learns the connectivity for 10 epochs). ``train_subset`` /
+    """One run of the paper's CIFAR or Mini-ImageNet protocol (``dataset``; :data:`PROTOCOLS`). ``preset``
+    defaults to ``cifar-29-8-8`` (``miniimagenet-29-8-8`` for Mini-ImageNet). ``epochs`` scales the paper's
+    320-epoch, four-phase schedule (120/100/50/50), keeping its proportions; ``phases`` gives each phase's
+    epochs instead (four counts that add up to ``epochs``: ``phases=(10, 3, 2, 1), epochs=16`` learns the
+    connectivity for 10 epochs). ``train_subset`` /
     ``test_subset`` take class-balanced subsets for short runs; ``val_split`` holds out that many training
     images and evaluates on them instead of the test set (for choosing settings without the test set).
     ``C``, ``M``, ``width``, ``base_channels``, ``stem_channels`` override the preset.
@@ -108,14 +146,15 @@ class CifarRun:
     used."""
 
     dataset: str = "cifar100"
-    preset: str = "cifar-29-8-8"
+    preset: str = attrs.field(default=attrs.Factory(lambda run: _protocol_of(run.dataset).preset, takes_self=True))
     gate: str = "topk"
     K: int | None = attrs.field(default=None, validator=_optional_int("K"))
     epochs: int = attrs.field(default=320, validator=_optional_int("epochs"))
     phases: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     seed: int = 0
     data: str | None = _text("data", None)
-    out: str = _text("out", "runs/cifar")
+    out: str = _text("out", attrs.Factory(lambda run: "runs/miniimagenet" if run.dataset == "miniimagenet"
+                                          else "runs/cifar", takes_self=True))
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
     device: str | None = _text("device", None, path=False)
     amp: str = "auto"
@@ -145,7 +184,11 @@ class CifarRun:
 
     def __attrs_post_init__(self) -> None:
         check_name("dataset", self.dataset, DATASETS)
-        check_name("CIFAR preset", self.preset, CIFAR_PRESETS)
+        presets = PROTOCOLS[self.dataset].presets
+        if isinstance(self.preset, str) and self.preset in TRAIN_PRESETS and self.preset not in presets:
+            raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s; its presets: "
+                              f"{', '.join(presets)}")
+        check_name(f"{self.dataset} preset", self.preset, presets)
         check_residual_init(self.residual_init)
         check_conv_init(self.conv_init)
         if self.phases is not None:
@@ -178,7 +221,7 @@ def load_data(run: CifarRun) -> tuple[ImageDataset, ImageDataset, str]:
             raise
         _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
         train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
-                                seed=run.seed)
+                                size=PROTOCOLS[run.dataset].image_size, seed=run.seed)
         source = "generated"
     if train.num_classes != classes:
         raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
@@ -219,10 +262,10 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
         graph.validate()
     except GraphError as exc:
         raise GraphError(f"connectivity: {path} does not describe a network: {exc}") from None
-    stem = graph.nodes["input"]
-    if stem.get("in_channels") != 3 or stem.get("image_size", 32) != 32:
+    stem, size = graph.nodes["input"], PROTOCOLS[run.dataset].input_size
+    if stem.get("in_channels") != 3 or stem.get("image_size", 32) != size:
         raise ConfigError(f"connectivity: the network in {path} takes {stem.get('in_channels')}-channel "
-                          f"{stem.get('image_size')} px images; CIFAR has 3-channel 32 px images")
+                          f"{stem.get('image_size')} px images; {run.dataset} runs on 3-channel {size} px images")
     graph.graph["seed"] = run.seed  # what the new weights come from
     kind = graph.graph.get("gate")
     if kind in GATES and GATES.get(kind).learnable:  # the connectivity the file records (its top-K), as is
@@ -243,7 +286,8 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
     options = graph.graph.get("options", {})
     preset = options.get("preset")
     return attrs.evolve(run, gate=net.gate_kind, K=net.K, **starts_of(graph.graph),
-                        preset=preset if preset in CIFAR_PRESETS else run.preset, M=len(graph.modules()),
+                        preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset,
+                        M=len(graph.modules()),
                         C=options.get("C"), width=options.get("width"),
                         base_channels=graph.nodes[first]["out_channels"],
                         stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
@@ -288,7 +332,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
 
 
 def make_recipe(run: CifarRun):
-    paper = get_recipe("cifar")
+    paper = get_recipe(PROTOCOLS[run.dataset].recipe)
     recipe = paper.scaled(run.epochs) if run.phases is None else paper.with_phase_epochs(run.phases)
     if run.batch_size is not None:
         recipe = attrs.evolve(recipe, batch_size=run.batch_size)
@@ -299,7 +343,7 @@ def make_recipe(run: CifarRun):
 
 
 def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] | None:
-    """Train, prune and draw one CIFAR run; returns (and writes to ``out/summary.json``) its results.
+    """Train, prune and draw one run; returns (and writes to ``out/summary.json``) its results.
 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
     is not finished; calling it again resumes."""
@@ -314,9 +358,10 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
+    protocol = PROTOCOLS[run.dataset]
     train_loader, test_loader = make_loaders(
         train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
-        eval_batch_size=max(recipe.batch_size, 256),
+        eval_batch_size=max(recipe.batch_size, 256), crop=protocol.crop, pad=protocol.pad,
     )
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
     changed = {k: getattr(run, k) for k in ("M", "C", "width", "base_channels", "stem_channels")

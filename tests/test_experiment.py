@@ -38,7 +38,7 @@ def offline(monkeypatch):
     monkeypatch.setattr(experiment, "load_dataset", nothing)
 
 
-@pytest.mark.parametrize("script", ["cifar100.py", "cifar10.py"])
+@pytest.mark.parametrize("script", ["cifar100.py", "cifar10.py", "miniimagenet.py"])
 def test_example_help(script):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120)
@@ -247,8 +247,10 @@ def test_a_connectivity_must_exist_and_fit_the_dataset(tmp_path):
     imagenet = tmp_path / "imagenet.json"
     imagenet.write_text(connlearn.build(preset="miniimagenet-20-4-8", gate="random", K=2, C=4, M=3, width=1,
                                         num_classes=10).graph().to_json())
-    with pytest.raises(ConfigError, match="CIFAR has 3-channel 32 px images"):
+    with pytest.raises(ConfigError, match="64 px images; cifar10 runs on 3-channel 32 px images"):
         experiment.build_net(CifarRun(dataset="cifar10", connectivity=str(imagenet)), 10)
+    with pytest.raises(ConfigError, match="32 px images; miniimagenet runs on 3-channel 64 px images"):
+        experiment.build_net(CifarRun(dataset="miniimagenet", connectivity=str(path)), 100)
 
 
 @pytest.mark.slow
