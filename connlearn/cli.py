@@ -46,26 +46,32 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
         a("--dataset", choices=sorted(DATASETS), help=f"default {defaults.dataset}")
     presets = TRAIN_PRESETS if dataset is None else PROTOCOLS[dataset].presets
     a("--preset", choices=presets, help=f"architecture {{D,w,C}} (default {defaults.preset}"
-                                        + ("; miniimagenet-29-8-8 for miniimagenet)" if dataset is None else ")"))
+                                        + ("; miniimagenet-29-8-8, imagenet-50-4-32)" if dataset is None else ")"))
     a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
     a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
-    a("--epochs", type=int, help="total epochs; the paper's 120/100/50/50 schedule is scaled to it (default 320, "
+    schedule = "/".join(str(p.epochs) for p in get_recipe(PROTOCOLS[defaults.dataset].recipe).phases)
+    a("--epochs", type=int, help=f"total epochs; the paper's {schedule} schedule is scaled to it (default "
+                                 f"{defaults.epochs}{'; imagenet: 30/30/30/30, 120' if dataset is None else ''}, "
                                  "or the sum of --phases)")
     a("--phases", type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"),
       help="epochs of each phase instead of the scaled split (phase 1 is where learned gates are trained; "
            "from phase 2 on the connectivity is fixed)")
     a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (default 0)")
-    a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download)")
+    a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download; "
+                     "ImageNet: the folder holding train/ and val/)")
     a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
     a("--batch-size", type=int, help=f"default {get_recipe(PROTOCOLS[defaults.dataset].recipe).batch_size}"
-                                     + (" (256 for miniimagenet)" if dataset is None else ""))
+                                     + (" (256 for miniimagenet and imagenet)" if dataset is None else ""))
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
     a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default; on a GPU "
            "use reduce-overhead, CUDA graphs: of the modes measured, the one that shortens an epoch)")
     a("--engine", choices=ENGINES, help="default fused")
-    a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches; dataloader: torch DataLoader")
+    a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches (ImageNet: read from its folders by "
+                                              "DataLoader workers); dataloader: torch DataLoader")
+    a("--workers", type=int, help="DataLoader workers, for --loader dataloader (default 2) and ImageNet (default: "
+                                  "the CPUs, at most 8)")
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
@@ -362,8 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="the paper's CIFAR / Mini-ImageNet protocol",
-                       description="Train, prune and draw a run of the paper's CIFAR or Mini-ImageNet protocol.")
+    p = sub.add_parser("train", help="the paper's CIFAR / Mini-ImageNet / ImageNet protocol",
+                       description="Train, prune and draw a run of the paper's CIFAR, Mini-ImageNet or ImageNet "
+                                   "protocol.")
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
@@ -435,8 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train_script(dataset: str, description: str | None, argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``examples/cifar10.py``, ``cifar100.py`` and ``miniimagenet.py``: the ``train`` flags,
-    dataset fixed."""
+    """Entry point of the scripts in ``examples/`` (``cifar10.py``, ``cifar100.py``, ``miniimagenet.py``,
+    ``imagenet.py``): the ``train`` flags, dataset fixed."""
     from connlearn.experiment import run_cifar
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

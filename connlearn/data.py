@@ -85,8 +85,54 @@ def _as_class_names(names: Any) -> tuple[str, ...]:
     return tuple(str(n) for n in names)
 
 
+class ClassBalanced:
+    """Class-balanced subsets and hold-outs of a labelled dataset (``labels``, ``num_classes``, ``len()``),
+    made by its ``_take(keep)`` (a boolean mask over its samples)."""
+
+    labels: np.ndarray
+
+    def subset(self, n: int) -> Any:
+        """A class-balanced subset: the first ``n // num_classes`` images of each class, in their original order.
+
+        The subset has ``(n // num_classes) * num_classes`` images (n rounded down to a multiple of the
+        number of classes).
+
+        Raises:
+            ConfigError: if ``n < num_classes`` or some class has fewer than ``n // num_classes`` images.
+        """
+        keep = self._rank_in_class(n, "subset") < n // self.num_classes
+        return self._take(keep)
+
+    def split(self, n: int) -> tuple[Any, Any]:
+        """``(rest, held_out)``: a class-balanced hold-out of the LAST ``n // num_classes`` images of each
+        class (e.g. a validation split of the training set), and the remaining images, both in order."""
+        counts = np.bincount(self.labels, minlength=self.num_classes)
+        from_end = counts[self.labels] - 1 - self._rank_in_class(n, "split")
+        held = from_end < n // self.num_classes
+        if held.all():
+            raise ConfigError(f"split({n}) would hold out every image; use n < {len(self)}")
+        return self._take(~held), self._take(held)
+
+    def _rank_in_class(self, n: int, what: str) -> np.ndarray:
+        """Each image's position among the images of its class; checks that every class has n // C of them."""
+        n = check_int("n", n, minimum=self.num_classes)
+        per_class = n // self.num_classes
+        counts = np.bincount(self.labels, minlength=self.num_classes)
+        if counts.min() < per_class:
+            short = int(counts.argmin())
+            raise ConfigError(
+                f"{what}({n}) needs {per_class} images of each class but class {short} "
+                f"({self.class_names[short]!r}) has only {counts[short]}; use n <= {counts.min() * self.num_classes}"
+            )
+        by_class = np.argsort(self.labels, kind="stable")
+        first_of_class = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank_in_class = np.empty(len(self), dtype=np.int64)
+        rank_in_class[by_class] = np.arange(len(self)) - first_of_class[self.labels[by_class]]
+        return rank_in_class
+
+
 @attrs.frozen(eq=False)
-class ImageDataset:
+class ImageDataset(ClassBalanced):
     """Images and labels held in memory.
 
     Attributes:
@@ -143,48 +189,8 @@ class ImageDataset:
         """``(H, W)`` of every image."""
         return int(self.images.shape[1]), int(self.images.shape[2])
 
-    def subset(self, n: int) -> ImageDataset:
-        """A class-balanced subset: the first ``n // num_classes`` images of each class, in their original order.
-
-        The subset has ``(n // num_classes) * num_classes`` images (n rounded down to a multiple of the
-        number of classes).
-
-        Raises:
-            ConfigError: if ``n < num_classes`` or some class has fewer than ``n // num_classes`` images.
-        """
-        keep = self._rank_in_class(n, "subset") < n // self.num_classes
-        return self._take(keep)
-
-    def split(self, n: int) -> tuple[ImageDataset, ImageDataset]:
-        """``(rest, held_out)``: a class-balanced hold-out of the LAST ``n // num_classes`` images of each
-        class (e.g. a validation split of the training set), and the remaining images, both in order."""
-        counts = np.bincount(self.labels, minlength=self.num_classes)
-        from_end = counts[self.labels] - 1 - self._rank_in_class(n, "split")
-        held = from_end < n // self.num_classes
-        if held.all():
-            raise ConfigError(f"split({n}) would hold out every image; use n < {len(self)}")
-        return self._take(~held), self._take(held)
-
     def _take(self, keep: np.ndarray) -> ImageDataset:
         return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
-
-    def _rank_in_class(self, n: int, what: str) -> np.ndarray:
-        """Each image's position among the images of its class; checks that every class has n // C of them."""
-        n = check_int("n", n, minimum=self.num_classes)
-        per_class = n // self.num_classes
-        counts = np.bincount(self.labels, minlength=self.num_classes)
-        if counts.min() < per_class:
-            short = int(counts.argmin())
-            raise ConfigError(
-                f"{what}({n}) needs {per_class} images of each class but class {short} "
-                f"({self.class_names[short]!r}) has only {counts[short]}; use n <= {counts.min() * self.num_classes}"
-            )
-        by_class = np.argsort(self.labels, kind="stable")
-        first_of_class = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        rank_in_class = np.empty(len(self), dtype=np.int64)
-        rank_in_class[by_class] = np.arange(len(self)) - first_of_class[self.labels[by_class]]
-        return rank_in_class
-
 
 def pixel_mean(dataset: ImageDataset) -> torch.Tensor:
     """The per-pixel mean image of ``dataset``: float32 ``[3, H, W]`` in [0, 1] (pixel values / 255)."""

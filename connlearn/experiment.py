@@ -1,10 +1,10 @@
-"""The paper's CIFAR and Mini-ImageNet protocols as one call: data, network, phased training, pruning and
-pictures.
+"""The paper's protocols (CIFAR, Mini-ImageNet, ImageNet) as one call: data, network, phased training,
+pruning and pictures.
 
-``run_cifar(CifarRun(...))`` is what ``connlearn train``, ``examples/cifar10.py``, ``examples/cifar100.py``
-and ``examples/miniimagenet.py`` run. Everything lands in ``out``: ``log.jsonl``, ``gates.jsonl``, the training
-checkpoints, ``pruned.pt``, ``connectivity.dot``/``.svg``, ``resnext_vs_learned.svg``, plots and
-``summary.json``. Running the same command again resumes where it stopped.
+``run_cifar(CifarRun(...))`` is what ``connlearn train`` and the scripts in ``examples/`` run. Everything
+lands in ``out``: ``log.jsonl``, ``gates.jsonl``, the training checkpoints, ``pruned.pt``,
+``connectivity.dot``/``.svg``, ``resnext_vs_learned.svg``, plots and ``summary.json``. Running the same
+command again resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
-from connlearn.data import DATA_ENV, NUM_CLASSES, ImageDataset, load_dataset, make_loaders, synthetic
+from connlearn.data import DATA_ENV, LOADER_PATHS, NUM_CLASSES, ImageDataset, load_dataset, make_loaders, synthetic
 from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
@@ -36,6 +36,7 @@ from connlearn.errors import (
     check_name,
     check_temperature,
 )
+from connlearn.folders import ImageFiles, folder_loaders, load_imagenet
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
 from connlearn.prune import (
@@ -49,16 +50,18 @@ from connlearn.recipe import Recipe, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
-DATASETS = NUM_CLASSES
+DATASETS = {**NUM_CLASSES, "imagenet": 1000}
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
 MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))
+IMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("imagenet-"))
 
 
 @attrs.frozen
 class Protocol:
     """What the paper's protocol of a dataset fixes: its presets (``preset`` the default), recipe, stored
     image size, and the training crop (random, after zero padding of ``pad``; evaluation takes the centre
-    ``crop``)."""
+    ``crop``). A dataset not ``in_memory`` (ImageNet) is read from its folders by :mod:`connlearn.folders`,
+    which crops to ``image_size``."""
 
     presets: tuple[str, ...]
     preset: str
@@ -66,6 +69,7 @@ class Protocol:
     image_size: int
     crop: int | None = None
     pad: int = 4
+    in_memory: bool = True
 
     @property
     def input_size(self) -> int:
@@ -74,13 +78,15 @@ class Protocol:
 
 
 #: The paper's protocol of each dataset (CIFAR: 32x32, 4-pixel padding, random 32x32 crop; Mini-ImageNet:
-#: 84x84 images, a random 64x64 crop without padding, the centre crop at test, batch 256).
+#: 84x84 images, a random 64x64 crop without padding, the centre crop at test, batch 256; ImageNet: image
+#: folders, ResNeXt's 224x224 augmentation, 4 x 30 epochs, batch 256, weight decay 1e-4).
 PROTOCOLS = {
     "cifar10": Protocol(CIFAR_PRESETS, "cifar-29-8-8", "cifar", 32),
     "cifar100": Protocol(CIFAR_PRESETS, "cifar-29-8-8", "cifar", 32),
     "miniimagenet": Protocol(MINIIMAGENET_PRESETS, "miniimagenet-29-8-8", "miniimagenet", 84, crop=64, pad=0),
+    "imagenet": Protocol(IMAGENET_PRESETS, "imagenet-50-4-32", "imagenet", 224, pad=0, in_memory=False),
 }
-TRAIN_PRESETS = CIFAR_PRESETS + MINIIMAGENET_PRESETS
+TRAIN_PRESETS = CIFAR_PRESETS + MINIIMAGENET_PRESETS + IMAGENET_PRESETS
 
 
 def _protocol_of(dataset: object) -> Protocol:
@@ -88,10 +94,10 @@ def _protocol_of(dataset: object) -> Protocol:
     return PROTOCOLS[dataset] if isinstance(dataset, str) and dataset in PROTOCOLS else PROTOCOLS["cifar100"]
 
 
-def _optional_int(name: str):
+def _optional_int(name: str, minimum: int = 1):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is not None:
-            check_int(name, value, minimum=1)
+            check_int(name, value, minimum=minimum)
 
     return check
 
@@ -130,9 +136,10 @@ def _as_tuple(value: Any) -> Any:
 
 @attrs.frozen
 class CifarRun:
-    """One run of the paper's CIFAR or Mini-ImageNet protocol (``dataset``; :data:`PROTOCOLS`). ``preset``
-    defaults to ``cifar-29-8-8`` (``miniimagenet-29-8-8`` for Mini-ImageNet). ``epochs`` scales the paper's
-    320-epoch, four-phase schedule (120/100/50/50), keeping its proportions; ``phases`` gives each phase's
+    """One run of the paper's CIFAR, Mini-ImageNet or ImageNet protocol (``dataset``; :data:`PROTOCOLS`).
+    ``preset`` defaults to ``cifar-29-8-8`` (``miniimagenet-29-8-8``, ``imagenet-50-4-32``). ``epochs``
+    scales the paper's four-phase schedule (120/100/50/50, 320 epochs; ImageNet: 30/30/30/30, and 120 by
+    default), keeping its proportions; ``phases`` gives each phase's
     epochs instead (four counts that add up to ``epochs``: ``phases=(10, 3, 2, 1), epochs=16`` learns the
     connectivity for 10 epochs). ``train_subset`` /
     ``test_subset`` take class-balanced subsets for short runs; ``val_split`` holds out that many training
@@ -149,18 +156,20 @@ class CifarRun:
     preset: str = attrs.field(default=attrs.Factory(lambda run: _protocol_of(run.dataset).preset, takes_self=True))
     gate: str = "topk"
     K: int | None = attrs.field(default=None, validator=_optional_int("K"))
-    epochs: int = attrs.field(default=320, validator=_optional_int("epochs"))
+    epochs: int = attrs.field(default=attrs.Factory(lambda run: get_recipe(_protocol_of(run.dataset).recipe)
+                                                    .total_epochs, takes_self=True), validator=_optional_int("epochs"))
     phases: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     seed: int = 0
     data: str | None = _text("data", None)
-    out: str = _text("out", attrs.Factory(lambda run: "runs/miniimagenet" if run.dataset == "miniimagenet"
-                                          else "runs/cifar", takes_self=True))
+    out: str = _text("out", attrs.Factory(lambda run: "runs/cifar" if _protocol_of(run.dataset).recipe == "cifar"
+                                          else f"runs/{run.dataset}", takes_self=True))
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
     device: str | None = _text("device", None, path=False)
     amp: str = "auto"
     compile: bool | str = False
     engine: str = "fused"
     loader: str = "auto"
+    workers: int | None = attrs.field(default=None, validator=_optional_int("workers", minimum=0))
     gate_grad: str = "plain"
     gate_init: float | str = 0.5
     gate_lr: float | None = None
@@ -189,6 +198,13 @@ class CifarRun:
             raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s; its presets: "
                               f"{', '.join(presets)}")
         check_name(f"{self.dataset} preset", self.preset, presets)
+        check_name("loader", self.loader, LOADER_PATHS)
+        if not PROTOCOLS[self.dataset].in_memory and self.loader != "auto":
+            raise ConfigError(f"{self.dataset} is read from its image folders by DataLoader workers; loader "
+                              f"{self.loader!r} does not apply (leave it 'auto'; workers sets their number)")
+        if self.workers is not None and self.loader == "auto" and PROTOCOLS[self.dataset].in_memory:
+            raise ConfigError(f"workers apply to the DataLoader path (loader='dataloader') and to ImageNet; "
+                              f"{self.dataset} with loader='auto' makes its batches in memory, without workers")
         check_residual_init(self.residual_init)
         check_conv_init(self.conv_init)
         if self.phases is not None:
@@ -209,15 +225,18 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def load_data(run: CifarRun) -> tuple[ImageDataset, ImageDataset, str]:
-    """Train and evaluation sets of ``run``, and a description of where they came from."""
+def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
+    """Train and evaluation sets of ``run``, and a description of where they came from. ImageNet comes as
+    the lists of its files (:class:`~connlearn.folders.ImageFiles`), and has no generated stand-in."""
     classes = DATASETS[run.dataset]
     try:
-        train, test = load_dataset(run.dataset, run.data)
+        in_memory = PROTOCOLS[run.dataset].in_memory
+        train, test = load_dataset(run.dataset, run.data) if in_memory else load_imagenet(run.data)
         source = run.dataset
     except DataError as exc:
         # a location the user named is never silently replaced
-        if not run.synthetic_fallback or run.data is not None or os.environ.get(DATA_ENV):
+        if (not run.synthetic_fallback or run.data is not None or os.environ.get(DATA_ENV)
+                or not PROTOCOLS[run.dataset].in_memory):
             raise
         _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
         train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
@@ -358,11 +377,16 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
-    protocol = PROTOCOLS[run.dataset]
-    train_loader, test_loader = make_loaders(
-        train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
-        eval_batch_size=max(recipe.batch_size, 256), crop=protocol.crop, pad=protocol.pad,
-    )
+    protocol, workers = PROTOCOLS[run.dataset], {} if run.workers is None else {"num_workers": run.workers}
+    if protocol.in_memory:
+        train_loader, test_loader = make_loaders(
+            train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
+            eval_batch_size=max(recipe.batch_size, 256), crop=protocol.crop, pad=protocol.pad, **workers,
+        )
+    else:
+        train_loader, test_loader = folder_loaders(train, test, recipe.batch_size, device=device, seed=run.seed,
+                                                   eval_batch_size=max(recipe.batch_size, 256),
+                                                   size=protocol.image_size, **workers)
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
     changed = {k: getattr(run, k) for k in ("M", "C", "width", "base_channels", "stem_channels")
                if getattr(run, k) is not None and not run.connectivity}
