@@ -57,9 +57,15 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
       help="epochs of each phase instead of the scaled split (phase 1 is where learned gates are trained; "
            "from phase 2 on the connectivity is fixed)")
     a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (default 0)")
-    a("--data", help="a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download; "
-                     "ImageNet: the folder holding train/ and val/)")
-    a("--out", help=f"output folder; running again resumes there (default {defaults.out})")
+    data_help = {None: "a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download "
+                        "for CIFAR; ImageNet: the folder holding train/ and val/)",
+                 "miniimagenet": "the packed miniimagenet .npz file, or a folder holding it (else $CONNLEARN_DATA)",
+                 "imagenet": "the folder holding train/ and val/, each with one folder of images per class (else "
+                             "$CONNLEARN_DATA)"}
+    a("--data", help=data_help.get(dataset, "a packed .npz file or a folder with the dataset (else "
+                                            "$CONNLEARN_DATA, else download)"))
+    a("--out", help=f"output folder; running again resumes there (default {defaults.out}"
+                    + ("; runs/miniimagenet, runs/imagenet)" if dataset is None else ")"))
     a("--batch-size", type=int, help=f"default {get_recipe(PROTOCOLS[defaults.dataset].recipe).batch_size}"
                                      + (" (256 for miniimagenet and imagenet)" if dataset is None else ""))
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
@@ -68,10 +74,12 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default; on a GPU "
            "use reduce-overhead, CUDA graphs: of the modes measured, the one that shortens an epoch)")
     a("--engine", choices=ENGINES, help="default fused")
-    a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches (ImageNet: read from its folders by "
-                                              "DataLoader workers); dataloader: torch DataLoader")
-    a("--workers", type=int, help="DataLoader workers, for --loader dataloader (default 2) and ImageNet (default: "
-                                  "the CPUs, at most 8)")
+    if dataset != "imagenet":  # ImageNet is always read by DataLoader workers, and never generated
+        a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches (ImageNet: read from its folders "
+                                                  "by DataLoader workers); dataloader: torch DataLoader")
+    a("--workers", type=int, help="DataLoader workers that read the images (default: the CPUs, at most 8)"
+      if dataset == "imagenet" else "DataLoader workers, for --loader dataloader (default 2) and ImageNet (default: "
+                                    "the CPUs, at most 8)")
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
@@ -97,8 +105,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--snapshot-every", type=int, help="steps between gate snapshots (default 100; 0: none)")
     a("--tensorboard", action="store_true", default=None, help="also write TensorBoard scalars")
     a("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
-    a("--no-fallback", dest="synthetic_fallback", action="store_false", default=None,
-      help="fail instead of using a generated dataset when no data is found")
+    if dataset != "imagenet":
+        a("--no-fallback", dest="synthetic_fallback", action="store_false", default=None,
+          help="fail instead of using a generated dataset when no data is found")
 
 
 def run_from_args(args: argparse.Namespace, dataset: str | None = None):
@@ -331,6 +340,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from connlearn.data import load_dataset, pack, read_image_folder
 
     source = Path(args.source)
@@ -352,6 +363,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
     else:
         per_class = check_int("--test-per-class", args.test_per_class, minimum=1)
         images = read_image_folder(source, args.size)
+        counts = np.bincount(images.labels, minlength=images.num_classes)
+        if counts.min() <= per_class:  # every class keeps at least one training image
+            short = int(counts.argmin())
+            raise DataError(f"--test-per-class {per_class} leaves no training image of class "
+                            f"{images.class_names[short]!r}, which has {counts[short]}; every class needs more "
+                            "images than the test takes")
         train, test = images.split(per_class * images.num_classes)
     written = pack(args.output, train, test, format=args.format)
     shape = "x".join(map(str, train.image_size))

@@ -713,13 +713,13 @@ class ConnectivityNet(nn.Module):
         return new
 
 
-@functools.cache
 def engine_to_rebuild(engine: str) -> str:
     """The ``engine`` argument that rebuilds a network whose ``.engine`` is ``engine``: a single-stream
     network is built with 'fused' (a Fixed-Full graph whose blocks have that form always compiles to it)."""
     return "fused" if engine == "single-stream" else engine
 
 
+@functools.cache
 def _draws_with_temperature(gate: type[Gate]) -> bool:
     """Whether a gate kind's ``draw`` takes a ``temperature`` (by name or through ``**kwargs``)."""
     params = inspect.signature(gate.draw).parameters

@@ -421,39 +421,33 @@ def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> 
 
 
 def read_image_folder(folder: str | os.PathLike[str], size: int | None = None) -> ImageDataset:
-    """The images of ``folder`` (one subfolder of images per class, as ``torchvision.datasets.ImageFolder``
-    reads it: classes in sorted order, images in sorted order within each), as an :class:`ImageDataset`.
-    ``size`` resizes every image to ``size x size`` (bilinear, antialiased); without it all images must
-    share one size.
+    """The images of ``folder`` (one subfolder of images per class, listed as
+    :func:`connlearn.folders.image_files` lists them), decoded into an :class:`ImageDataset`. ``size``
+    resizes every image to ``size x size`` (bilinear, antialiased); without it all images must share one
+    size, which is checked from the files' headers before anything is decoded.
 
     Raises:
-        DataError: ``folder`` is not a folder of class folders holding images, or (without ``size``) the
-            images differ in size.
+        DataError: ``folder`` is not a folder of class folders holding images, an image cannot be read, or
+            (without ``size``) the images differ in size.
     """
-    from torchvision.datasets import ImageFolder
-    from torchvision.transforms import Resize
+    from connlearn.folders import header_size, image_files, open_rgb
 
-    folder = check_path("folder", folder).expanduser()
+    files = image_files(folder)
     size = None if size is None else check_int("size", size, minimum=1)
-    if not folder.is_dir():
-        raise DataError(f"{folder} is not a folder (expected one folder of images per class)")
-    try:
-        images = ImageFolder(str(folder), transform=None if size is None else Resize((size, size), antialias=True))
-    except (FileNotFoundError, OSError) as exc:  # no class folders, or no image in one of them
-        raise DataError(f"{folder}: {' '.join(str(exc).split())} (expected one folder of images per class)") from None
-    try:
-        with ThreadPoolExecutor(_worker_count()) as pool:  # decoding and resizing release the GIL
-            samples = list(pool.map(images.__getitem__, range(len(images))))
-    except OSError as exc:  # PIL's message names the file
-        raise DataError(f"{folder}: {' '.join(str(exc).split())}") from None
-    arrays = [_to_hwc_uint8(image, path) for (image, _), (path, _) in zip(samples, images.samples, strict=True)]
-    for array, (path, _) in zip(arrays, images.samples, strict=True):
-        if array.shape != arrays[0].shape:
-            raise DataError(f"{path} is {array.shape[1]}x{array.shape[0]} but {images.samples[0][0]} is "
-                            f"{arrays[0].shape[1]}x{arrays[0].shape[0]}; give size (--size on the command line) to "
-                            "resize them all to one")
-    labels = np.asarray([label for _, label in samples], dtype=np.int64)
-    return ImageDataset(np.stack(arrays), labels, tuple(images.classes))
+    if size is None:
+        first = header_size(files.paths[0])
+        for path in files.paths[1:]:
+            if (found := header_size(path)) != first:
+                raise DataError(f"{path} is {found[0]}x{found[1]} but {files.paths[0]} is {first[0]}x{first[1]}; "
+                                "give size (--size on the command line) to resize them all to one")
+
+    def decode(path: str) -> np.ndarray:
+        image = open_rgb(path)
+        return np.asarray(image if size is None else image.resize((size, size), Image.BILINEAR))
+
+    with ThreadPoolExecutor(_worker_count()) as pool:  # decoding and resizing release the GIL
+        arrays = list(pool.map(decode, files.paths))
+    return ImageDataset(np.stack(arrays), files.labels, files.class_names)
 
 
 def _encode_split(images: np.ndarray, encoding: str, quality: int) -> tuple[np.ndarray, np.ndarray]:
@@ -699,7 +693,51 @@ class EpochPlan:
     flips: torch.Tensor
 
 
-class _EpochLoader:
+class ShardedBatches:
+    """What every loader shares: batch size, train/eval defaults, the device, the seed, the DDP split of
+    ``count`` samples (every rank ``count // world_size`` of them) and ``len()`` in batches. Subclasses call
+    :meth:`_batching` first in their ``__init__``."""
+
+    def _batching(self, count: int, batch_size: int, *, train: bool, device: str | torch.device, seed: int,
+                  drop_last: bool | None, shuffle: bool | None, rank: int, world_size: int,
+                  channels_last: bool) -> None:
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.train = bool(train)
+        self.device = check_device(device)
+        self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
+        self.drop_last = self.train if drop_last is None else bool(drop_last)
+        self.shuffle = self.train if shuffle is None else bool(shuffle)
+        self.world_size = check_int("world_size", world_size, minimum=1)
+        self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
+        self.channels_last = bool(channels_last)
+        self.num_samples = count // self.world_size
+        if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
+            raise ConfigError(
+                f"each of {self.world_size} rank(s) gets {self.num_samples} of the {count} images, fewer than "
+                f"one batch of {self.batch_size}{' (drop_last=True)' if self.drop_last else ''}; "
+                "use a smaller batch_size or more data"
+            )
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def _order(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """The epoch's order of all ``count`` samples (one draw from ``generator``, the same on every rank)."""
+        return torch.randperm(count, generator=generator) if self.shuffle else torch.arange(count)
+
+    def _positions(self) -> torch.Tensor:
+        """This rank's positions in an epoch's order: ``rank, rank + world_size, ...``, ``num_samples`` of
+        them (the remainder of the order is dropped, so that every rank gets as many)."""
+        return torch.arange(self.rank, self.num_samples * self.world_size, self.world_size)
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+
+class _EpochLoader(ShardedBatches):
     """Arguments, checks and the per-epoch plan shared by :class:`BatchLoader` and :class:`DataLoaderPath`."""
 
     def __init__(
@@ -724,15 +762,8 @@ class _EpochLoader:
                 f"dataset must be an ImageDataset, got {type(dataset).__name__}; convert it with as_image_dataset()"
             )
         self.dataset = dataset
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.train = bool(train)
-        self.device = check_device(device)
-        self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.shuffle = self.train if shuffle is None else bool(shuffle)
-        self.world_size = check_int("world_size", world_size, minimum=1)
-        self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
-        self.channels_last = bool(channels_last)
+        self._batching(len(dataset), batch_size, train=train, device=device, seed=seed, drop_last=drop_last,
+                       shuffle=shuffle, rank=rank, world_size=world_size, channels_last=channels_last)
         height, width = dataset.image_size
         self.pad = check_int("pad", pad, minimum=0) if self.train else 0
         largest_crop = min(height, width) + 2 * self.pad
@@ -743,13 +774,6 @@ class _EpochLoader:
                 f"({height}x{width}{f' + {self.pad} padding' if self.pad else ''}); use crop <= {largest_crop}"
             )
         self.mean = self._check_mean(pixel_mean(dataset) if mean is None else mean)
-        self.num_samples = len(dataset) // self.world_size
-        if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
-            raise ConfigError(
-                f"each of {self.world_size} rank(s) gets {self.num_samples} of the {len(dataset)} images, fewer than "
-                f"one batch of {self.batch_size}{' (drop_last=True)' if self.drop_last else ''}; "
-                "use a smaller batch_size or more data"
-            )
 
     def _check_mean(self, mean: Any) -> torch.Tensor:
         height, width = self.dataset.image_size
@@ -766,12 +790,6 @@ class _EpochLoader:
                 "pass pixel_mean(train_set)"
             ) from None
 
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        if self.drop_last:
-            return self.num_samples // self.batch_size
-        return math.ceil(self.num_samples / self.batch_size)
-
     def plan(self, epoch: int) -> EpochPlan:
         """The samples, crops and flips of ``epoch`` on this rank, drawn from ``epoch_generator(seed, epoch)``.
 
@@ -782,7 +800,7 @@ class _EpochLoader:
         epoch = check_int("epoch", epoch, minimum=0)
         count = len(self.dataset)
         generator = epoch_generator(self.seed, epoch)
-        order = torch.randperm(count, generator=generator) if self.shuffle else torch.arange(count)
+        order = self._order(count, generator)
         height, width = self.dataset.image_size
         if self.train:
             tops = torch.randint(0, height + 2 * self.pad - self.crop + 1, (count,), generator=generator)
@@ -793,15 +811,12 @@ class _EpochLoader:
             centre = torch.tensor([(height - self.crop) // 2, (width - self.crop) // 2])
             offsets = centre.expand(count, 2)
             flips = torch.zeros(count, dtype=torch.bool)
-        positions = torch.arange(self.rank, self.num_samples * self.world_size, self.world_size)
+        positions = self._positions()
         return EpochPlan(order[positions], offsets[positions].contiguous(), flips[positions])
 
     def _batch_bounds(self) -> Iterator[tuple[int, int]]:
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             yield start, min(start + self.batch_size, self.num_samples)
-
-    def _finish(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
 
 class BatchLoader(_EpochLoader):

@@ -10,6 +10,7 @@ command again resumes where it stopped.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import numbers
 import os
@@ -25,7 +26,16 @@ import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
 from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
-from connlearn.data import DATA_ENV, LOADER_PATHS, NUM_CLASSES, ImageDataset, load_dataset, make_loaders, synthetic
+from connlearn.data import (
+    DATA_ENV,
+    LOADER_PATHS,
+    NUM_CLASSES,
+    PACK_MINIIMAGENET,
+    ImageDataset,
+    load_dataset,
+    make_loaders,
+    synthetic,
+)
 from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
@@ -228,15 +238,13 @@ def _say(message: str) -> None:
 def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
     """Train and evaluation sets of ``run``, and a description of where they came from. ImageNet comes as
     the lists of its files (:class:`~connlearn.folders.ImageFiles`), and has no generated stand-in."""
-    classes = DATASETS[run.dataset]
+    classes, in_memory = DATASETS[run.dataset], PROTOCOLS[run.dataset].in_memory
     try:
-        in_memory = PROTOCOLS[run.dataset].in_memory
         train, test = load_dataset(run.dataset, run.data) if in_memory else load_imagenet(run.data)
         source = run.dataset
     except DataError as exc:
         # a location the user named is never silently replaced
-        if (not run.synthetic_fallback or run.data is not None or os.environ.get(DATA_ENV)
-                or not PROTOCOLS[run.dataset].in_memory):
+        if not run.synthetic_fallback or run.data is not None or os.environ.get(DATA_ENV) or not in_memory:
             raise
         _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
         train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
@@ -244,6 +252,11 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
         source = "generated"
     if train.num_classes != classes:
         raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
+    size = PROTOCOLS[run.dataset].image_size
+    if in_memory and not train.image_size == test.image_size == (size, size):
+        found = " and ".join(dict.fromkeys("x".join(map(str, d.image_size)) for d in (train, test)))
+        again = f"; pack them again with {PACK_MINIIMAGENET}" if run.dataset == "miniimagenet" else ""
+        raise DataError(f"the {run.dataset} data found has {found} images; its protocol takes {size}x{size}{again}")
     if run.val_split:
         train, test = train.split(run.val_split)
         source += f" (validation split of {len(test)} training images)"
@@ -315,12 +328,22 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
 # what a resumed run must share with the command that started it (the trainer itself checks the
 # architecture, gate kind, K and recipe); residual_init and conv_init are kept from the checkpoint instead
 # (see run_cifar)
-RESUME_KEYS = ("dataset", "gate", "seed", "gate_grad", "gate_init", "gate_temperature", "gate_temperature_end",
-               "train_subset", "test_subset", "val_split")
+RESUME_KEYS = ("dataset", "loader", "gate", "seed", "gate_grad", "gate_init", "gate_temperature",
+               "gate_temperature_end", "train_subset", "test_subset", "val_split")
+
+
+def data_facts(train: ImageDataset | ImageFiles, test: ImageDataset | ImageFiles) -> dict[str, Any]:
+    """What a run records of its data, to refuse resuming on other data (another packed file, split or
+    folder under the same path): the image counts, the image size (for data in memory) and a digest of
+    the class names."""
+    names = hashlib.sha256("\n".join(train.class_names).encode()).hexdigest()[:16]
+    size = list(train.image_size) if isinstance(train, ImageDataset) else None
+    return {"train_images": len(train), "eval_images": len(test), "image_size": size, "class_names_sha256": names}
 
 
 def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
-                    source: str, recipe: Recipe, record: dict[str, Any] | None = None) -> None:
+                    source: str, recipe: Recipe, record: dict[str, Any] | None = None,
+                    facts: dict[str, Any] | None = None) -> None:
     """Refuse to resume the run in ``out`` (``ckpt``: the checkpoint the trainer is about to resume from)
     when ``run`` asks for other data, seed, gate options or connectivity than the one that started it:
     resuming would mix two runs under one record. ``record`` (the run options the trainer writes into its
@@ -331,6 +354,9 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
         differ.append(("data", meta["source"], source))
+    saved_facts = meta.get("data") if isinstance(meta.get("data"), dict) else {}  # runs of older versions: none
+    differ += [(f"data {k}", saved_facts[k], v) for k, v in (facts or {}).items()
+               if k in saved_facts and saved_facts[k] != v]
     saved = [p.get("epochs") for p in (ckpt.get("recipe") or {}).get("phases", [])]
     asked_split = [p.epochs for p in recipe.phases]
     if saved and saved != asked_split:  # the trainer refuses any other recipe; this names the split
@@ -398,9 +424,10 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
-        progress=run.progress, meta=(meta := {"run": run.to_dict(), "source": source}),
+        progress=run.progress,
+        meta=(meta := {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test))}),
         resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe,
-                                       record=meta["run"]),
+                                       record=meta["run"], facts=facts),
     )
     # the time limit counts from this call: loading the data is part of it
     history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))

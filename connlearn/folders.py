@@ -4,13 +4,17 @@ An :class:`ImageFiles` is the list of an image folder's files, with labels and c
 ``ImageFolder`` layout: one folder of images per class); :func:`image_files` reads one, and
 :func:`load_imagenet` the ``train/`` and ``val/`` folders of ImageNet. A :class:`FolderLoader` decodes
 them in ``DataLoader`` workers and augments each image as ResNeXt was trained on ImageNet, which the
-paper follows (the augmentation of fb.resnet.torch):
+paper follows (the steps of fb.resnet.torch, its ResNeXt code, in its order):
 
-- training: a random crop of 8% to 100% of the image's area and an aspect ratio in [3/4, 4/3], resized to
-  ``size x size`` (224); colour jitter (brightness, contrast and saturation, each by a factor in [0.6, 1.4],
-  in a random order); AlexNet's PCA lighting noise (standard deviation 0.1); the per-channel ImageNet mean
-  and standard deviation normalised away; a horizontal flip with probability 1/2;
-- evaluation: the shorter side resized to ``resize`` (256), the centre ``size x size`` crop, normalised.
+- training: a random crop of 8% to 100% of the image's area at an aspect ratio in [3/4, 4/3], resized to
+  ``size x size`` (224) (the crop is drawn by the rule of ``torchvision.transforms.RandomResizedCrop``:
+  log-uniform ratio, and after 10 misses the centre crop at the nearest allowed ratio; fb.resnet.torch
+  draws the ratio uniformly and swaps the sides at random); colour jitter (brightness, contrast and
+  saturation, each by a factor in [0.6, 1.4], in a random order); AlexNet's PCA lighting noise (standard
+  deviation 0.1); the per-channel ImageNet mean and standard deviation normalised away; a horizontal flip
+  with probability 1/2;
+- evaluation: torchvision's ``Resize(resize)`` (the shorter side to 256) and ``CenterCrop(size)``
+  (224), normalised.
 
 Like the in-memory loaders of :mod:`connlearn.data`, every random choice of epoch ``e`` (the order, and
 each image's crop, colour and flip) comes from ``(seed, e)`` and the image's index alone, so an epoch read
@@ -30,8 +34,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from connlearn.data import DATA_ENV, ClassBalanced, epoch_generator
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_device, check_int, check_path
+from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, epoch_generator
+from connlearn.errors import ConfigTypeError, DataError, check_int, check_path
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -92,6 +96,33 @@ def image_files(folder: str | os.PathLike[str]) -> ImageFiles:
     return ImageFiles([p for p, _ in samples], [label for _, label in samples], classes)
 
 
+#: What Pillow raises for a file that is no readable image (truncated, corrupt, not an image, too large).
+_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def open_rgb(path: str) -> Image.Image:
+    """The image at ``path``, decoded, in RGB; a file that is no readable image is a :class:`DataError`
+    naming it."""
+    try:
+        with Image.open(path) as opened:
+            return opened.convert("RGB")
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from None
+
+
+def header_size(path: str) -> tuple[int, int]:
+    """``(width, height)`` of the image at ``path``, read from its header (nothing is decoded)."""
+    try:
+        with Image.open(path) as opened:
+            return opened.size
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: str, exc: BaseException) -> DataError:
+    return DataError(f"cannot read image {path}: {' '.join(str(exc).split()) or type(exc).__name__}")
+
+
 def load_imagenet(data: str | os.PathLike[str] | None = None) -> tuple[ImageFiles, ImageFiles]:
     """``(train, val)`` of ImageNet: the folders ``train/`` and ``val/`` (each one folder of images per
     class; the validation images sorted into their classes) in ``data``, else in ``$CONNLEARN_DATA``."""
@@ -132,6 +163,14 @@ def crop_box(width: int, height: int, rng: np.random.Generator, scale: tuple[flo
     else:
         w, h = width, height
     return (width - w) // 2, (height - h) // 2, w, h
+
+
+def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
+    """``(width, height)`` scaled so that the shorter side is ``shorter``; the longer side is truncated, as
+    ``torchvision.transforms.Resize(shorter)`` does."""
+    if width <= height:
+        return shorter, int(shorter * height / width)
+    return int(shorter * width / height), shorter
 
 
 def _grey(x: np.ndarray) -> np.ndarray:
@@ -175,26 +214,20 @@ class _FolderSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         epoch, index = key
-        path = self.files.paths[index]
-        try:
-            with Image.open(path) as opened:
-                image = opened.convert("RGB")
-        except OSError as exc:
-            raise DataError(f"cannot read image {path}: {' '.join(str(exc).split())}") from None
+        image = open_rgb(self.files.paths[index])
         width, height = image.size
         if self.train:
             rng = np.random.default_rng([self.seed, epoch, index])
             left, top, w, h = crop_box(width, height, rng)
-            image = image.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h))
+            image = image.crop((left, top, left + w, top + h)).resize((self.size, self.size), Image.BILINEAR)
             x = lighting(colour_jitter(_to_array(image), rng), rng)
             x = (x - self.mean) / self.std
             if rng.random() < 0.5:
                 x = x[:, :, ::-1]
         else:
-            scale = self.resize / min(width, height)
-            w, h = max(self.size, round(width * scale)), max(self.size, round(height * scale))
-            image = image.resize((w, h), Image.BILINEAR)
-            left, top = (w - self.size) // 2, (h - self.size) // 2
+            image = image.resize(resized_size(width, height, self.resize), Image.BILINEAR)
+            w, h = image.size
+            left, top = round((w - self.size) / 2), round((h - self.size) / 2)
             x = (_to_array(image)[:, top : top + self.size, left : left + self.size] - self.mean) / self.std
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), int(self.files.labels[index])
 
@@ -204,7 +237,7 @@ def _to_array(image: Image.Image) -> np.ndarray:
     return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32) / np.float32(255.0)
 
 
-class FolderLoader:
+class FolderLoader(ShardedBatches):
     """Batches of an :class:`ImageFiles` read from disk by ``DataLoader`` workers, augmented as the module
     docstring says: ``len()`` batches per epoch, and :meth:`epoch` gives ``(x float32 [B, 3, size, size],
     y int64 [B])`` on ``device`` (the loader protocol of :class:`~connlearn.train.Trainer`).
@@ -230,42 +263,19 @@ class FolderLoader:
             raise ConfigTypeError(f"files must be an ImageFiles (connlearn.folders.image_files(folder)), got "
                                   f"{type(files).__name__}")
         self.files = files
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.train = bool(train)
-        self.device = check_device(device)
-        self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
+        self._batching(len(files), batch_size, train=train, device=device, seed=seed, drop_last=drop_last,
+                       shuffle=shuffle, rank=rank, world_size=world_size, channels_last=channels_last)
         self.size = check_int("size", size, minimum=1)
         self.resize = check_int("resize", resize, minimum=self.size)
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.shuffle = self.train if shuffle is None else bool(shuffle)
-        self.world_size = check_int("world_size", world_size, minimum=1)
-        self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
         workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
         self.num_workers = check_int("num_workers", workers, minimum=0)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
-        self.channels_last = bool(channels_last)
-        self.num_samples = len(files) // self.world_size
-        if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
-            raise ConfigError(
-                f"each of {self.world_size} rank(s) gets {self.num_samples} of the {len(files)} images, fewer than "
-                f"one batch of {self.batch_size}{' (drop_last=True)' if self.drop_last else ''}; "
-                "use a smaller batch_size or more data"
-            )
         self._samples = _FolderSamples(self)
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        if self.drop_last:
-            return self.num_samples // self.batch_size
-        return math.ceil(self.num_samples / self.batch_size)
 
     def order(self, epoch: int) -> torch.Tensor:
         """The indices this rank reads in ``epoch``, in order (from ``epoch_generator(seed, epoch)``)."""
         epoch = check_int("epoch", epoch, minimum=0)
-        count = len(self.files)
-        generator = epoch_generator(self.seed, epoch)
-        order = torch.randperm(count, generator=generator) if self.shuffle else torch.arange(count)
-        return order[torch.arange(self.rank, self.num_samples * self.world_size, self.world_size)]
+        return self._order(len(self.files), epoch_generator(self.seed, epoch))[self._positions()]
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch``; the same ``epoch`` gives the same batches every time."""
@@ -282,10 +292,9 @@ class FolderLoader:
         return self._batches(loader)
 
     def _batches(self, loader: torch.utils.data.DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        memory = torch.channels_last if self.channels_last else torch.contiguous_format
         try:
             for x, y in loader:
-                yield x.to(self.device, non_blocking=True).contiguous(memory_format=memory), y.to(self.device)
+                yield self._finish(x.to(self.device, non_blocking=True)), y.to(self.device)
         except DataError as exc:  # from a worker, its message is the worker's traceback: keep the error's line
             lines = str(exc).strip().splitlines()
             raise DataError(lines[-1].split("DataError: ", 1)[-1] if lines else "") from None
@@ -303,4 +312,4 @@ def folder_loaders(train: ImageFiles, test: ImageFiles, batch_size: int, *, devi
 
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "FolderLoader", "ImageFiles", "colour_jitter", "crop_box",
-           "folder_loaders", "image_files", "lighting", "load_imagenet"]
+           "folder_loaders", "header_size", "image_files", "lighting", "load_imagenet", "open_rgb", "resized_size"]

@@ -415,3 +415,13 @@ def test_every_file_writer_refuses_a_folder_alike_and_writes_nothing_into_it(tmp
                                               rf"\(e.g. {tmp_path / example}\)"):
             write()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("engine", [["fused"], 3, "fusd"])
+def test_a_checkpoint_whose_engine_is_no_engine_name_is_named(engine):
+    from connlearn.checkpoint import make_checkpoint, net_from_checkpoint
+
+    ckpt = make_checkpoint(connlearn.build(**tiny()))
+    ckpt["engine"] = engine
+    with pytest.raises(ConnlearnError, match=r"engine"):
+        net_from_checkpoint(ckpt)

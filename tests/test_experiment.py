@@ -225,7 +225,8 @@ def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
                             (dict(gate_init=0.3), "gate_init=0.5 there, 0.3 here"),
                             (dict(train_subset=300), "train_subset=200 there, 300 here"),
                             (dict(gate="real"), "gate='topk' there, 'real' here"),
-                            (dict(gate_temperature_end=0.1), "gate_temperature_end=None there, 0.1 here")]:
+                            (dict(gate_temperature_end=0.1), "gate_temperature_end=None there, 0.1 here"),
+                            (dict(loader="dataloader"), "loader='auto' there, 'dataloader' here")]:
         with pytest.raises(ConfigError, match=message):
             run_cifar(attrs.evolve(gated, **change))
     (tmp_path / "gated" / "last.pt").write_bytes(b"truncated")  # the trainer would resume from previous.pt

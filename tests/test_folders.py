@@ -79,19 +79,75 @@ def test_ranks_share_one_order_and_split_it(imagenet):
     assert set(orders[0].tolist()).isdisjoint(orders[1].tolist())
 
 
-def test_evaluation_resizes_the_shorter_side_and_takes_the_normalised_centre(imagenet):
-    _, val = load_imagenet(imagenet)
-    loader = FolderLoader(val, 12, train=False, size=16, resize=20, num_workers=0)
-    assert torch.equal(loader.order(0), torch.arange(12))
-    x, y = next(iter(loader.epoch(0)))
-    assert y.tolist() == val.labels.tolist()
-    with Image.open(val.paths[10]) as image:  # n03's third image: 44x30 -> 29x20, centre 16x16
-        assert image.size == (44, 30)
-        expected = np.asarray(image.convert("RGB").resize((29, 20), Image.BILINEAR), dtype=np.float32) / 255
-    expected = (expected[2:18, 6:22].transpose(2, 0, 1) - np.asarray(IMAGENET_MEAN, dtype=np.float32)[:, None, None])
-    expected /= np.asarray(IMAGENET_STD, dtype=np.float32)[:, None, None]
-    torch.testing.assert_close(x[10], torch.from_numpy(expected))
-    assert torch.equal(next(iter(loader.epoch(3)))[0], x)  # no randomness at evaluation
+@pytest.mark.parametrize(("width", "height"), [(300, 200), (201, 333), (257, 256), (90, 60)])
+def test_evaluation_is_torchvisions_resize_256_and_centre_crop_224(width, height, tmp_path):
+    from torchvision import transforms as T
+
+    _image(tmp_path / "val" / "c" / "a.png", width, height, seed=width)
+    files = image_files(tmp_path / "val")
+    x, _ = next(iter(FolderLoader(files, 1, train=False, num_workers=0).epoch(0)))
+    reference = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    with Image.open(files.paths[0]) as image:
+        torch.testing.assert_close(x[0], reference(image.convert("RGB")), atol=1e-5, rtol=0)
+
+
+def test_a_training_image_is_cropped_jittered_lit_normalised_then_flipped_from_its_own_draws(imagenet):
+    from torchvision.transforms import functional as TF
+
+    files = image_files(imagenet / "train")
+    loader = FolderLoader(files, 12, train=True, size=16, seed=5, num_workers=0)
+    x, y = next(iter(loader.epoch(3)))
+    flipped = 0
+    for row, index in enumerate(loader.order(3).tolist()):
+        rng = np.random.default_rng([5, 3, index])
+        with Image.open(files.paths[index]) as image:
+            left, top, w, h = crop_box(*image.size, rng)
+            crop = TF.resized_crop(image.convert("RGB"), top, left, h, w, [16, 16], antialias=True)
+        expected = np.asarray(crop, dtype=np.float32).transpose(2, 0, 1) / 255
+        expected = lighting(colour_jitter(expected, rng), rng)
+        expected = (expected - np.asarray(IMAGENET_MEAN, np.float32)[:, None, None]) / np.asarray(
+            IMAGENET_STD, np.float32)[:, None, None]
+        if rng.random() < 0.5:
+            expected, flipped = expected[:, :, ::-1], flipped + 1
+        torch.testing.assert_close(x[row], torch.from_numpy(expected.copy()), atol=1e-5, rtol=0)
+        assert y[row] == files.labels[index]
+    assert 0 < flipped < 12
+
+
+class _Draws:
+    """A stand-in for a NumPy generator that returns given draws."""
+
+    def __init__(self, order, uniforms=(), normals=None):
+        self.order, self.uniforms, self.normals = order, list(uniforms), normals
+
+    def permutation(self, n):
+        return np.asarray(self.order)
+
+    def uniform(self, low, high):
+        return self.uniforms.pop(0)
+
+    def normal(self, mean, std, n):
+        return np.asarray(self.normals)
+
+
+def test_colour_jitter_blends_towards_black_the_mean_grey_and_each_pixels_grey_in_the_drawn_order():
+    x = np.array([[[0.2, 0.8]], [[0.4, 0.6]], [[0.6, 0.1]]], dtype=np.float32)  # two pixels
+    grey = np.array([0.299 * 0.2 + 0.587 * 0.4 + 0.114 * 0.6, 0.299 * 0.8 + 0.587 * 0.6 + 0.114 * 0.1])
+    # brightness only, by 1 + 0.25
+    np.testing.assert_allclose(colour_jitter(x, _Draws([0], [0.25])), x * 1.25, rtol=1e-6)
+    # saturation by 1 - 0.5: halfway to each pixel's own grey
+    np.testing.assert_allclose(colour_jitter(x, _Draws([2], [-0.5])), 0.5 * x + 0.5 * grey[None, None, :],
+                               rtol=1e-6)
+    # contrast by 1 + 0.5: away from the image's mean grey
+    np.testing.assert_allclose(colour_jitter(x, _Draws([1], [0.5])), 1.5 * x - 0.5 * grey.mean(), rtol=1e-6)
+
+
+def test_lighting_adds_the_eigenvectors_weighted_by_their_eigenvalues_and_draws():
+    x = np.zeros((3, 1, 1), dtype=np.float32)
+    shifted = lighting(x, _Draws([], normals=[1.0, 0.0, 0.0]))[:, 0, 0]  # the first principal component
+    np.testing.assert_allclose(shifted, 0.2175 * np.array([-0.5675, -0.5808, -0.5836]), rtol=1e-6)
+    shifted = lighting(x, _Draws([], normals=[0.0, 2.0, 0.0]))[:, 0, 0]
+    np.testing.assert_allclose(shifted, 2 * 0.0188 * np.array([0.7192, -0.0045, -0.6948]), rtol=1e-5)
 
 
 @given(st.integers(1, 400), st.integers(1, 400), st.integers(0, 2**32 - 1))

@@ -72,8 +72,10 @@ def test_bad_folders_and_flags_are_named_in_one_line(class_folders, tmp_path, ca
     assert main(["pack", str(class_folders), "--test-per-class", "1", "-o", out]) == 1
     line = _one_line(capsys)
     assert f"{class_folders / 'ant' / 'img1.png'} is 23x17 but" in line and "give size (--size on the" in line
-    assert main(["pack", str(class_folders), "--size", "8", "--test-per-class", "6", "-o", out]) == 1
-    assert "has only 5" in _one_line(capsys)
+    for per_class in (5, 6):  # every class keeps a training image
+        assert main(["pack", str(class_folders), "--size", "8", "--test-per-class", str(per_class), "-o", out]) == 1
+        assert (f"--test-per-class {per_class} leaves no training image of class 'ant', which has 5"
+                in _one_line(capsys))
     assert main(["pack", "cifar10", "--size", "8", "-o", out]) == 1
     assert "--size apply to an image folder, not to cifar10" in _one_line(capsys)
     assert main(["pack", str(tmp_path / "nothing"), "-o", out]) == 1
@@ -141,9 +143,18 @@ def test_a_mini_imagenet_run_trains_on_a_packed_file_and_resumes(tmp_path, capsy
     log = (out / "log.jsonl").read_text()
     assert train_script("miniimagenet", None, args) == 0  # resumes: nothing to do
     assert (out / "log.jsonl").read_text() == log
-    shutil.copy(data, tmp_path / "cifar100.npz")  # 100 classes too: only the run's record tells them apart
-    assert train_script("cifar100", None, args) == 1  # another dataset in the same folder is refused
-    assert "dataset='miniimagenet' there, 'cifar100' here" in capsys.readouterr().err
+    pack(data, train.subset(200), test, format="jpeg")  # the same path, other contents: refused
+    assert train_script("miniimagenet", None, [*args[:-len(TINY)], *TINY, "--epochs", "2"]) == 1
+    assert "data train_images=300 there, 200 here" in capsys.readouterr().err
+
+
+def test_mini_imagenet_data_of_another_image_size_is_refused_before_training(tmp_path, capsys):
+    train, test = synthetic(num_classes=100, n_train=100, n_test=100, size=64)
+    pack(tmp_path / "miniimagenet.npz", train, test)
+    assert train_script("miniimagenet", None, ["--data", str(tmp_path), "--out", str(tmp_path / "run"), *TINY]) == 1
+    assert ("the miniimagenet data found has 64x64 images; its protocol takes 84x84; pack them again with connlearn "
+            "pack FOLDER --size 84") in capsys.readouterr().err
+    assert not (tmp_path / "run" / "log.jsonl").exists()
 
 
 def test_offline_a_mini_imagenet_run_falls_back_to_generated_84_pixel_images(tmp_path, monkeypatch, capsys):
