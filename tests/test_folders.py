@@ -3,6 +3,7 @@ the ImageNet protocol end to end."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,3 +241,18 @@ def test_a_tiny_imagenet_run_trains_prunes_and_resumes(tmp_path, capsys):
     assert (out / "pruned.pt").is_file() and (out / "connectivity.dot").is_file()
     log = (out / "log.jsonl").read_text()
     assert train_script("imagenet", None, args) == 0 and (out / "log.jsonl").read_text() == log
+
+
+def test_the_folder_loader_benchmark_runs_and_writes_its_json(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import folder_loader
+
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["folder_loader.py", "--images", "12", "--batch-size", "4", "--workers", "0",
+                                      "--repeats", "1", "--json", str(out)])
+    folder_loader.main()
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["workers"], r["train"]) for r in runs] == [(0, True), (0, False)]
+    assert all(r["images_per_s"] > 0 for r in runs)
