@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import torch
+import torch.distributed as dist
 
 import connlearn
 from connlearn import plots, render
@@ -232,7 +234,34 @@ class CifarRun:
 
 
 def _say(message: str) -> None:
-    print(message, flush=True)
+    """Print ``message`` (on rank 0 only, under ``torch.distributed``)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def _join_torchrun(device: torch.device) -> tuple[int, int, torch.device, bool]:
+    """``(rank, world_size, device, joined)``. Launched by ``torchrun`` with more than one process
+    (``WORLD_SIZE`` > 1), this process joins the process group unless one exists (NCCL on CUDA, gloo on
+    the CPU; ``joined`` says it did) and runs on the GPU of its ``LOCAL_RANK``; else ``(0, 1, device,
+    False)``."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} and LOCAL_RANK="
+                          f"{os.environ.get('LOCAL_RANK')!r} must be integers (torchrun sets them)") from None
+    if world <= 1:
+        return 0, 1, device, False
+    if device.type == "cuda":
+        if device.index is not None:
+            raise ConfigError(f"device {str(device)!r}: under torchrun every process takes the GPU of its "
+                              "LOCAL_RANK; give --device cuda (or leave it out)")
+        device = check_device(f"cuda:{local}", "the GPU of LOCAL_RANK")
+        torch.cuda.set_device(device)
+    joined = not dist.is_initialized()
+    if joined:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device, joined
 
 
 def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
@@ -391,9 +420,25 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     """Train, prune and draw one run; returns (and writes to ``out/summary.json``) its results.
 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
-    is not finished; calling it again resumes."""
+    is not finished; calling it again resumes.
+
+    Launched by ``torchrun --nproc_per_node N`` (a script of ``examples/`` or ``connlearn train``), it
+    trains with DistributedDataParallel: every process joins the group and takes the GPU of its
+    ``LOCAL_RANK``, and each reads ``1/N`` of every batch (the recipe's batch size is the global one, so
+    the batches and the learning rates are those of one process). Rank 0 writes the files and returns the
+    results; the other ranks return ``None``."""
     started = time.perf_counter()
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
+    rank, world, device, joined = _join_torchrun(device)
+    try:
+        return _run(run, time_limit, started, device, rank, world)
+    finally:
+        if joined:
+            dist.destroy_process_group()
+
+
+def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,
+         world: int) -> dict[str, Any] | None:
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     train, test, source = load_data(run)
@@ -403,16 +448,20 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
-    protocol, workers = PROTOCOLS[run.dataset], {} if run.workers is None else {"num_workers": run.workers}
+    if recipe.batch_size % world:
+        raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
+                          f"multiple of {world} (--batch-size)")
+    protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}
+    options.update({} if run.workers is None else {"num_workers": run.workers})
+    batch, eval_batch = recipe.batch_size // world, max(1, max(recipe.batch_size, 256) // world)
     if protocol.in_memory:
         train_loader, test_loader = make_loaders(
-            train, test, recipe.batch_size, device=device, seed=run.seed, path=run.loader,
-            eval_batch_size=max(recipe.batch_size, 256), crop=protocol.crop, pad=protocol.pad, **workers,
+            train, test, batch, device=device, seed=run.seed, path=run.loader, eval_batch_size=eval_batch,
+            crop=protocol.crop, pad=protocol.pad, **options,
         )
     else:
-        train_loader, test_loader = folder_loaders(train, test, recipe.batch_size, device=device, seed=run.seed,
-                                                   eval_batch_size=max(recipe.batch_size, 256),
-                                                   size=protocol.image_size, **workers)
+        train_loader, test_loader = folder_loaders(train, test, batch, device=device, seed=run.seed,
+                                                   eval_batch_size=eval_batch, size=protocol.image_size, **options)
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
     changed = {k: getattr(run, k) for k in ("M", "C", "width", "base_channels", "stem_channels")
                if getattr(run, k) is not None and not run.connectivity}
@@ -420,7 +469,9 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     conv = "" if run.conv_init == DEFAULT_CONV_INIT else f" conv_init={run.conv_init}"
     _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init}{conv} "
          f"on {source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
-         f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {device}")
+         f"({'/'.join(str(p.epochs) for p in recipe.phases)}), "
+         + (f"{world} processes on {device.type} ({recipe.batch_size // world} images each per batch)" if world > 1
+            else f"{device}"))
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
@@ -434,6 +485,8 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     if trainer.epoch < recipe.total_epochs:
         _say(f"connlearn: stopped after epoch {trainer.epoch} of {recipe.total_epochs} (time limit); "
              "run again to resume")
+        return None
+    if rank != 0:  # rank 0 prunes, draws and writes the summary
         return None
     trained = trainer.net
     graph = trained.graph()

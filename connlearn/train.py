@@ -163,6 +163,18 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _all_agree(flag: bool, device: torch.device) -> bool:
+    """``flag`` on every rank under ``torch.distributed`` (False if any rank says False), else ``flag``:
+    a decision each rank takes from its own clock, such as starting another epoch, is taken together,
+    or the ranks that go on would wait forever for those that stopped."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    # NCCL reduces CUDA tensors only; gloo takes CPU ones
+    t = torch.tensor([int(flag)], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def _autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
@@ -433,7 +445,8 @@ class Trainer:
 
         ``resume``: ``"auto"`` continues from ``out_dir/last.pt`` when it exists, ``True`` requires it,
         ``False`` starts afresh, a path resumes from that checkpoint. ``time_limit`` (seconds): start no new
-        epoch once this much time has passed (each epoch ends with a checkpoint, so a later call resumes).
+        epoch once this much time has passed (each epoch ends with a checkpoint, so a later call resumes);
+        under ``torch.distributed`` no rank starts one once any rank's time has passed.
         """
         started = time.perf_counter()
         path = self._resume_path(resume)
@@ -455,7 +468,8 @@ class Trainer:
                 self.net.sample_temperature = first.temperature_at(0.0)  # the step-0 snapshot records it
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
-        while self.epoch < end and (time_limit is None or time.perf_counter() - started < time_limit):
+        while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
+                                              self.device):
             self._run_epoch(self.epoch)
         if self._tb is not None:
             self._tb.flush()

@@ -1,6 +1,7 @@
 """DistributedDataParallel: two CPU processes (gloo) train one net and stay identical, gates included."""
 
 import socket
+import time
 
 import pytest
 import torch
@@ -46,3 +47,51 @@ def test_ddp_ranks_stay_identical_and_only_rank_zero_writes(tmp_path):
     assert a["history"][-1]["test_top1"] == b["history"][-1]["test_top1"]  # metrics reduced over ranks
     assert a["state"]["stages.1.gate.mask"].sum() == 4 * 2  # frozen after phase 1: K inputs per block
     assert (tmp_path / "last.pt").exists() and (tmp_path / "log.jsonl").exists()
+
+
+def _protocol_worker(rank, world, port, out, limits):
+    import os
+
+    from connlearn import experiment
+    from connlearn.experiment import CifarRun, run_cifar
+
+    experiment.load_dataset = lambda *a, **k: synthetic(num_classes=10, n_train=400, n_test=200, seed=0)  # offline
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    os.environ.pop("CONNLEARN_DATA", None)
+    torch.set_num_threads(1)
+    run = CifarRun(dataset="cifar10", epochs=2, M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4,
+                   train_subset=400, test_subset=200, batch_size=32, device="cpu", progress=False,
+                   snapshot_every=0, out=out)
+    summary = run_cifar(run, time_limit=limits[rank])
+    torch.save({"summary": summary, "initialized": dist.is_initialized()}, f"{out}/rank{rank}.result")
+
+
+def _spawn(limits, out):
+    context = mp.spawn(_protocol_worker, args=(2, _free_port(), out, limits), nprocs=2, join=False)
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=5):  # a rank left waiting for the other would hang here
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 240 s")
+    return [torch.load(f"{out}/rank{r}.result", weights_only=False) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_the_protocol_under_torchrun_trains_on_both_ranks_and_rank_zero_writes_the_results(tmp_path):
+    first, second = _spawn([None, None], str(tmp_path))
+    assert first["summary"]["epochs"] == 2 and second["summary"] is None
+    assert not first["initialized"] and not second["initialized"]  # the group it joined is left again
+    assert (tmp_path / "summary.json").exists() and (tmp_path / "pruned.pt").exists()
+    log = (tmp_path / "log.jsonl").read_text()
+    assert len(log.splitlines()) == 2
+    first, _ = _spawn([None, None], str(tmp_path))  # resumes: finished, nothing trained again
+    assert first["summary"]["epochs"] == 2 and (tmp_path / "log.jsonl").read_text() == log
+
+
+@pytest.mark.slow
+def test_a_time_limit_that_passes_on_one_rank_stops_every_rank(tmp_path):
+    results = _spawn([None, 0.0], str(tmp_path))  # rank 1 is out of time before the first epoch
+    assert [r["summary"] for r in results] == [None, None]
+    assert not (tmp_path / "log.jsonl").exists() or not (tmp_path / "log.jsonl").read_text().strip()
