@@ -95,3 +95,17 @@ def test_a_time_limit_that_passes_on_one_rank_stops_every_rank(tmp_path):
     results = _spawn([None, 0.0], str(tmp_path))  # rank 1 is out of time before the first epoch
     assert [r["summary"] for r in results] == [None, None]
     assert not (tmp_path / "log.jsonl").exists() or not (tmp_path / "log.jsonl").read_text().strip()
+
+
+def test_the_ranks_shares_of_a_batch_make_up_the_batch_of_one_process():
+    train, _ = synthetic(num_classes=10, n_train=200, n_test=10, seed=0)
+    one = BatchLoader(train, 32, train=True, seed=4).plan(3)
+    shares = [BatchLoader(train, 8, train=True, seed=4, rank=r, world_size=4).plan(3) for r in range(4)]
+    for batch in range(len(BatchLoader(train, 32, train=True, seed=4))):
+        rows = slice(batch * 32, (batch + 1) * 32)
+        together = {(int(i), tuple(o.tolist()), bool(f)) for s in shares
+                    for i, o, f in zip(s.indices[batch * 8:(batch + 1) * 8], s.offsets[batch * 8:(batch + 1) * 8],
+                                       s.flips[batch * 8:(batch + 1) * 8], strict=True)}
+        alone = {(int(i), tuple(o.tolist()), bool(f))
+                 for i, o, f in zip(one.indices[rows], one.offsets[rows], one.flips[rows], strict=True)}
+        assert together == alone and len(alone) == 32  # the same images with the same crops and flips
