@@ -4,8 +4,8 @@ It writes ``--images`` generated JPEGs of ImageNet's typical size (500x375, qual
 folder of 10 classes, then times one training epoch (random-area crop to 224, colour jitter, lighting,
 normalisation, flip) and one evaluation epoch (resize to 256, centre crop 224) for each worker count,
 after one untimed pass that warms the file cache. With ``--repeats N`` each time is the median of N.
-It says how many decoding workers keep a GPU fed: multiply the images/s of one worker by the workers,
-against the images/s the training step needs.
+Every epoch starts its workers anew, as in training. Compare the images/s per core (several workers on
+as many cores) with the images/s a training step needs, to size ``--workers``.
 
     python benchmarks/folder_loader.py --images 512 --workers 0 1 2 --repeats 3 --json out.json
 """

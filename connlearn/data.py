@@ -695,8 +695,13 @@ class EpochPlan:
 
 class ShardedBatches:
     """What every loader shares: batch size, train/eval defaults, the device, the seed, the DDP split of
-    ``count`` samples (every rank ``count // world_size`` of them) and ``len()`` in batches. Subclasses call
-    :meth:`_batching` first in their ``__init__``."""
+    ``count`` samples and ``len()`` in batches. Subclasses call :meth:`_batching` first in their
+    ``__init__``.
+
+    In DDP, rank ``r`` reads positions ``r, r + world_size, ...`` of every epoch's order. For training every
+    rank reads ``count // world_size`` of them (the remainder is dropped), since DDP needs as many steps on
+    every rank. For evaluation (``train=False``) the ranks read every sample between them, one more on
+    the first ``count % world_size`` ranks, so that metrics summed over ranks cover the whole set."""
 
     def _batching(self, count: int, batch_size: int, *, train: bool, device: str | torch.device, seed: int,
                   drop_last: bool | None, shuffle: bool | None, rank: int, world_size: int,
@@ -710,7 +715,8 @@ class ShardedBatches:
         self.world_size = check_int("world_size", world_size, minimum=1)
         self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
         self.channels_last = bool(channels_last)
-        self.num_samples = count // self.world_size
+        self.count = count
+        self.num_samples = count // self.world_size if self.train else len(range(self.rank, count, self.world_size))
         if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
             raise ConfigError(
                 f"each of {self.world_size} rank(s) gets {self.num_samples} of the {count} images, fewer than "
@@ -729,9 +735,8 @@ class ShardedBatches:
         return torch.randperm(count, generator=generator) if self.shuffle else torch.arange(count)
 
     def _positions(self) -> torch.Tensor:
-        """This rank's positions in an epoch's order: ``rank, rank + world_size, ...``, ``num_samples`` of
-        them (the remainder of the order is dropped, so that every rank gets as many)."""
-        return torch.arange(self.rank, self.num_samples * self.world_size, self.world_size)
+        """This rank's ``num_samples`` positions in an epoch's order: ``rank, rank + world_size, ...``."""
+        return torch.arange(self.rank, self.count, self.world_size)[: self.num_samples]
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
@@ -794,8 +799,7 @@ class _EpochLoader(ShardedBatches):
         """The samples, crops and flips of ``epoch`` on this rank, drawn from ``epoch_generator(seed, epoch)``.
 
         The order and the augmentation are drawn for the whole dataset, so every rank sees the same draws;
-        rank ``r`` takes positions ``r, r + world_size, ...`` of the first ``num_samples * world_size``
-        positions, which gives every rank the same number of samples (the remainder is dropped).
+        rank ``r`` takes positions ``r, r + world_size, ...`` (see :class:`ShardedBatches`).
         """
         epoch = check_int("epoch", epoch, minimum=0)
         count = len(self.dataset)
@@ -840,7 +844,8 @@ class BatchLoader(_EpochLoader):
         drop_last: drop the last partial batch; default ``train``.
         shuffle: visit the samples in a new random order each epoch; default ``train``.
         rank, world_size: DDP: all ranks share one order and rank ``r`` takes every ``world_size``-th sample,
-            ``len(dataset) // world_size`` samples each.
+            ``len(dataset) // world_size`` samples each in training; in evaluation they read every sample
+            between them (see :class:`ShardedBatches`).
         channels_last: return batches in channels-last memory format.
         pad: zero padding on each side before the random crop (training only).
         crop: side of the square crop; default the image size.
@@ -971,7 +976,7 @@ def make_loaders(
             ``shuffle`` apply to the train loader only.
 
     The test loader subtracts the train set's pixel mean (unless ``mean`` is given), is not augmented,
-    keeps the last partial batch, and in DDP gives each rank ``len(test) // world_size`` samples.
+    keeps the last partial batch, and in DDP the ranks read every test sample between them.
     """
     check_name("loader path", path, LOADER_PATHS)
     loader_class = BatchLoader if path == "auto" else DataLoaderPath

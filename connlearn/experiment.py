@@ -240,28 +240,29 @@ def _say(message: str) -> None:
 
 
 def _join_torchrun(device: torch.device) -> tuple[int, int, torch.device, bool]:
-    """``(rank, world_size, device, joined)``. Launched by ``torchrun`` with more than one process
-    (``WORLD_SIZE`` > 1), this process joins the process group unless one exists (NCCL on CUDA, gloo on
-    the CPU; ``joined`` says it did) and runs on the GPU of its ``LOCAL_RANK``; else ``(0, 1, device,
-    False)``."""
+    """``(rank, world_size, device, joined)``. In a process group that exists already, its rank and size.
+    Launched by ``torchrun`` with more than one process (``WORLD_SIZE`` > 1), this process joins the group
+    (NCCL on CUDA, gloo on the CPU; ``joined`` says it did). Either way a CUDA run takes the GPU of its
+    ``LOCAL_RANK`` (else the current one). Alone: ``(0, 1, device, False)``."""
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     except ValueError:
         raise ConfigError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} and LOCAL_RANK="
                           f"{os.environ.get('LOCAL_RANK')!r} must be integers (torchrun sets them)") from None
-    if world <= 1:
+    grouped = dist.is_available() and dist.is_initialized()
+    if not grouped and world <= 1:
         return 0, 1, device, False
     if device.type == "cuda":
         if device.index is not None:
-            raise ConfigError(f"device {str(device)!r}: under torchrun every process takes the GPU of its "
+            raise ConfigError(f"device {str(device)!r}: in a process group every process takes the GPU of its "
                               "LOCAL_RANK; give --device cuda (or leave it out)")
-        device = check_device(f"cuda:{local}", "the GPU of LOCAL_RANK")
+        index = torch.cuda.current_device() if local is None else local
+        device = check_device(f"cuda:{index}", "the GPU of LOCAL_RANK")
         torch.cuda.set_device(device)
-    joined = not dist.is_initialized()
-    if joined:
+    if not grouped:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return dist.get_rank(), dist.get_world_size(), device, joined
+    return dist.get_rank(), dist.get_world_size(), device, not grouped
 
 
 def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
@@ -439,18 +440,22 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
 
 def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,
          world: int) -> dict[str, Any] | None:
+    if (batch := make_recipe(run).batch_size) % world:  # before any rank reads the data
+        raise ConfigError(f"batch size {batch} does not split over {world} processes; give a multiple of "
+                          f"{world} (--batch-size)")
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
+    if rank != 0:  # rank 0 reads (and for CIFAR perhaps downloads) the data first, the others then find it
+        dist.barrier()
     train, test, source = load_data(run)
+    if world > 1 and rank == 0:
+        dist.barrier()
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
     recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
-    if recipe.batch_size % world:
-        raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
-                          f"multiple of {world} (--batch-size)")
     protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}
     options.update({} if run.workers is None else {"num_workers": run.workers})
     batch, eval_batch = recipe.batch_size // world, max(1, max(recipe.batch_size, 256) // world)

@@ -250,7 +250,8 @@ class FolderLoader(ShardedBatches):
         seed: with the epoch number and each image's index, the seed of every random choice.
         size: the side of the crops (224); resize: the shorter side before evaluation's centre crop (256).
         rank, world_size: DDP: all ranks share one order and rank ``r`` takes every ``world_size``-th sample,
-            ``len(files) // world_size`` samples each.
+            ``len(files) // world_size`` samples each in training; in evaluation they read every sample
+            between them (see :class:`~connlearn.data.ShardedBatches`).
         num_workers: decoding processes (default: the CPUs, at most 8); pin_memory: default on CUDA.
         channels_last: return batches in channels-last memory format.
     """

@@ -163,16 +163,30 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _spread(value: int, device: torch.device) -> tuple[int, int]:
+    """The least and the greatest of ``value`` over the ranks under ``torch.distributed``, else ``value``
+    twice."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value, value
+    # NCCL reduces CUDA tensors only; gloo takes CPU ones
+    t = torch.tensor([-value, value], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return -int(t[0]), int(t[1])
+
+
 def _all_agree(flag: bool, device: torch.device) -> bool:
     """``flag`` on every rank under ``torch.distributed`` (False if any rank says False), else ``flag``:
     a decision each rank takes from its own clock, such as starting another epoch, is taken together,
     or the ranks that go on would wait forever for those that stopped."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    # NCCL reduces CUDA tensors only; gloo takes CPU ones
-    t = torch.tensor([int(flag)], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    return bool(_spread(int(flag), device)[0])
+
+
+def _same_on_every_rank(value: int, device: torch.device, what: str) -> None:
+    """A :class:`CheckpointError` on every rank unless ``value`` is the same on all of them."""
+    low, high = _spread(value, device)
+    if low != high:
+        raise CheckpointError(f"the ranks disagree on {what} ({low} on one, {high} on another): give every rank the "
+                              "same out_dir, a folder they share")
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -450,8 +464,11 @@ class Trainer:
         """
         started = time.perf_counter()
         path = self._resume_path(resume)
+        # every rank must resume alike: loading wraps the network in DDP again, a collective
+        _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
         if path is not None:
             self.load(path)
+            _same_on_every_rank(self.epoch, self.device, "the epoch to resume from")
         if self.tensorboard and self.is_main and self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter

@@ -49,32 +49,44 @@ def test_ddp_ranks_stay_identical_and_only_rank_zero_writes(tmp_path):
     assert (tmp_path / "last.pt").exists() and (tmp_path / "log.jsonl").exists()
 
 
-def _protocol_worker(rank, world, port, out, limits):
+def _protocol_worker(rank, world, port, out, limits, outs=None, torchrun=True):
     import os
 
     from connlearn import experiment
     from connlearn.experiment import CifarRun, run_cifar
 
     experiment.load_dataset = lambda *a, **k: synthetic(num_classes=10, n_train=400, n_test=200, seed=0)  # offline
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
     os.environ.pop("CONNLEARN_DATA", None)
+    if torchrun:  # what torchrun sets; else the group is made here, as a user's own launcher would
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+    else:
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            os.environ.pop(key, None)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     run = CifarRun(dataset="cifar10", epochs=2, M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4,
                    train_subset=400, test_subset=200, batch_size=32, device="cpu", progress=False,
-                   snapshot_every=0, out=out)
-    summary = run_cifar(run, time_limit=limits[rank])
-    torch.save({"summary": summary, "initialized": dist.is_initialized()}, f"{out}/rank{rank}.result")
+                   snapshot_every=0, out=outs[rank] if outs else out)
+    try:
+        result = {"summary": run_cifar(run, time_limit=limits[rank])}
+    except Exception as exc:  # the test reads what each rank raised
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    result["initialized"] = dist.is_initialized()
+    if not torchrun:
+        dist.destroy_process_group()
+    torch.save(result, f"{out}/rank{rank}.result")
 
 
-def _spawn(limits, out):
-    context = mp.spawn(_protocol_worker, args=(2, _free_port(), out, limits), nprocs=2, join=False)
-    deadline = time.monotonic() + 240
+def _spawn(limits, out, **options):
+    context = mp.spawn(_protocol_worker, args=(2, _free_port(), out, limits, options.get("outs"),
+                                               options.get("torchrun", True)), nprocs=2, join=False)
+    deadline = time.monotonic() + 600
     while not context.join(timeout=5):  # a rank left waiting for the other would hang here
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("the ranks did not finish within 240 s")
+            pytest.fail("the ranks did not finish within 600 s")
     return [torch.load(f"{out}/rank{r}.result", weights_only=False) for r in (0, 1)]
 
 
@@ -91,10 +103,26 @@ def test_the_protocol_under_torchrun_trains_on_both_ranks_and_rank_zero_writes_t
 
 
 @pytest.mark.slow
+def test_in_a_group_made_by_the_caller_the_protocol_takes_its_ranks_and_leaves_it_open(tmp_path):
+    first, second = _spawn([None, None], str(tmp_path), torchrun=False)
+    assert first["summary"]["epochs"] == 2 and second["summary"] is None  # rank 1 knew it was not rank 0
+    assert first["initialized"] and second["initialized"]
+
+
+@pytest.mark.slow
 def test_a_time_limit_that_passes_on_one_rank_stops_every_rank(tmp_path):
     results = _spawn([None, 0.0], str(tmp_path))  # rank 1 is out of time before the first epoch
     assert [r["summary"] for r in results] == [None, None]
     assert not (tmp_path / "log.jsonl").exists() or not (tmp_path / "log.jsonl").read_text().strip()
+
+
+@pytest.mark.slow
+def test_ranks_that_would_resume_differently_all_refuse(tmp_path):
+    (tmp_path / "a").mkdir()
+    _spawn([None, None], str(tmp_path / "a"))  # a finished run in a/, nothing in b/
+    results = _spawn([None, None], str(tmp_path), outs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    for result in results:
+        assert "CheckpointError: the ranks disagree on whether there is a checkpoint" in result["error"]
 
 
 def test_the_ranks_shares_of_a_batch_make_up_the_batch_of_one_process():
@@ -109,3 +137,18 @@ def test_the_ranks_shares_of_a_batch_make_up_the_batch_of_one_process():
         alone = {(int(i), tuple(o.tolist()), bool(f))
                  for i, o, f in zip(one.indices[rows], one.offsets[rows], one.flips[rows], strict=True)}
         assert together == alone and len(alone) == 32  # the same images with the same crops and flips
+
+
+@pytest.mark.parametrize("count", [203, 8, 5])
+def test_evaluation_shards_read_every_test_image_once_between_the_ranks(count):
+    from connlearn.data import DataLoaderPath
+    from connlearn.folders import FolderLoader, ImageFiles
+
+    _, test = synthetic(num_classes=1, n_train=2, n_test=count, seed=0)
+    files = ImageFiles([f"{i}.png" for i in range(count)], [0] * count, ["c"])
+    for make in (lambda r: BatchLoader(test, 16, train=False, rank=r, world_size=4).plan(0).indices,
+                 lambda r: DataLoaderPath(test, 16, train=False, rank=r, world_size=4).plan(0).indices,
+                 lambda r: FolderLoader(files, 16, train=False, rank=r, world_size=4).order(0)):
+        shares = [make(r).tolist() for r in range(4)]
+        assert sorted(i for share in shares for i in share) == list(range(count))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
