@@ -427,7 +427,10 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     trains with DistributedDataParallel: every process joins the group and takes the GPU of its
     ``LOCAL_RANK``, and each reads ``1/N`` of every batch (the recipe's batch size is the global one, so
     the batches and the learning rates are those of one process). Rank 0 writes the files and returns the
-    results; the other ranks return ``None``."""
+    results; the other ranks return ``None``. In a process group its caller made, it takes that group's
+    ranks and leaves the group open. An error on one rank ends a ``torchrun`` job (torchrun stops the
+    other processes); in a group of the caller's, the other ranks wait at their next collective until
+    the group's timeout."""
     started = time.perf_counter()
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
