@@ -576,7 +576,9 @@ def _packed_file_in(name: str, location: Path, source: str) -> Path | None:
     return None
 
 
-def _data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
+def data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
+    """Where the data is: ``(data, "data path")`` when given, else ``($CONNLEARN_DATA, "CONNLEARN_DATA")``
+    when set (``~`` expanded), else None."""
     if data is not None:
         return check_path("data", data).expanduser(), "data path"
     from_env = os.environ.get(DATA_ENV)
@@ -595,7 +597,7 @@ def find_data(name: str, data: str | os.PathLike[str] | None = None) -> Path | N
     Raises:
         DataError: ``data`` (or ``CONNLEARN_DATA``) names a path that does not exist.
     """
-    location = _data_location(data)
+    location = data_location(data)
     if location is None:
         return None
     return _packed_file_in(name, *location)
@@ -627,7 +629,8 @@ def load_dataset(
     """
     check_name("dataset", name, DATASETS)
     num_classes = NUM_CLASSES[name]
-    packed = find_data(name, data)
+    location = data_location(data)
+    packed = None if location is None else _packed_file_in(name, *location)  # what find_data finds
     if packed is not None:
         train, test = load_packed(packed)
         if train.num_classes != num_classes:
@@ -637,14 +640,13 @@ def load_dataset(
             )
         return train, test
     if name == "miniimagenet":
-        where = "" if _data_location(data) is None else f" in {_data_location(data)[0]}"
+        where = "" if location is None else f" in {location[0]}"
         raise DataError(f"no packed miniimagenet file found{where}: make one with {PACK_MINIIMAGENET}, then pass "
                         f"--data miniimagenet.npz or set {DATA_ENV}")
 
     import torchvision.datasets
 
     cifar_class = getattr(torchvision.datasets, "CIFAR10" if name == "cifar10" else "CIFAR100")
-    location = _data_location(data)
     if location is not None:
         folder = location[0]
         for root in (folder, folder.parent):

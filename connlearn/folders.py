@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, epoch_generator
+from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, data_location, epoch_generator
 from connlearn.errors import ConfigTypeError, DataError, check_int, check_path
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in [0, 1]).
@@ -126,11 +126,11 @@ def _unreadable(path: str, exc: BaseException) -> DataError:
 def load_imagenet(data: str | os.PathLike[str] | None = None) -> tuple[ImageFiles, ImageFiles]:
     """``(train, val)`` of ImageNet: the folders ``train/`` and ``val/`` (each one folder of images per
     class; the validation images sorted into their classes) in ``data``, else in ``$CONNLEARN_DATA``."""
-    location = data if data is not None else os.environ.get(DATA_ENV)
-    if not location:
+    location = data_location(data)
+    if location is None:
         raise DataError(f"ImageNet has no download: pass --data FOLDER (holding train/ and val/, each with one "
                         f"folder of images per class) or set {DATA_ENV}")
-    root = check_path("data", location).expanduser()
+    root = location[0]
     missing = [split for split in IMAGENET_SPLITS if not (root / split).is_dir()]
     if missing:
         raise DataError(f"{root} has no {' or '.join(f'{m}/' for m in missing)} folder; ImageNet's folder holds "
