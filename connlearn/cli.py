@@ -49,7 +49,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
                                         + ("; miniimagenet-29-8-8, imagenet-50-4-32)" if dataset is None else ")"))
     a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
     a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
-    schedule = "/".join(str(p.epochs) for p in get_recipe(PROTOCOLS[defaults.dataset].recipe).phases)
+    recipe = get_recipe(PROTOCOLS[defaults.dataset].recipe)
+    schedule = "/".join(str(p.epochs) for p in recipe.phases)
     a("--epochs", type=int, help=f"total epochs; the paper's {schedule} schedule is scaled to it (default "
                                  f"{defaults.epochs}{'; imagenet: 30/30/30/30, 120' if dataset is None else ''}, "
                                  "or the sum of --phases)")
@@ -66,7 +67,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
                                             "$CONNLEARN_DATA, else download)"))
     a("--out", help=f"output folder; running again resumes there (default {defaults.out}"
                     + ("; runs/miniimagenet, runs/imagenet)" if dataset is None else ")"))
-    a("--batch-size", type=int, help=f"default {get_recipe(PROTOCOLS[defaults.dataset].recipe).batch_size}"
+    a("--batch-size", type=int, help=f"default {recipe.batch_size}"
                                      + (" (256 for miniimagenet and imagenet)" if dataset is None else ""))
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")

@@ -205,16 +205,17 @@ class CifarRun:
 
     def __attrs_post_init__(self) -> None:
         check_name("dataset", self.dataset, DATASETS)
-        presets = PROTOCOLS[self.dataset].presets
+        protocol = PROTOCOLS[self.dataset]
+        presets = protocol.presets
         if isinstance(self.preset, str) and self.preset in TRAIN_PRESETS and self.preset not in presets:
             raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s; its presets: "
                               f"{', '.join(presets)}")
         check_name(f"{self.dataset} preset", self.preset, presets)
         check_name("loader", self.loader, LOADER_PATHS)
-        if not PROTOCOLS[self.dataset].in_memory and self.loader != "auto":
+        if not protocol.in_memory and self.loader != "auto":
             raise ConfigError(f"{self.dataset} is read from its image folders by DataLoader workers; loader "
                               f"{self.loader!r} does not apply (leave it 'auto'; workers sets their number)")
-        if self.workers is not None and self.loader == "auto" and PROTOCOLS[self.dataset].in_memory:
+        if self.workers is not None and self.loader == "auto" and protocol.in_memory:
             raise ConfigError(f"workers apply to the DataLoader path (loader='dataloader') and to ImageNet; "
                               f"{self.dataset} with loader='auto' makes its batches in memory, without workers")
         check_residual_init(self.residual_init)
@@ -268,7 +269,8 @@ def _join_torchrun(device: torch.device) -> tuple[int, int, torch.device, bool]:
 def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
     """Train and evaluation sets of ``run``, and a description of where they came from. ImageNet comes as
     the lists of its files (:class:`~connlearn.folders.ImageFiles`), and has no generated stand-in."""
-    classes, in_memory = DATASETS[run.dataset], PROTOCOLS[run.dataset].in_memory
+    classes, protocol = DATASETS[run.dataset], PROTOCOLS[run.dataset]
+    in_memory, size = protocol.in_memory, protocol.image_size
     try:
         train, test = load_dataset(run.dataset, run.data) if in_memory else load_imagenet(run.data)
         source = run.dataset
@@ -278,11 +280,10 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
             raise
         _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
         train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
-                                size=PROTOCOLS[run.dataset].image_size, seed=run.seed)
+                                size=size, seed=run.seed)
         source = "generated"
     if train.num_classes != classes:
         raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
-    size = PROTOCOLS[run.dataset].image_size
     if in_memory and not train.image_size == test.image_size == (size, size):
         found = " and ".join(dict.fromkeys("x".join(map(str, d.image_size)) for d in (train, test)))
         again = f"; pack them again with {PACK_MINIIMAGENET}" if run.dataset == "miniimagenet" else ""
@@ -443,9 +444,10 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
 
 def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,
          world: int) -> dict[str, Any] | None:
-    if (batch := make_recipe(run).batch_size) % world:  # before any rank reads the data
-        raise ConfigError(f"batch size {batch} does not split over {world} processes; give a multiple of "
-                          f"{world} (--batch-size)")
+    recipe = make_recipe(run)  # what _as_built changes below (gate, K, architecture) does not reach it
+    if recipe.batch_size % world:  # before any rank reads the data
+        raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
+                          f"multiple of {world} (--batch-size)")
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     if rank != 0:  # rank 0 reads (and for CIFAR perhaps downloads) the data first, the others then find it
@@ -456,7 +458,6 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
-    recipe = make_recipe(run)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}
@@ -478,8 +479,7 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     _say(f"connlearn: {run.preset}{origin} gate={run.gate} K={net.K} residual_init={run.residual_init}{conv} "
          f"on {source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), "
-         + (f"{world} processes on {device.type} ({recipe.batch_size // world} images each per batch)" if world > 1
-            else f"{device}"))
+         + (f"{world} processes on {device.type} ({batch} images each per batch)" if world > 1 else f"{device}"))
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
