@@ -152,3 +152,23 @@ def test_evaluation_shards_read_every_test_image_once_between_the_ranks(count):
         shares = [make(r).tolist() for r in range(4)]
         assert sorted(i for share in shares for i in share) == list(range(count))
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_bad_torchrun_variables_and_a_batch_that_does_not_split_are_named_before_any_data_is_read(tmp_path,
+                                                                                                   monkeypatch):
+    from connlearn import experiment
+    from connlearn.errors import ConfigError
+    from connlearn.experiment import CifarRun, run_cifar
+
+    def no_data(run):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(experiment, "load_data", no_data)
+    run = CifarRun(dataset="cifar10", batch_size=30, device="cpu", out=str(tmp_path / "run"))
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE='two' and LOCAL_RANK=None must be integers"):
+        run_cifar(run)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(experiment, "_join_torchrun", lambda device: (0, 4, device, False))
+    with pytest.raises(ConfigError, match=r"batch size 30 does not split over 4 processes; give a multiple of 4"):
+        run_cifar(run)
