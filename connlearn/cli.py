@@ -40,20 +40,32 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     from connlearn.updater import GRAD_MODES
 
     defaults = CifarRun(dataset=dataset or CifarRun().dataset)
+    recipe = get_recipe(PROTOCOLS[defaults.dataset].recipe)
+
+    def others(value_of) -> str:
+        """``"; imagenet: X"`` for each dataset whose default differs from the default dataset's, where
+        ``--dataset`` chooses the dataset (an example's flags name its own defaults only)."""
+        if dataset is not None:
+            return ""
+        mine = value_of(defaults.dataset)
+        return "".join(f"; {name}: {value_of(name)}" for name in DATASETS if value_of(name) != mine)
+
+    def schedule(name: str) -> str:
+        phases = get_recipe(PROTOCOLS[name].recipe).phases
+        return "/".join(str(p.epochs) for p in phases)
+
     a = parser.add_argument
     a("--config", metavar="FILE", help="JSON (or TOML) file of the options below; flags override it")
     if dataset is None:
         a("--dataset", choices=sorted(DATASETS), help=f"default {defaults.dataset}")
     presets = TRAIN_PRESETS if dataset is None else PROTOCOLS[dataset].presets
     a("--preset", choices=presets, help=f"architecture {{D,w,C}} (default {defaults.preset}"
-                                        + ("; miniimagenet-29-8-8, imagenet-50-4-32)" if dataset is None else ")"))
+                                        f"{others(lambda name: PROTOCOLS[name].preset)})")
     a("--gate", help="topk (GateConnect), real, random (Fixed-Random), full (ResNeXt) (default topk)")
     a("--K", type=int, help="fan-in: active inputs per block (default C/2; C for full)")
-    recipe = get_recipe(PROTOCOLS[defaults.dataset].recipe)
-    schedule = "/".join(str(p.epochs) for p in recipe.phases)
-    a("--epochs", type=int, help=f"total epochs; the paper's {schedule} schedule is scaled to it (default "
-                                 f"{defaults.epochs}{'; imagenet: 30/30/30/30, 120' if dataset is None else ''}, "
-                                 "or the sum of --phases)")
+    a("--epochs", type=int, help=f"total epochs; the paper's schedule ({schedule(defaults.dataset)}"
+                                 f"{others(schedule)}) is scaled to it (default {defaults.epochs}"
+                                 f"{others(lambda name: CifarRun(dataset=name).epochs)}; or the sum of --phases)")
     a("--phases", type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"),
       help="epochs of each phase instead of the scaled split (phase 1 is where learned gates are trained; "
            "from phase 2 on the connectivity is fixed)")
@@ -66,9 +78,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--data", help=data_help.get(dataset, "a packed .npz file or a folder with the dataset (else "
                                             "$CONNLEARN_DATA, else download)"))
     a("--out", help=f"output folder; running again resumes there (default {defaults.out}"
-                    + ("; runs/miniimagenet, runs/imagenet)" if dataset is None else ")"))
+                    f"{others(lambda name: CifarRun(dataset=name).out)})")
     a("--batch-size", type=int, help=f"default {recipe.batch_size}"
-                                     + (" (256 for miniimagenet and imagenet)" if dataset is None else ""))
+                                     f"{others(lambda name: get_recipe(PROTOCOLS[name].recipe).batch_size)}")
     a("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a("--amp", choices=AMP_MODES, help="mixed precision (default auto: bf16 on CUDA)")
     a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",

@@ -51,9 +51,11 @@ from connlearn.errors import (
 )
 
 DATA_ENV = "CONNLEARN_DATA"
+#: The datasets :func:`load_dataset` reads into memory (ImageNet is read from its folders by
+#: :mod:`connlearn.folders`).
 DATASETS = ("cifar10", "cifar100", "miniimagenet")
-#: Classes of each dataset :func:`load_dataset` knows.
-NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100}
+#: Classes of each dataset the protocols know.
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100, "imagenet": 1000}
 #: How to make the packed Mini-ImageNet file (the paper's: 100 classes of 600 images, 500 to train and 100
 #: to test, resized to 84x84).
 PACK_MINIIMAGENET = ("connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz (FOLDER holding "

@@ -62,7 +62,6 @@ from connlearn.recipe import Recipe, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
-DATASETS = {**NUM_CLASSES, "imagenet": 1000}
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
 MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))
 IMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("imagenet-"))
@@ -98,6 +97,7 @@ PROTOCOLS = {
     "miniimagenet": Protocol(MINIIMAGENET_PRESETS, "miniimagenet-29-8-8", "miniimagenet", 84, crop=64, pad=0),
     "imagenet": Protocol(IMAGENET_PRESETS, "imagenet-50-4-32", "imagenet", 224, pad=0, in_memory=False),
 }
+DATASETS = tuple(PROTOCOLS)
 TRAIN_PRESETS = CIFAR_PRESETS + MINIIMAGENET_PRESETS + IMAGENET_PRESETS
 
 
@@ -269,7 +269,7 @@ def _join_torchrun(device: torch.device) -> tuple[int, int, torch.device, bool]:
 def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | ImageFiles, str]:
     """Train and evaluation sets of ``run``, and a description of where they came from. ImageNet comes as
     the lists of its files (:class:`~connlearn.folders.ImageFiles`), and has no generated stand-in."""
-    classes, protocol = DATASETS[run.dataset], PROTOCOLS[run.dataset]
+    classes, protocol = NUM_CLASSES[run.dataset], PROTOCOLS[run.dataset]
     in_memory, size = protocol.in_memory, protocol.image_size
     try:
         train, test = load_dataset(run.dataset, run.data) if in_memory else load_imagenet(run.data)
