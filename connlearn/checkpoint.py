@@ -9,6 +9,7 @@ epoch log.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -136,9 +137,10 @@ def _state_error(exc: BaseException) -> str:
 
 
 def architecture(graph: BranchGraph) -> tuple:
-    """What must match for weights to transfer: every node's shape attributes (not gate values)."""
+    """What must match for weights to transfer: every node's shape attributes (not gate values), as their
+    JSON (a tuple given to a topology and the list its saved graph holds are the same)."""
     nodes = []
     for n, d in sorted(check_graph(graph).nodes(data=True)):
         keep = {k: v for k, v in d.items() if k not in ("kind",)}
-        nodes.append((n, repr(sorted(keep.items()))))
+        nodes.append((n, json.dumps(keep, sort_keys=True, default=repr)))
     return tuple(nodes)

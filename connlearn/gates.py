@@ -27,11 +27,15 @@ New kinds subclass :class:`Gate` and are registered with ``connlearn.register_ga
 entry-point group ``connlearn.gates``. A kind is built as ``cls(values, active, K)`` for each module
 (``values`` float and ``active`` boolean ``[rows, cols]``: the graph's initial gates; ``Gate.__init__`` keeps
 only ``K`` and ``shape``, the kind stores what it needs) and defines ``values()`` and ``active()``; the
-default ``matrix()`` is ``active()`` as 0/1. A stochastic kind (``stochastic = True``) also defines the
-classmethod ``draw``, a learnable one ``real_parameters()``: note that ``GateUpdater`` clamps those to
-[0, 1] after every step, the range of the paper's gates. ``kind`` is set to the registered name where a
-class does not set it itself. Registration checks these; the network checks the shapes of ``matrix()``,
-``active()`` and ``draw()`` against ``[rows, cols]``.
+default ``matrix()`` is ``active()`` as 0/1; ``active()`` must hold exactly K ones per row (the network
+takes the mean of K inputs, and ``freeze()`` keeps them). A stochastic kind (``stochastic = True``) also
+defines the classmethod ``draw`` and a ``matrix(drawn)`` that uses this step's draw (``TopKGate`` adds the
+straight-through term that carries the gradient to its real gates); a learnable one (``learnable =
+True``) holds its gates as ``nn.Parameter`` and returns them from ``real_parameters()``: note that
+``GateUpdater`` clamps those to [0, 1] after every step, the range of the paper's gates. ``kind`` is set
+to the registered name where a class does not set it itself. Registration checks these; the network
+checks the shapes of ``matrix()``, ``active()`` and ``draw()`` against ``[rows, cols]``, the K ones of
+``active()`` when it is built and frozen, and that a kind holding parameters is learnable.
 """
 
 from __future__ import annotations
@@ -225,12 +229,32 @@ def check_gate_kind(name: str, cls: Any) -> type[Gate]:
     missing = [m for m in ("values", "active") if getattr(cls, m) is getattr(Gate, m)]
     if cls.stochastic and getattr(cls.draw, "__func__", None) is Gate.draw.__func__:
         missing.append("draw (it is stochastic)")
+    if cls.stochastic and cls.matrix is Gate.matrix:
+        missing.append("matrix (it is stochastic: the training forward pass must use the draw it is given)")
+    if cls.learnable and cls.real_parameters is Gate.real_parameters:
+        missing.append("real_parameters (it is learnable)")
     if missing:
         raise ConfigTypeError(f"gate kind {name!r} ({cls.__qualname__}) does not define {', '.join(missing)}; "
                               "see connlearn.gates.Gate")
+    if not cls.learnable and cls.real_parameters is not Gate.real_parameters:
+        raise ConfigTypeError(f"gate kind {name!r} ({cls.__qualname__}) defines real_parameters but sets "
+                              "learnable = False; set learnable = True so that its gates are trained, frozen by "
+                              "freeze() and kept from pruning until then")
     if "kind" not in vars(cls) or not cls.kind:
         cls.kind = name
     return cls
+
+
+def check_active_rows(gate: Gate, active: torch.Tensor, module: int | None = None, what: str = "active()") -> None:
+    """A :class:`~connlearn.errors.ShapeError` unless every row of ``active`` (``gate``'s ``what``, in
+    ``module``) holds exactly ``gate.K`` ones: the network takes the mean of K inputs, and a frozen
+    connectivity must keep K per block."""
+    counts = active.to(torch.int64).sum(dim=1)
+    bad = (counts != gate.K).nonzero().flatten().tolist()
+    if bad:
+        where = "" if module is None else f" in module {module}"
+        raise ShapeError(f"gate kind {gate.kind!r}{where}: {what} gives {counts[bad[0]].item()} active inputs "
+                         f"in row {bad[0]}; every row needs exactly K={gate.K}")
 
 
 def check_gate_shape(gate: Gate, what: str, value: Any, module: int | None = None) -> None:

@@ -14,8 +14,10 @@ from torch import nn
 import connlearn
 from connlearn import export
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, check_block_kind, conv
+from connlearn.checkpoint import architecture
 from connlearn.errors import BlockError, ConfigError, ConfigTypeError, GraphError, ShapeError
 from connlearn.gates import Gate, TopKGate
+from connlearn.graph import BranchGraph
 from connlearn.prune import prune_dead_blocks
 from connlearn.registry import Registry
 from connlearn.topologies import resnext
@@ -121,8 +123,13 @@ def test_a_block_kind_without_width_is_built_without_it_and_takes_block_params()
     rebuilt = connlearn.from_graph(net.graph().to_json())
     assert rebuilt.stages[1].block.c.kernel_size == (5, 5)
     assert net.to_engine("reference").stages[1].blocks[0].c.kernel_size == (5, 5)
-    with pytest.raises(ConfigError, match=r"kind 'kernel' \(.*Kernel\) cannot be built .*'kernal'.* takes: kernel"):
+    with pytest.raises(ConfigError, match=r"kind 'kernel' \(.*Kernel\) cannot be built .*'kernal'.* takes: kernel "
+                                          r"\('kernal': did you mean 'kernel'\?\)"):
         connlearn.build(**tiny(block="kernel", block_params={"kernal": 5}))
+    graph = net.graph()
+    for node in graph.block_nodes():
+        graph.nodes[node]["params"] = {"kernel": (5, 5)}  # a tuple, which the saved graph holds as a list
+    assert architecture(BranchGraph.from_json(graph.to_json())) == architecture(graph)  # so a run resumes
     with pytest.raises(ConfigError, match="block_params may not set 'width'"):
         connlearn.build(**tiny(block_params={"width": 5}))
     with pytest.raises(ConfigTypeError, match="JSON values"):
@@ -441,3 +448,138 @@ def test_a_block_holding_another_number_of_branches_than_asked_is_named():
     connlearn.register_block("one-branch", OneBranch)
     with pytest.raises(ConfigError, match="block kind 'one-branch' was asked for 4 branches and its block holds 1"):
         connlearn.build(**tiny(block="one-branch"))
+
+
+def test_a_gate_kind_whose_flags_do_not_match_what_it_holds_is_refused():
+    class Undrawn(TopKGate):  # draws, but its matrix would ignore the draw: the default active() as 0/1
+        matrix = Gate.matrix
+
+    class Unlearned(TopKGate):  # gates as parameters, but said not to learn: fixed, prunable, never frozen
+        learnable = False
+
+    class NoParameters(Gate):
+        learnable = True
+
+        def values(self):
+            return torch.zeros(self.shape)
+
+        def active(self):
+            return torch.ones(self.shape, dtype=torch.bool)
+
+    with pytest.raises(ConfigTypeError, match=r"'undrawn' .*does not define matrix \(it is stochastic: the "
+                                              r"training forward pass must use the draw"):
+        connlearn.register_gate("undrawn", Undrawn)
+    with pytest.raises(ConfigTypeError, match=r"'unlearned' .*defines real_parameters but sets learnable = False"):
+        connlearn.register_gate("unlearned", Unlearned)
+    with pytest.raises(ConfigTypeError, match=r"'no-parameters' .*does not define real_parameters \(it is learnable"):
+        connlearn.register_gate("no-parameters", NoParameters)
+
+
+class Hidden(Gate):
+    """Parameters that real_parameters() does not declare."""
+
+    def __init__(self, values, active, K):
+        super().__init__(values, active, K)
+        self.w = nn.Parameter(values.float().clone())
+        self.register_buffer("mask", active.clone())
+
+    def values(self):
+        return self.w.detach()
+
+    def active(self):
+        return self.mask
+
+    def matrix(self, drawn=None):
+        return self.w
+
+
+class Threshold(TopKGate):
+    """Active where the gate is at least 0.5: K per row only while the gates allow it."""
+
+    stochastic = False
+
+    def active(self):
+        return self.real.detach() >= 0.5
+
+
+def test_a_gate_that_holds_undeclared_parameters_or_not_k_active_inputs_is_named():
+    connlearn.register_gate("hidden", Hidden)
+    with pytest.raises(ConfigTypeError, match=r"gate kind 'hidden' holds parameters but sets learnable = False"):
+        connlearn.build(**tiny(gate="hidden"))
+    connlearn.register_gate("threshold", Threshold)
+    with pytest.raises(ShapeError, match=r"gate kind 'threshold' in module 2: active\(\) gives 4 active inputs in "
+                                         r"row 0; every row needs exactly K=2"):
+        connlearn.build(**tiny(gate="threshold", gate_init=0.5))
+    net = connlearn.build(**tiny(gate="threshold", gate_init=0.5, K=4))  # every gate active: K=4 per row
+    _, gate = list(net.gates())[-1]
+    with torch.no_grad():
+        gate.real[1, 0] = 0.1
+    before = [g for _, g in net.gates()]
+    with pytest.raises(ShapeError, match=r"gate kind 'threshold' in module 3: active\(\) gives 3 active inputs in "
+                                         r"row 1"):
+        net.freeze()
+    assert net.gate_kind == "threshold" and [g for _, g in net.gates()] == before  # nothing half frozen
+
+
+def _two_sources(**options):
+    """A Fixed-Full graph whose third module reads branch 1 of the first and of the second module (K=2)."""
+    g = resnext(**options)
+    first, second, third = g.modules()[:3]
+    for node in g.branches(third):
+        g.remove_edge(g.branches(second)[1], node)
+        g.add_edge(g.branches(first)[0], node, kind="gate", gate=1.0, active=True)
+    return g
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_a_full_graph_whose_modules_read_several_modules_runs_gated_and_reads_them_all(engine):
+    graph = _two_sources(**tiny(M=9, C=2, K=2, gate="full"))
+    net = connlearn.from_graph(graph, engine=engine).eval()
+    assert net.engine == engine  # not the single stream, which reads one module
+    x = torch.randn(2, 3, 32, 32)
+    before = net(x)
+    with torch.no_grad():
+        for p in net.stages[0].parameters():  # module 1 reaches the output only through module 3's extra edge
+            p.add_(1.0)
+    assert not torch.allclose(net(x), before)
+
+
+def test_full_compiles_to_the_single_stream_on_every_engine_where_it_can():
+    for engine in ("fused", "reference", "auto"):
+        assert connlearn.build(**tiny(gate="full", K=4), engine=engine).engine == "single-stream"
+
+
+class Rezero(BranchBlock):
+    """A block with one scale shared by all its branches: select() could not cut it per branch."""
+
+    def __init__(self, in_ch, out_ch, stride, branches):
+        super().__init__(in_ch, out_ch, stride, branches)
+        self.c = conv(in_ch, out_ch, 3, branches, stride)
+        self.alpha = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.alpha * self.c(x)
+
+
+class SharedLinear(BranchBlock):
+    """A squeeze-excitation shared by all branches (its weight's first dim does not grow with them)."""
+
+    def __init__(self, in_ch, out_ch, stride, branches):
+        super().__init__(in_ch, out_ch, stride, branches)
+        self.c = conv(in_ch, out_ch, 3, branches, stride)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.c(x)
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize("kind, tensor", [(Rezero, r"alpha \[1\] \(\[1\] with one branch more\)"),
+                                          (SharedLinear, r"fc\.weight \[4, 4\]")])
+def test_a_branch_block_with_a_tensor_shared_by_its_branches_is_named_when_built(kind, tensor, engine):
+    connlearn.register_block("shared", kind)
+    before = torch.random.get_rng_state()
+    with pytest.raises(ConfigError, match=rf"block kind 'shared' \(.*\) holds a tensor that is not stacked per "
+                                          rf"branch: {tensor}.*along dim 0.*connlearn\.Looped"):
+        connlearn.build(**tiny(block="shared", gate="random"), engine=engine)
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_name, closest
 
 #: How a branch's output scale starts (the ``residual_init`` option of a topology).
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
@@ -209,6 +209,9 @@ class BranchBlock(nn.Module):
         if not indices:
             raise ConfigError("select() needs at least one branch index")
         new = self._new(len(indices)).to(**device_and_dtype(self))
+        bad = _unstacked(self)
+        if bad is not None:
+            raise _stacking_error(f"{type(self).__qualname__}.select()", bad)
         state = {}
         for key, value in self.state_dict().items():
             if value.dim() == 0:
@@ -225,6 +228,9 @@ class BranchBlock(nn.Module):
         """One block holding the branches of ``blocks`` in order (they must agree in everything else)."""
         first = blocks[0]
         new = first._new(sum(b.branches for b in blocks)).to(**device_and_dtype(first))
+        bad = _unstacked(first)
+        if bad is not None:
+            raise _stacking_error(f"{type(first).__qualname__}.merge()", bad)
         states = [b.state_dict() for b in blocks]
         merged = {}
         for key, value in states[0].items():
@@ -388,9 +394,11 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
             takes_text = "any" if takes is None else (", ".join(sorted(takes)) or "none")
             fixed = "its factory's (in_ch, out_ch, stride)" if isinstance(kind, Looped) else \
                 "(in_ch, out_ch, stride, branches)"
+            unknown = [k for k in params if takes is not None and k not in takes]
+            hints = [f"{k!r}: did you mean {hit[0]!r}?" for k in unknown if (hit := closest(k, takes or ()))]
             raise ConfigError(
                 f"block kind {name!r} ({_describe(kind)}) cannot be built with the parameters {params}: {exc}; "
-                f"besides {fixed} it takes: {takes_text}"
+                f"besides {fixed} it takes: {takes_text}" + (f" ({'; '.join(hints)})" if hints else "")
             ) from None
     block = build_or_explain(f"block kind {name!r} ({_describe(kind)})", kind, in_ch, out_ch, stride, branches,
                              **params)
@@ -402,12 +410,52 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
                 "BranchBlock.__init__, from which select() and merge() rebuild it: declare them in `params` and "
                 "pass them on, e.g. super().__init__(in_ch, out_ch, stride, branches, kernel=kernel)"
             )
+        _check_stacked(name, block)
     if not isinstance(block, nn.Module):
         raise ConfigTypeError(f"block kind {name!r} returned {type(block).__name__}, not an nn.Module; {_PROTOCOL}")
     held = getattr(block, "branches", branches)
     if isinstance(held, int) and held != branches:
         raise ConfigError(f"block kind {name!r} was asked for {branches} branches and its block holds {held}")
     return block
+
+
+def _unstacked(block: BranchBlock) -> str | None:
+    """The first tensor of ``block`` that is not stacked per branch along dim 0, as a copy with one branch
+    more shows (made on the meta device without touching the random state), or ``None``; also ``None`` for
+    a kind that cannot be made there. Tensors of no dimension (batch-norm counters) are shared by design."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            other = block._new(block.branches + 1)
+    except Exception:  # a kind that needs real tensors to be made is not checked
+        return None
+    mine, more = block.state_dict(), other.state_dict()
+    for key, value in mine.items():
+        bigger = more.get(key)
+        if value.dim() == 0 and (bigger is None or bigger.dim() == 0):
+            continue
+        if (bigger is None or value.dim() == 0 or bigger.dim() != value.dim() or value.shape[1:] != bigger.shape[1:]
+                or value.shape[0] % block.branches
+                or bigger.shape[0] != value.shape[0] // block.branches * (block.branches + 1)):
+            more_shape = list(bigger.shape) if bigger is not None else "absent"
+            return f"{key} {list(value.shape)} ({more_shape} with one branch more)"
+    return None
+
+
+def _check_stacked(name: str, block: BranchBlock) -> None:
+    """A :class:`ConfigError` unless every tensor of ``block`` holds its branches stacked along dim 0, which
+    ``select`` and ``merge`` (pruning, ``to_engine``) rely on (see :func:`_unstacked`)."""
+    bad = _unstacked(block)
+    if bad is not None:
+        raise _stacking_error(f"block kind {name!r} ({type(block).__qualname__})", bad)
+
+
+def _stacking_error(what: str, detail: str) -> ConfigError:
+    return ConfigError(
+        f"{what} holds a tensor that is not stacked per branch: {detail}; every parameter and buffer of a "
+        "BranchBlock must hold its branches' parts one after another along dim 0 (select() and merge() cut and "
+        "join them there), or have no dimension. Give each branch its own copy, or wrap a one-branch module "
+        "with connlearn.Looped"
+    )
 
 
 def build_or_explain(what: str, factory: Callable[..., Any], in_ch: int, out_ch: int, stride: int, branches: int,
