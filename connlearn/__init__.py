@@ -32,7 +32,10 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
 
     Args:
         topology: a registered topology (``list_topologies()``): ``"resnext"`` or ``"dense"``.
-        engine: ``"fused"`` (default), ``"reference"`` or ``"auto"``.
+        engine: ``"fused"`` (default), ``"reference"`` or ``"auto"``. Gate ``"full"`` compiles to ResNeXt's
+            single stream (``net.engine == "single-stream"``) where every module reads all branches of one
+            module and the block kind has that form (the bottleneck), whatever the engine: for the gated form
+            of every input on an engine of your choice, use ``gate="topk"`` with ``K=C``.
         **options: the topology's keyword arguments; for ``resnext``: ``C``, ``M`` or ``depth``, ``width``,
             ``num_classes``, ``preset``, ``layout``, ``block``, ``gate``, ``K``, ``seed``, ``gate_init``,
             ``residual_init``, ``conv_init``.

@@ -56,7 +56,15 @@ from connlearn.errors import (
     check_name,
     check_temperature,
 )
-from connlearn.gates import GATES, FrozenGate, Gate, check_gate_shape, random_tie_order, tie_generator
+from connlearn.gates import (
+    GATES,
+    FrozenGate,
+    Gate,
+    check_active_rows,
+    check_gate_shape,
+    random_tie_order,
+    tie_generator,
+)
 from connlearn.graph import BranchGraph, check_graph
 
 ENGINES = ("fused", "reference", "auto")
@@ -291,6 +299,13 @@ def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor,
         given = {"values()": gate.values(), "active()": gate.active(), "matrix(None)": gate.matrix(None)}
         for what, value in given.items():
             check_gate_shape(gate, what, value, module)
+        check_active_rows(gate, given["active()"], module)
+    if not gate.learnable and any(True for _ in gate.parameters()):
+        raise ConfigTypeError(f"gate kind {gate_cls.kind!r} holds parameters but sets learnable = False; set "
+                              "learnable = True and return them from real_parameters()")
+    if gate.learnable and not gate.real_parameters():
+        raise ConfigTypeError(f"gate kind {gate_cls.kind!r} is learnable, but real_parameters() returns no "
+                              "parameter")
     return gate
 
 
@@ -327,7 +342,12 @@ class ConnectivityNet(nn.Module):
         infos = [_module_info(graph, m) for m in self.module_ids]
         homogeneous = all(i["homogeneous"] for i in infos)
         kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
-        if self.gate_kind == "full" and len(kinds) == 1 and hasattr(BLOCKS.get(next(iter(kinds))), "single_stream"):
+        position = {m: p for p, m in enumerate(self.module_ids)}
+        sources = [_source_plan(graph, m, position) for m in self.module_ids]
+        # one stream carries the sum of a module's branches: each module must read every branch of one module
+        one_stream = all(len(plan) <= 1 and all(chosen is None for _, chosen in plan) for plan in sources)
+        if (self.gate_kind == "full" and one_stream and len(kinds) == 1
+                and hasattr(BLOCKS.get(next(iter(kinds))), "single_stream")):
             engine = "single-stream"
         elif engine == "auto":
             engine = "fused" if homogeneous else "reference"
@@ -337,11 +357,10 @@ class ConnectivityNet(nn.Module):
                 "use engine='reference' or 'auto'"
             )
         self.engine = engine
-        position = {m: p for p, m in enumerate(self.module_ids)}
         self.stages = nn.ModuleList(
             self._make_module(graph, m, info, gate_cls) for m, info in zip(self.module_ids, infos, strict=True)
         )
-        self._sources = [_source_plan(graph, m, position) for m in self.module_ids]
+        self._sources = sources
         self._init_residuals(graph)
         self._init_convs(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
@@ -473,7 +492,8 @@ class ConnectivityNet(nn.Module):
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
-        mixes = self._scaled(self._draw() if self.training else {})
+        # A fixed connectivity (frozen, random, full) has nothing to draw, and compiles without the break.
+        mixes = self._scaled(self._draw() if self.training and self.stochastic else {})
         h = self.stem(x)
         outputs: list[Any] = []
         for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
@@ -511,7 +531,7 @@ class ConnectivityNet(nn.Module):
 
         In training mode, stochastic gate kinds draw a new connectivity (one batched draw per kind).
         """
-        return self._scaled(self._draw() if self.training else {})
+        return self._scaled(self._draw() if self.training and self.stochastic else {})
 
     def _scaled(self, drawn: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
         mixes: list[torch.Tensor | None] = []
@@ -662,27 +682,52 @@ class ConnectivityNet(nn.Module):
         return g
 
     # ------------------------------------------------------------------ changes
-    def freeze(self) -> ConnectivityNet:
+    def freeze(self, connectivity: dict[int, torch.Tensor] | None = None) -> ConnectivityNet:
         """Fix the connectivity: every block keeps the top-K of its real gates (gate kind ``frozen``).
 
+        ``connectivity`` (module index → boolean ``[rows, cols]``, as :meth:`connectivity` gives) fixes
+        that one instead, e.g. another copy's: an ``AveragedModel`` (EMA, SWA) made before the freeze holds
+        averaged gates of its own, and ``ema.module.freeze(net.connectivity())`` after ``net.freeze()``
+        gives it the trained network's connectivity (and the same parameters, which its updates pair up).
         The real gates leave the module (and ``gate_parameters()``); their values stay visible in
         ``graph()``. A net that is already fixed is returned unchanged. Returns ``self``.
         """
         if self.fixed_connectivity:
             return self
-        for stage in self.stages:
+        given = None if connectivity is None else self._given_connectivity(connectivity)
+        kept = {}
+        for module, stage in zip(self.module_ids, self.stages, strict=True):  # all checked before any is replaced
             g = stage.gate
             if g is not None:
-                values = g.values()
-                stage.gate = FrozenGate(values, g.active(), g.K).to(values.device)
+                kept[stage] = g.values(), g.active() if given is None else given[module].to(g.values().device)
+                check_active_rows(g, kept[stage][1], module, "active()" if given is None else "the given connectivity")
+        for stage, (values, active) in kept.items():
+            stage.gate = FrozenGate(values, active, stage.gate.K).to(values.device)
         self._graph.graph["frozen_from"] = self.gate_kind  # what learned it (a resumed trainer checks it)
         self.gate_kind = "frozen"
         self._graph = self.graph()
         return self
 
+    def _given_connectivity(self, connectivity: Any) -> dict[int, torch.Tensor]:
+        """``connectivity`` checked against this network's gates: one boolean ``[rows, cols]`` per gated module."""
+        if not isinstance(connectivity, dict):
+            raise ConfigTypeError(f"connectivity must be a dict of module index -> boolean [rows, cols] tensor (as "
+                                  f"net.connectivity() gives), got {type(connectivity).__name__}")
+        gated = dict(self.gates())
+        if set(connectivity) != set(gated):
+            raise ConfigError(f"connectivity names modules {sorted(connectivity, key=str)}; this network's gated "
+                              f"modules are {sorted(gated)}")
+        for module, mask in connectivity.items():
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                raise ConfigTypeError(f"connectivity of module {module} must be a boolean tensor, got "
+                                      f"{getattr(mask, 'dtype', type(mask).__name__)}")
+            check_gate_shape(gated[module], "the given connectivity", mask, module)
+        return connectivity
+
     def to_engine(self, engine: str) -> ConnectivityNet:
         """A copy of this network running on ``engine`` ('fused' or 'reference'), with the same weights,
-        gates and generator state."""
+        gates and generator state. A Fixed-Full network on ResNeXt's single stream has no per-branch weights
+        to move: it comes back as a copy, still single-stream."""
         check_name("engine", engine, ("fused", "reference"))
         if self.engine == "single-stream":
             return copy.deepcopy(self)
@@ -694,9 +739,19 @@ class ConnectivityNet(nn.Module):
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "temperature": self._temperature}
+        return {"generator": self.generator.get_state(), "temperature": self._temperature, "K": self.K,
+                "gate": self.gate_kind}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
+        # K and the gate kind change the function without changing a tensor's shape: a state of another
+        # network would load silently (states saved before they were recorded are not checked)
+        theirs = {k: state[k] for k in ("K", "gate") if k in state}
+        mine = {k: v for k, v in (("K", self.K), ("gate", self.gate_kind)) if k in theirs}
+        if theirs != mine:
+            said = ", ".join(f"{k}={v!r}" for k, v in theirs.items())
+            raise CheckpointError(f"this state dict is of a network with {said}, this network has "
+                                  f"{', '.join(f'{k}={v!r}' for k, v in mine.items())}; build the network it "
+                                  "came from (a checkpoint holds its graph: connlearn.checkpoint.net_from_checkpoint)")
         self.generator.set_state(state["generator"])
         self.sample_temperature = state.get("temperature", 1.0)  # checkpoints before it: the default
 

@@ -128,6 +128,15 @@ def test_a_training_forward_is_one_graph_for_torch_compile(images, gate):
     assert explained.graph_count == 1
 
 
+@pytest.mark.parametrize("gate", ["frozen", "random", "full"])
+def test_a_fixed_connectivity_compiles_without_a_graph_break(images, gate):
+    # nothing to draw: phases 2-4 of a learned net, Fixed-Random and Fixed-Full are one graph with no break
+    net = connlearn.build(**tiny(gate="topk" if gate == "frozen" else gate, K=4 if gate == "full" else 2))
+    net = (net.freeze() if gate == "frozen" else net).train()
+    explained = torch._dynamo.explain(net)(images)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+
+
 def test_annealing_the_temperature_and_new_draws_never_recompile(images):
     # The trainer sets sample_temperature at every step of an annealed phase 1 and every step draws anew.
     # Were either guarded on by the compiled graph, each step would recompile until torch gave up and ran

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import connlearn
 from connlearn.errors import (
+    CheckpointError,
     ConfigError,
     ConfigTypeError,
     ConnlearnError,
@@ -425,3 +426,13 @@ def test_a_checkpoint_whose_engine_is_no_engine_name_is_named(engine):
     ckpt["engine"] = engine
     with pytest.raises(ConnlearnError, match=r"engine"):
         net_from_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("other", [dict(K=1), dict(gate="real"), dict(gate="random")])
+def test_a_state_dict_of_another_k_or_gate_kind_is_refused_though_every_shape_fits(other):
+    state = connlearn.build(**tiny()).state_dict()
+    with pytest.raises(CheckpointError, match=r"a network with K=2, gate='topk', this network has (K=1|K=2, gate=)"):
+        connlearn.build(**tiny(**other)).load_state_dict(state)
+    del state["_extra_state"]["K"], state["_extra_state"]["gate"]  # as saved before they were recorded
+    if other.get("gate") != "random":  # same tensors: loads, unchecked, as it always did
+        connlearn.build(**tiny(**other)).load_state_dict(state)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import connlearn
-from connlearn.errors import GraphError
+from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
 from connlearn.gates import gumbel_topk, topk_mask
 from connlearn.topologies.resnext import resnext
 
@@ -430,3 +430,34 @@ def test_the_other_engine_keeps_the_tie_order():
     net = _saturated(3)
     other = net.to_engine("reference")
     assert all(torch.equal(g.active(), h.active()) for (_, g), (_, h) in zip(net.gates(), other.gates(), strict=True))
+
+
+def test_an_averaged_copy_freezes_to_the_trained_nets_connectivity_and_keeps_averaging():
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p.copy_(torch.rand(p.shape, generator=torch.Generator().manual_seed(3)))  # the EMA's gates lag behind
+    ema.update_parameters(net)
+    net.freeze()
+    ema.module.freeze(net.connectivity())
+    for (_, a), (_, b) in zip(ema.module.connectivity().items(), net.connectivity().items(), strict=True):
+        assert torch.equal(a, b)
+    ema.update_parameters(net)  # the parameters pair up again
+    assert [p.shape for p in ema.module.parameters()] == [p.shape for p in net.parameters()]
+
+
+def test_a_given_connectivity_of_the_wrong_form_is_named():
+    net = connlearn.build(**tiny())
+    good = net.connectivity()
+    with pytest.raises(ConfigTypeError, match="connectivity must be a dict"):
+        net.freeze([good[2]])
+    with pytest.raises(ConfigError, match=r"names modules \[2\]; this network's gated modules are \[2, 3\]"):
+        net.freeze({2: good[2]})
+    with pytest.raises(ConfigTypeError, match=r"module 2 must be a boolean tensor, got torch\.float32"):
+        net.freeze({**good, 2: good[2].float()})
+    with pytest.raises(ShapeError, match=r"in module 3: the given connectivity gave \[4, 3\]"):
+        net.freeze({**good, 3: good[3][:, :3]})
+    with pytest.raises(ShapeError, match=r"in module 3: the given connectivity gives 4 active inputs in row 0"):
+        net.freeze({**good, 3: torch.ones_like(good[3])})
+    assert net.gate_kind == "topk"
