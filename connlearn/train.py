@@ -293,6 +293,7 @@ class Trainer:
         self._tb = None
         self._last_connectivity: dict[int, torch.Tensor] | None = None
         self._snapshot_step: int | None = None  # the step of the last line of gates.jsonl
+        self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -354,7 +355,7 @@ class Trainer:
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the whole training state from a checkpoint written by this trainer."""
-        path = Path(path)
+        path = loaded = Path(path)
         try:
             ckpt = load_checkpoint(path)
         except CheckpointError as exc:
@@ -362,7 +363,7 @@ class Trainer:
             if path.name != "last.pt" or not fallback.exists():
                 raise
             warnings.warn(f"{exc}; resuming from {fallback} instead", stacklevel=2)
-            ckpt = load_checkpoint(fallback)
+            ckpt, loaded = load_checkpoint(fallback), fallback
         if "optimizer" not in ckpt or "recipe" not in ckpt:
             raise CheckpointError(f"{path} holds a network but no training state; it cannot be resumed")
         if self.resume_check is not None:
@@ -418,6 +419,7 @@ class Trainer:
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
+        self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
         self._last_connectivity = self.net.connectivity()
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
@@ -460,10 +462,12 @@ class Trainer:
         ``resume``: ``"auto"`` continues from ``out_dir/last.pt`` when it exists, ``True`` requires it,
         ``False`` starts afresh, a path resumes from that checkpoint. ``time_limit`` (seconds): start no new
         epoch once this much time has passed (each epoch ends with a checkpoint, so a later call resumes);
-        under ``torch.distributed`` no rank starts one once any rank's time has passed.
+        under ``torch.distributed`` no rank starts one once any rank's time has passed. A later call on the
+        same trainer goes on from the state in memory, which its ``last.pt`` holds: ``net``, ``optimizer`` and
+        ``model`` stay the objects they were (the freeze of phase 2 replaces them, and ``load`` does).
         """
         started = time.perf_counter()
-        path = self._resume_path(resume)
+        path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
         if path is not None:
@@ -529,6 +533,7 @@ class Trainer:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         self._tb.add_scalar(k, v, self.epoch)
         self._save(best)
+        self._holds_last = True  # on every rank: rank 0 wrote it
 
     def _draws_in(self, phase: Phase) -> bool:
         """Whether the network draws its connectivity in ``phase`` (a stochastic gate kind, not frozen)."""

@@ -1,13 +1,17 @@
 """GateUpdater: keeps the real gates in [0, 1] under any ``torch.optim`` optimizer.
 
 It attaches to an optimizer as a step post-hook, so it runs after every real step and not after a step
-that ``torch.amp.GradScaler`` skips (inf/NaN gradients): a skipped step leaves the gates as they were.
-It never touches weights.
+that ``torch.amp.GradScaler`` skips (inf/NaN gradients): a skipped step leaves the gates as they were (a
+fused optimizer's step runs under the scaler even when it skips, and the hooks then read the scaler's
+``found_inf`` and leave the gates alone too). It never touches weights.
 
 Optionally (``grad_mode``) it rewrites the gates' gradients, or for ``"renormalized"`` the gates, before
-each step (a step pre-hook, which runs after GradScaler has unscaled them). The default, ``"plain"``, is
-the paper's rule as DESIGN.md reads it: the plain gradient, then the clip. The alternatives act on the
-observation that sampling depends only on the ratios within a row of gates:
+each step (a step pre-hook, which runs after GradScaler has unscaled them; under a fused optimizer they
+are still scaled, which these linear rewrites do not mind). The default, ``"plain"``, is the paper's rule
+as DESIGN.md reads it: the plain gradient, then the clip. The alternatives act on the observation that
+sampling depends only on the ratios within a row of gates. They rewrite the gradient, so what they promise
+of the update holds for optimizers whose step is linear in it (SGD, with or without momentum); an
+adaptive one (Adam, AdamW) rescales every gate on its own, and a row's mean may then move a little:
 
 - ``"centered"``: subtract each row's mean gradient, so that a row cannot drift up or down as a whole
   (drift towards the clip bound flattens the sampling distribution);
@@ -53,6 +57,12 @@ class GateUpdater:
 
     def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
         check_name("gate gradient mode", grad_mode, GRAD_MODES)
+        inner = getattr(net, "module", None)  # DistributedDataParallel, or an AveragedModel: the network inside
+        if not callable(getattr(net, "gate_parameters", None)) and callable(getattr(inner, "gate_parameters", None)):
+            net = inner
+        if not callable(getattr(net, "gate_parameters", None)):
+            raise ConfigTypeError(f"GateUpdater takes a connlearn ConnectivityNet (or a wrapper of one with "
+                                  f".module), got {type(net).__name__}")
         self.low, self.high = check_float("low", low), check_float("high", high)
         if self.low >= self.high:
             raise ConfigError(f"low must be below high, got low={low}, high={high}")
@@ -72,10 +82,14 @@ class GateUpdater:
 
     def attach(self, optimizer: torch.optim.Optimizer) -> GateUpdater:
         """Register the hooks on ``optimizer``; returns ``self``."""
-        self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clamp()))
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigTypeError(f"GateUpdater.attach takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self._handles.append(optimizer.register_step_post_hook(
+            lambda opt, args, kwargs: None if _skipped(opt) else self.clamp()))
         if self.grad_mode != "plain":
             before = self.renormalize if self.grad_mode == "renormalized" else self.transform_grads
-            self._handles.append(optimizer.register_step_pre_hook(lambda *_: before()))
+            self._handles.append(optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs: None if _skipped(opt) else before()))
         return self
 
     def detach(self) -> None:
@@ -117,6 +131,14 @@ class GateUpdater:
                 g.copy_((g - (p * g).sum(dim=-1, keepdim=True)) / total)
 
 
+def _skipped(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``GradScaler`` runs this step of an optimizer that unscales for itself (a fused one) with
+    inf/NaN gradients, which that optimizer then skips. The scaler hands it ``found_inf`` as an attribute
+    for the step; reading it waits for the device, so only such steps pay for it."""
+    found = getattr(optimizer, "found_inf", None)
+    return isinstance(found, torch.Tensor) and bool(found.item())
+
+
 def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float) -> list[dict[str, Any]]:
     """Optimizer param groups: weights with (lr, weight_decay); real gates, if any, with (gate_lr, no
     weight decay). Each group carries a ``name`` ('weights' or 'gates'). The rates and the decay must be
@@ -133,15 +155,46 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float)
     return groups
 
 
-def drop_gate_group(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+#: The per-param-group lists of ``torch.optim.lr_scheduler``'s schedulers (one entry per group).
+_SCHEDULER_LISTS = ("base_lrs", "_last_lr", "lr_lambdas", "max_lrs", "min_lrs", "base_momentums", "max_momentums")
+
+
+def drop_gate_group(optimizer: torch.optim.Optimizer, *schedulers: Any) -> list[nn.Parameter]:
     """Remove the ``'gates'`` param group of :func:`param_groups` from ``optimizer``, with its state (e.g.
     momentum), and return its parameters. Call it after ``net.freeze()``, which takes the real gates out of
     the network: the optimizer then holds only the network's parameters again, and its ``state_dict`` loads
-    into one built from ``param_groups`` of the frozen network."""
+    into one built from ``param_groups`` of the frozen network.
+
+    A ``torch.optim.lr_scheduler`` scheduler keeps one entry per param group: pass the schedulers of
+    ``optimizer`` (``drop_gate_group(opt, sched)``) and their entries for the gates go too, so that they
+    step on (``SequentialLR`` and ``ChainedScheduler`` with the schedulers they hold). A scheduler made
+    before and not passed fails at its next step with a length mismatch inside torch."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigTypeError(f"drop_gate_group takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    removed = [p for g in optimizer.param_groups if g.get("name") == "gates" for p in g["params"]]
-    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g.get("name") != "gates"]
+    for scheduler in schedulers:
+        if getattr(scheduler, "optimizer", None) is not optimizer:
+            raise ConfigTypeError(f"drop_gate_group: {type(scheduler).__name__} is not a scheduler of this optimizer")
+    gone = [i for i, g in enumerate(optimizer.param_groups) if g.get("name") == "gates"]
+    groups = len(optimizer.param_groups)
+    removed = [p for i in gone for p in optimizer.param_groups[i]["params"]]
+    optimizer.param_groups[:] = [g for i, g in enumerate(optimizer.param_groups) if i not in gone]
     for p in removed:
         optimizer.state.pop(p, None)
+    for scheduler in _with_inner(schedulers):
+        for name in _SCHEDULER_LISTS:
+            value = getattr(scheduler, name, None)
+            if isinstance(value, list) and len(value) == groups:
+                setattr(scheduler, name, [v for i, v in enumerate(value) if i not in gone])
     return removed
+
+
+def _with_inner(schedulers: tuple[Any, ...]) -> list[Any]:
+    """``schedulers`` and those they hold (``SequentialLR``, ``ChainedScheduler``), each once."""
+    found: list[Any] = []
+    todo = list(schedulers)
+    while todo:
+        scheduler = todo.pop()
+        if all(scheduler is not s for s in found):
+            found.append(scheduler)
+            todo.extend(getattr(scheduler, "_schedulers", ()))
+    return found

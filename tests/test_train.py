@@ -55,6 +55,17 @@ def test_a_stopped_and_resumed_run_ends_bit_identical(uninterrupted, tmp_path, s
     assert read_jsonl(tmp_path / "gates.jsonl") == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
 
 
+def test_calling_fit_again_goes_on_with_the_same_objects_and_ends_bit_identical(uninterrupted, tmp_path):
+    t = _trainer(tmp_path)
+    t.fit(max_epochs=1)  # phase 1 of the scaled recipe
+    net, optimizer = t.net, t.optimizer
+    t.fit(max_epochs=0)  # nothing to train: nothing reloaded
+    assert t.net is net and t.optimizer is optimizer
+    t.fit()
+    _assert_same_state(t.net, uninterrupted.net)
+    assert _without_timings(t.history) == _without_timings(uninterrupted.history)
+
+
 def test_the_gates_the_freeze_reads_are_the_last_snapshot_once_also_across_a_resume(tmp_path):
     """Phase 1 ends at step 4, between snapshots every 3 steps: the freeze adds one at step 4, whose
     top-K (by the tie order of the step-0 snapshot) is the connectivity the run froze."""

@@ -5,6 +5,7 @@ import torch
 from conftest import tiny
 
 import connlearn
+from connlearn.errors import ConfigTypeError
 from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 
@@ -183,3 +184,73 @@ def test_drop_gate_group_leaves_an_optimizer_that_matches_the_frozen_net():
     fresh = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2), momentum=0.9)
     fresh.load_state_dict(opt.state_dict())
     assert drop_gate_group(opt) == []
+
+
+_SCHEDULERS = {
+    "lambda": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9 ** e),
+    "multiplicative": lambda o: torch.optim.lr_scheduler.MultiplicativeLR(o, lambda e: 0.9),
+    "step": lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5),
+    "cyclic": lambda o: torch.optim.lr_scheduler.CyclicLR(o, 0.01, 0.1, step_size_up=2),
+    "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=20),
+    "warm-restarts": lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 3),
+    "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, patience=0),
+    "sequential": lambda o: torch.optim.lr_scheduler.SequentialLR(
+        o, [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5), torch.optim.lr_scheduler.ExponentialLR(o, 0.9)],
+        milestones=[3]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_SCHEDULERS))
+def test_schedulers_passed_to_drop_gate_group_step_on_as_for_a_net_without_gates(kind):
+    def run(gate):
+        net = connlearn.build(**tiny(gate=gate))
+        opt = torch.optim.SGD(param_groups(net, 0.1, 5e-4, 0.2), lr=0.1, momentum=0.9)
+        sched = _SCHEDULERS[kind](opt)
+        lrs = []
+        for step in range(6):
+            _steps(net, opt, n=1)
+            sched.step(1.0) if kind == "plateau" else sched.step()
+            if step == 2 and gate == "topk":
+                net.freeze()
+                drop_gate_group(opt, sched)
+            lrs.append(opt.param_groups[0]["lr"])
+        return lrs, len(opt.param_groups)
+
+    gated, groups = run("topk")
+    fixed, _ = run("random")  # a net that never had gates: one group from the start
+    assert groups == 1 and gated == pytest.approx(fixed)
+
+
+def test_drop_gate_group_refuses_a_scheduler_of_another_optimizer():
+    net = connlearn.build(**tiny())
+    opt = torch.optim.SGD(param_groups(net, 0.1, 5e-4, 0.2), lr=0.1)
+    other = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(net.weight_parameters(), lr=0.1), 1)
+    with pytest.raises(ConfigTypeError, match="StepLR is not a scheduler of this optimizer"):
+        drop_gate_group(opt, other)
+
+
+@pytest.mark.parametrize("mode", ["plain", "renormalized", "centered"])
+def test_a_step_that_a_grad_scaler_skips_on_a_fused_optimizer_leaves_the_gates_alone(mode):
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    opt = torch.optim.SGD(param_groups(net, 0.1, 0.0, 0.2), lr=0.1, momentum=0.9, fused=True)
+    GateUpdater(net, grad_mode=mode).attach(opt)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # overflows: the step is skipped
+    before = [p.detach().clone() for p in net.gate_parameters()]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = net(torch.randn(4, 3, 32, 32)).float().square().mean() * 1e10
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() < 2.0 ** 127  # it did skip
+    for p, q in zip(net.gate_parameters(), before, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_the_updater_takes_the_network_inside_a_wrapper_and_refuses_anything_else():
+    net = connlearn.build(**tiny())
+    wrapped = torch.optim.swa_utils.AveragedModel(net)  # has .module, as DistributedDataParallel
+    assert GateUpdater(wrapped).net is wrapped.module
+    with pytest.raises(ConfigTypeError, match=r"GateUpdater takes a connlearn ConnectivityNet .*got Linear"):
+        GateUpdater(torch.nn.Linear(2, 2))
+    with pytest.raises(ConfigTypeError, match=r"attach takes a torch\.optim\.Optimizer, got list"):
+        GateUpdater(net).attach([])
