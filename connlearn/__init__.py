@@ -69,7 +69,7 @@ def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | N
         graph = BranchGraph.from_json(graph)
     graph = check_graph(graph, "from_graph's graph (a BranchGraph or its JSON)")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(graph.seed if seed is None else check_int("seed", seed))
+        torch.manual_seed(graph.seed if seed is None else check_int("seed", seed, minimum=0, maximum=2**64 - 1))
         return compile_graph(graph, engine=engine)
 
 
@@ -88,6 +88,17 @@ def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> Con
     (its signature could not be checked in advance); ``None`` for any other ``TypeError``."""
     if isinstance(exc, ConnlearnError):
         return None
+    own = exc.__traceback__ is not None and exc.__traceback__.tb_next is None  # raised by calling the topology
+    missing = re.search(r"\(\) missing \d+ required (?:keyword-only |positional )?arguments?: (.+)$", str(exc))
+    if own and missing is not None:
+        names = re.findall(r"'(\w+)'", missing.group(1))
+        example = ", ".join(f"{n}=..." for n in names)
+        return ConfigError(f"topology {topology!r} needs the option(s) {missing.group(1)}: "
+                           f"build({topology!r}, {example})")
+    twice = re.search(r"([\w.<>]+)\(\) got multiple values for (?:keyword )?argument '(\w+)'", str(exc))
+    if twice is not None and twice.group(2) in options:
+        return ConfigError(f"topology {topology!r} sets the option {twice.group(2)!r} itself and passes it on to "
+                           f"{twice.group(1).rsplit('.', 1)[-1]}(), so it cannot be given to build() too")
     found = re.search(r"([\w.<>]+)\(\) got an unexpected keyword argument '(\w+)'", str(exc))
     if found is None or found.group(2) not in options:
         return None

@@ -51,8 +51,12 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
-    """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries."""
+    """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries (under names of their own)."""
     check_net(net)
+    taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model"})
+    if taken:
+        raise ConfigError(f"make_checkpoint: {', '.join(taken)} are the checkpoint's own entries; give extra "
+                          "entries other names")
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -52,6 +52,7 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     ShapeError,
+    check_bool,
     check_int,
     check_name,
     check_temperature,
@@ -361,6 +362,8 @@ class ConnectivityNet(nn.Module):
             self._make_module(graph, m, info, gate_cls) for m, info in zip(self.module_ids, infos, strict=True)
         )
         self._sources = sources
+        # every stride on the way to the last feature map (each layer gives ceil(size / stride))
+        self._strides = [stem["stride"]] + [2] * bool(stem["maxpool"]) + [i["stride"] for i in infos]
         self._init_residuals(graph)
         self._init_convs(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
@@ -481,6 +484,8 @@ class ConnectivityNet(nn.Module):
             )
         if not x.is_floating_point():
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
+        if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+            self._check_size(x)
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight = getattr(getattr(self.stem, "conv", None), "weight", None)
@@ -516,6 +521,19 @@ class ConnectivityNet(nn.Module):
         else:
             pooled = torch.stack(last, dim=1).mean(dim=1).relu()
         return self.head(pooled)
+
+    def _check_size(self, x: torch.Tensor) -> None:
+        """Images with no pixels, or a training batch whose last feature map holds one value per channel
+        (which batch norm cannot normalise), are named here rather than deep inside a layer."""
+        h, w = x.shape[-2:]
+        if h == 0 or w == 0:
+            raise ShapeError(f"expected images of at least 1x1 pixels, got {h}x{w}")
+        for stride in getattr(self, "_strides", ()):
+            h, w = -(-h // stride), -(-w // stride)
+        if self.training and x.shape[0] * h * w == 1:
+            raise ShapeError(f"a training batch of 1 image of {x.shape[-2]}x{x.shape[-1]} ends in 1x1 feature maps, "
+                             "one value per channel, which batch norm cannot normalise in training mode: train on "
+                             "batches of at least 2 images, or run it in eval mode (net.eval())")
 
     def _pick(self, out: Any, chosen: list[int] | None, stage: nn.Module) -> list[Any]:
         if self.engine == "reference":
@@ -578,7 +596,7 @@ class ConnectivityNet(nn.Module):
         """Start (or stop, with ``on=False``) recording the connectivities that stochastic gates draw in
         training; :meth:`draw_statistics` summarises them. The draws of the last ``limit`` steps stay on
         the device (no synchronisation per step) until the statistics are taken."""
-        self._draws = collections.deque(maxlen=check_int("limit", limit, minimum=1)) if on else None
+        self._draws = collections.deque(maxlen=check_int("limit", limit, minimum=1)) if check_bool("on", on) else None
 
     def draw_statistics(self) -> dict[str, float | None]:
         """What the stochastic gates drew since :meth:`record_draws` (at most its ``limit`` last steps), and

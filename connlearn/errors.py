@@ -95,6 +95,14 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool, else a :class:`ConfigTypeError`: a string such as ``"no"`` would otherwise
+    count as true."""
+    if not isinstance(value, bool):
+        raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def check_float(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
                 finite: bool = False) -> float:
     """Return ``value`` as a float, or raise a clear error if it is not a number in [minimum, maximum] (and,

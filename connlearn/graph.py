@@ -417,6 +417,8 @@ class BranchGraph(nx.DiGraph):
     @classmethod
     def from_json(cls, text: str) -> BranchGraph:
         """Rebuild a graph written by :meth:`to_json`."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise GraphError(f"a BranchGraph JSON document is a string, got {type(text).__name__}")
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -18,7 +18,7 @@ import torch
 
 from connlearn.blocks import device_and_dtype, require_block_method
 from connlearn.compile import ConnectivityNet, FusedModule, check_net
-from connlearn.errors import ConfigError, check_int
+from connlearn.errors import ConfigError, check_bool, check_int
 from connlearn.graph import BranchGraph, check_graph
 
 
@@ -114,6 +114,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
     blocks' ``select()``, on the net's device and dtype. ``net`` itself is left unchanged.
     """
     check_net(net)
+    freeze = check_bool("freeze", freeze)
     if not net.fixed_connectivity:
         if not freeze:
             raise ConfigError(

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_name, check_pattern
+from connlearn.errors import ConfigError, ConfigTypeError, UnknownNameError, check_name, check_pattern, closest
 
 T = TypeVar("T")
 
@@ -54,7 +54,15 @@ class Registry(Generic[T]):
         self._load_entry_points()
         if isinstance(name, str) and name in self._broken and name not in self._items:
             raise ConfigError(self._broken[name])
-        return self._items[check_name(self.what, name, self._items)]
+        try:
+            return self._items[check_name(self.what, name, self._items)]
+        except UnknownNameError as exc:
+            if not isinstance(name, str) or closest(name, self._items):
+                raise
+            error = exc  # maybe a kind that a program registered for itself, which this process never ran
+        raise UnknownNameError(f"{error}. A {self.what} registered in a program's own code is known to that process "
+                               f"only; a package makes it known to every process (the connlearn command included) "
+                               f"through the entry-point group {self.group!r}")
 
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching the shell-style ``pattern``, sorted."""

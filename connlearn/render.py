@@ -27,7 +27,7 @@ from typing import Any
 
 import graphviz
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_name, check_path, check_title
+from connlearn.errors import ConfigError, ConfigTypeError, check_bool, check_name, check_path, check_title
 from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import dead_blocks
 
@@ -160,8 +160,7 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
 # ---------------------------------------------------------------------------- drawing
 def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weighted: bool | None,
           dead: str) -> None:
-    if weighted is None:
-        weighted = graph.weights_inputs()
+    weighted = graph.weights_inputs() if weighted is None else check_bool("weighted", weighted)
     dead_set = dead_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     container.node(prefix + "input", label="", tooltip="input (stem)", **_CIRCLE)

@@ -18,6 +18,7 @@ from connlearn.errors import (
     ConfigTypeError,
     ConnlearnError,
     DataError,
+    GraphError,
     ShapeError,
     UnknownNameError,
     check_device,
@@ -436,3 +437,45 @@ def test_a_state_dict_of_another_k_or_gate_kind_is_refused_though_every_shape_fi
     del state["_extra_state"]["K"], state["_extra_state"]["gate"]  # as saved before they were recorded
     if other.get("gate") != "random":  # same tensors: loads, unchecked, as it always did
         connlearn.build(**tiny(**other)).load_state_dict(state)
+
+
+def test_images_without_pixels_and_a_training_batch_that_batch_norm_cannot_normalise_are_named():
+    net = connlearn.build(**tiny())
+    with pytest.raises(ShapeError, match="expected images of at least 1x1 pixels, got 0x0"):
+        net(torch.randn(2, 3, 0, 0))
+    with pytest.raises(ShapeError, match=r"a training batch of 1 image of 4x4 ends in 1x1 feature maps.*net\.eval"):
+        net(torch.randn(1, 3, 4, 4))
+    assert net(torch.randn(2, 3, 4, 4)).shape == (2, 10)  # two values per channel: trains
+    assert net(torch.randn(1, 3, 32, 32)).shape == (1, 10)  # 8x8 at the end
+    assert net.eval()(torch.randn(1, 3, 4, 4)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("seed, match", [(2**64, r"seed must be <= 18446744073709551615"), (-5, "seed must be >= 0")])
+def test_a_seed_beyond_64_bits_or_negative_is_refused_by_build_and_from_graph(seed, match):
+    with pytest.raises(ConfigError, match=match):
+        connlearn.build(**tiny(seed=seed))
+    with pytest.raises(ConfigError, match=match):
+        connlearn.from_graph(connlearn.build(**tiny()).graph(), seed=seed)
+    assert connlearn.build(**tiny(seed=2**64 - 1))(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_a_switch_given_something_other_than_a_bool_is_refused_by_name():
+    from connlearn import prune, render
+
+    net = connlearn.build(**tiny())
+    with pytest.raises(ConfigTypeError, match=r"on must be True or False, got 'no' \(str\)"):
+        net.record_draws(on="no")
+    with pytest.raises(ConfigTypeError, match=r"freeze must be True or False, got 'yes'"):
+        prune.prune_dead_blocks(net, freeze="yes")
+    with pytest.raises(ConfigTypeError, match=r"weighted must be True or False, got 1 \(int\)"):
+        render.to_dot(net.graph(), weighted=1)
+
+
+def test_a_checkpoint_entry_that_would_replace_the_checkpoints_own_and_a_graph_that_is_no_text_are_named():
+    from connlearn.checkpoint import make_checkpoint
+    from connlearn.graph import BranchGraph
+
+    with pytest.raises(ConfigError, match="make_checkpoint: graph, model are the checkpoint's own entries"):
+        make_checkpoint(connlearn.build(**tiny()), graph="x", model={}, epoch=1)
+    with pytest.raises(GraphError, match="a BranchGraph JSON document is a string, got NoneType"):
+        BranchGraph.from_json(None)

@@ -583,3 +583,21 @@ def test_a_branch_block_with_a_tensor_shared_by_its_branches_is_named_when_built
                                           rf"branch: {tensor}.*along dim 0.*connlearn\.Looped"):
         connlearn.build(**tiny(block="shared", gate="random"), engine=engine)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_a_topology_called_without_its_options_or_given_one_it_sets_is_named():
+    def needs_c(*, C):
+        return resnext(**tiny(C=C))
+
+    def sets_width(**options):
+        return resnext(width=2, **options)
+
+    connlearn.register_topology("needs-c", needs_c)
+    connlearn.register_topology("sets-width", sets_width)
+    with pytest.raises(ConfigError, match=r"'needs-c' needs the option\(s\) 'C': build\('needs-c', C=\.\.\.\)"):
+        connlearn.build("needs-c")
+    with pytest.raises(ConfigError, match="topology 'sets-width' sets the option 'width' itself and passes it on to "
+                                          r"resnext\(\), so it cannot be given to build\(\) too"):
+        connlearn.build("sets-width", width=2)
+    with pytest.raises(ConfigTypeError, match="topology 'no-signature': <class 'dict'> has no signature"):
+        connlearn.register_topology("no-signature", dict)

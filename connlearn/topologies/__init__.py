@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from connlearn.errors import ConfigTypeError
@@ -18,6 +19,11 @@ def check_topology(name: str, fn: Any) -> Any:
     if not callable(fn):
         raise ConfigTypeError(f"topology {name!r}: {fn!r} is not callable; a topology is a function of keyword "
                               "arguments that returns a connlearn.graph.BranchGraph")
+    try:
+        inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ConfigTypeError(f"topology {name!r}: {fn!r} has no signature to read its options from; a topology "
+                              "is a function of keyword arguments that returns a connlearn.graph.BranchGraph") from None
     return fn
 
 

@@ -198,7 +198,7 @@ def resnext(
     width = check_int("width", width if width is not None else base["width"], minimum=1)
     num_classes = check_int("num_classes", num_classes if num_classes is not None else lay.num_classes, minimum=1)
     in_channels = check_int("in_channels", in_channels, minimum=1)
-    seed = check_int("seed", seed, minimum=0)
+    seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1)
     stages = _stages(layout_name, lay, M, depth)
     takes = block_parameters(BLOCKS.get(block))  # an unknown (or broken) kind is named here
     takes_width = takes is None or "width" in takes
