@@ -479,3 +479,8 @@ def test_a_checkpoint_entry_that_would_replace_the_checkpoints_own_and_a_graph_t
         make_checkpoint(connlearn.build(**tiny()), graph="x", model={}, epoch=1)
     with pytest.raises(GraphError, match="a BranchGraph JSON document is a string, got NoneType"):
         BranchGraph.from_json(None)
+
+
+def test_a_graph_too_large_to_build_is_refused_at_once():
+    with pytest.raises(ConfigError, match=r"C=1000000000 with 3 modules makes 2,000,000,000,000,000,000 gate edges"):
+        connlearn.build(C=10**9, M=3)

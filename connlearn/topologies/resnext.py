@@ -69,6 +69,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 DEFAULTS: dict[str, Any] = {"layout": "cifar", "depth": 29, "width": 8, "C": 8}
 
 
+_MAX_GATE_EDGES = 2**22  # C=256 with 65 modules; C=64, M=9 (the paper's largest CIFAR model) has 36,864
+
+
 def _stages(layout_name: str, layout: Layout, M: int | None, depth: int | None) -> tuple[int, ...]:
     if depth is not None:
         depth = check_int("depth", depth, minimum=5)
@@ -200,6 +203,12 @@ def resnext(
     in_channels = check_int("in_channels", in_channels, minimum=1)
     seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1)
     stages = _stages(layout_name, lay, M, depth)
+    modules = sum(stages)
+    edges = C * C * (modules - 1) if not dense else C * C * modules * (modules - 1) // 2
+    if edges > _MAX_GATE_EDGES:
+        raise ConfigError(f"C={C} with {modules} modules makes {edges:,} gate edges, more than the "
+                          f"{_MAX_GATE_EDGES:,} this graph form holds (one edge per pair of branches; about 20 us "
+                          "each to build)")
     takes = block_parameters(BLOCKS.get(block))  # an unknown (or broken) kind is named here
     takes_width = takes is None or "width" in takes
     extra = _block_params(block_params)
