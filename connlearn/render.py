@@ -90,6 +90,8 @@ def side_by_side(
         reference = _full_connectivity(learned)
     _check_graph(reference, "side_by_side")
     dot = graphviz.Digraph(name="connectivity")
+    # dot's last crossing reduction, run where a graph has clusters, would reorder the blocks of a row
+    dot.attr(remincross="false")
     if title:
         dot.attr(label=title, labelloc="t", fontsize="14")
     for name, graph in (("resnext", reference), ("learned", learned)):

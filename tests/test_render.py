@@ -227,6 +227,18 @@ def test_save_svg_renders_the_drawing_next_to_its_dot_source(sparse, tmp_path):
 
 
 @needs_dot
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_row_keeps_its_blocks_in_branch_order_alone_and_side_by_side(seed):
+    graph = connlearn.build(**tiny(M=9, C=8, K=4, width=1, seed=seed)).graph()  # the paper's Figure 3 size
+    for dot, prefixes in ((render.to_dot(graph), [""]), (render.side_by_side(graph), ["resnext/", "learned/"])):
+        nodes, _, _ = _layout(dot)
+        for prefix in prefixes:
+            for module in graph.modules():
+                xs = [float(nodes[prefix + n]["pos"].split(",")[0]) for n in graph.branches(module)]
+                assert xs == sorted(xs), (prefix, module)
+
+
+@needs_dot
 @pytest.mark.parametrize(("suffix", "magic"), [(".png", b"\x89PNG"), (".pdf", b"%PDF")])
 def test_save_renders_png_and_pdf(sparse, tmp_path, suffix, magic):
     _, rendered = render.save(render.side_by_side(sparse), tmp_path / f"fig3{suffix}")
