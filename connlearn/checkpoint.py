@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a connlearn checkpoint")
+    _check_crc(path)
     _check_contents(ckpt, str(path))
     if not isinstance(ckpt.get("version"), int) or ckpt["version"] != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this connlearn reads {VERSION}")
@@ -122,6 +124,18 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
             with contextlib.suppress(ConfigError):
                 net = net.to_engine("fused")
     return net
+
+
+def _check_crc(path: Path) -> None:
+    """torch.load reads the tensors' bytes without checking them: a flipped byte would load as a wrong
+    weight (a NaN, say). The zip archive's CRC-32 of every entry catches it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {exc}") from None
+    if bad is not None:
+        raise CheckpointError(f"{path} is corrupt: the bytes of its entry {bad!r} fail their checksum")
 
 
 def _check_contents(ckpt: dict[str, Any], where: str) -> None:

@@ -83,22 +83,28 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike, what: str = "file", *, torn_tail: bool = False) -> list[dict[str, Any]]:
     """The records of a JSONL file (a log or gate snapshots): one JSON object a line, blank lines skipped.
     A file that cannot be read, or a line that is not a JSON object, is a :class:`DataError` naming
-    ``what`` (e.g. "log file"), the path and the line."""
+    ``what`` (e.g. "log file"), the path and the line. ``torn_tail``: a last line cut short (an append that
+    a crash interrupted) is left out instead."""
     records: list[dict[str, Any]] = []
     where = f"{what} {str(path)!r}"
+    number = 0
     try:
         with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+        for number, line in lines:
+            try:
                 record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise DataError(f"{where} is not JSONL (one JSON object a line): line {number} is a "
-                                    f"{type(record).__name__}")
-                records.append(record)
+            except json.JSONDecodeError:
+                if torn_tail and number == lines[-1][0] and not line.endswith("\n"):
+                    break
+                raise
+            if not isinstance(record, dict):
+                raise DataError(f"{where} is not JSONL (one JSON object a line): line {number} is a "
+                                f"{type(record).__name__}")
+            records.append(record)
     except OSError as exc:
         raise DataError(f"cannot read {where}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -426,7 +432,7 @@ class Trainer:
             snaps = self.out_dir / "gates.jsonl"
             self._snapshot_step = None
             if snaps.exists():
-                kept = [r for r in read_jsonl(snaps) if r["step"] <= self.step]
+                kept = [r for r in read_jsonl(snaps, "gate snapshots", torn_tail=True) if r["step"] <= self.step]
                 write_jsonl(snaps, kept)
                 self._snapshot_step = kept[-1]["step"] if kept else None
 
@@ -483,6 +489,8 @@ class Trainer:
             self._last_connectivity = self.net.connectivity()
         if self.step == 0 and self.gate_grad == "renormalized":
             self.updater.renormalize()  # Algorithm 1 normalises before the first forward pass (and snapshot)
+        if self.step == 0 and self.is_main:  # a fresh start: snapshots of a run killed before its first checkpoint go
+            (self.out_dir / "gates.jsonl").unlink(missing_ok=True)
         if self.step == 0 and self.snapshot_every:
             first = self.recipe.phases[0]
             if self._draws_in(first):

@@ -1,6 +1,7 @@
 """The trainer: phases, exact resume, atomic checkpoints, logs."""
 
 import shutil
+import zipfile
 
 import attrs
 import pytest
@@ -66,6 +67,23 @@ def test_calling_fit_again_goes_on_with_the_same_objects_and_ends_bit_identical(
     assert _without_timings(t.history) == _without_timings(uninterrupted.history)
 
 
+def test_snapshots_left_by_a_run_killed_before_its_first_checkpoint_or_torn_by_a_kill_are_not_kept(
+        uninterrupted, tmp_path):
+    first = _trainer(tmp_path)
+    first.fit(max_epochs=1)
+    snaps = tmp_path / "gates.jsonl"
+    lines = snaps.read_text().splitlines(keepends=True)
+    (tmp_path / "last.pt").unlink()
+    (tmp_path / "previous.pt").unlink(missing_ok=True)  # killed before its first checkpoint: a fresh start
+    _trainer(tmp_path).fit(max_epochs=1)
+    assert snaps.read_text().splitlines(keepends=True) == lines  # not appended to the old ones
+    with open(snaps, "a") as f:
+        f.write(lines[-1][:40])  # an append a kill cut short
+    resumed = _trainer(tmp_path)
+    resumed.fit()
+    assert read_jsonl(snaps) == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
+
+
 def test_the_gates_the_freeze_reads_are_the_last_snapshot_once_also_across_a_resume(tmp_path):
     """Phase 1 ends at step 4, between snapshots every 3 steps: the freeze adds one at step 4, whose
     top-K (by the tie order of the step-0 snapshot) is the connectivity the run froze."""
@@ -97,6 +115,27 @@ def test_a_truncated_checkpoint_is_refused_and_the_previous_one_resumes(uninterr
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(last)
     assert load_checkpoint(tmp_path / "previous.pt")["epoch"] == 1
+    resumed = _trainer(tmp_path)
+    with pytest.warns(UserWarning, match="resuming from .*previous.pt"):
+        resumed.fit(resume=True)
+    _assert_same_state(resumed.net, uninterrupted.net)
+
+
+def test_a_checkpoint_whose_tensor_bytes_were_damaged_is_refused_and_the_previous_one_resumes(uninterrupted,
+                                                                                              tmp_path):
+    _trainer(tmp_path).fit(max_epochs=2)
+    last = tmp_path / "last.pt"
+    with zipfile.ZipFile(last) as archive:  # the largest tensor, stored uncompressed
+        entry = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(last.read_bytes())
+    head = entry.header_offset  # a local file header: 30 bytes, then the name and the extra field
+    name_len, extra_len = (int.from_bytes(data[head + k:head + k + 2], "little") for k in (26, 28))
+    start = head + 30 + name_len + extra_len
+    middle = start + entry.file_size // 2
+    data[middle:middle + 4] = b"\xff\xff\xff\x7f"  # a float32 NaN: torch.load alone would take it
+    last.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"is corrupt: the bytes of its entry '{entry.filename}' fail"):
+        load_checkpoint(last)
     resumed = _trainer(tmp_path)
     with pytest.warns(UserWarning, match="resuming from .*previous.pt"):
         resumed.fit(resume=True)
