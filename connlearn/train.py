@@ -411,7 +411,8 @@ class Trainer:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise damaged(exc) from exc
         if recipe != self.recipe:
-            raise CheckpointError(f"{path} was trained with another recipe: {ckpt['recipe']}")
+            raise CheckpointError(f"{path} was trained with another recipe: "
+                                  f"{_recipe_differences(recipe.to_dict(), self.recipe.to_dict())}")
         self._set_net(net_from_checkpoint(ckpt))
         self.optimizer = self._make_optimizer()
         try:
@@ -615,6 +616,23 @@ class Trainer:
         with open(self.out_dir / "gates.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         self._snapshot_step = self.step
+
+
+def _recipe_differences(saved: dict[str, Any], given: dict[str, Any]) -> str:
+    """What differs between two recipes' dicts, as ``name=value there, value here`` (per phase for the
+    phases)."""
+    said = []
+    for key in dict.fromkeys([*saved, *given]):
+        there, here = saved.get(key), given.get(key)
+        if key == "phases" and len(there or ()) == len(here or ()):
+            for number, (a, b) in enumerate(zip(there, here, strict=True), 1):
+                said += [f"phase {number} {k}={a.get(k)!r} there, {b.get(k)!r} here"
+                         for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+        elif there != here:
+            if key == "phases":
+                there, here = (f"{len(x or ())} phase{'' if len(x or ()) == 1 else 's'}" for x in (there, here))
+            said.append(f"{key}={there!r} there, {here!r} here")
+    return "; ".join(said) or "(the same values)"
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:

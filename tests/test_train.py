@@ -214,8 +214,13 @@ def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, 
     with pytest.raises(CheckpointError, match="another architecture"):
         other.fit(resume=True)
     recipe = Recipe("x", [Phase(2, 0.1, 0.2)])
-    with pytest.raises(CheckpointError, match="another recipe"):
+    with pytest.raises(CheckpointError, match=r"another recipe: name='cifar' there, 'x' here; phases='4 phases' "
+                                              r"there, '1 phase' here"):
         _trainer(tmp_path, recipe=recipe).fit(resume=True)
+    with pytest.raises(CheckpointError, match=r"another recipe: phase 1 gate_lr=0\.2 there, 0\.1 here; batch_size=128 "
+                                              r"there, 20 here$"):
+        _trainer(tmp_path, recipe=attrs.evolve(RECIPE, batch_size=20, phases=[
+            attrs.evolve(RECIPE.phases[0], gate_lr=0.1), *RECIPE.phases[1:]])).fit(resume=True)
 
 
 @pytest.mark.parametrize("given", [dict(gate="random"), dict(K=3), dict(gate="full", K=None), dict(gate="real")])
