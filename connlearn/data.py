@@ -93,7 +93,7 @@ class ClassBalanced:
 
     labels: np.ndarray
 
-    def subset(self, n: int) -> Any:
+    def subset(self, n: int, *, name: str = "n") -> Any:
         """A class-balanced subset: the first ``n // num_classes`` images of each class, in their original order.
 
         The subset has ``(n // num_classes) * num_classes`` images (n rounded down to a multiple of the
@@ -102,29 +102,31 @@ class ClassBalanced:
         Raises:
             ConfigError: if ``n < num_classes`` or some class has fewer than ``n // num_classes`` images.
         """
-        keep = self._rank_in_class(n, "subset") < n // self.num_classes
+        keep = self._rank_in_class(n, f"subset({name}={n})", name) < n // self.num_classes
         return self._take(keep)
 
-    def split(self, n: int) -> tuple[Any, Any]:
+    def split(self, n: int, *, name: str = "n") -> tuple[Any, Any]:
         """``(rest, held_out)``: a class-balanced hold-out of the LAST ``n // num_classes`` images of each
-        class (e.g. a validation split of the training set), and the remaining images, both in order."""
+        class (e.g. a validation split of the training set), and the remaining images, both in order.
+        ``name`` is what the messages call ``n`` (a caller's option)."""
         counts = np.bincount(self.labels, minlength=self.num_classes)
-        from_end = counts[self.labels] - 1 - self._rank_in_class(n, "split")
+        from_end = counts[self.labels] - 1 - self._rank_in_class(n, f"split({name}={n})", name)
         held = from_end < n // self.num_classes
         if held.all():
-            raise ConfigError(f"split({n}) would hold out every image; use n < {len(self)}")
+            raise ConfigError(f"split({name}={n}) would hold out every one of the {len(self)} images; use "
+                              f"{name} < {len(self)}")
         return self._take(~held), self._take(held)
 
-    def _rank_in_class(self, n: int, what: str) -> np.ndarray:
+    def _rank_in_class(self, n: int, what: str, name: str) -> np.ndarray:
         """Each image's position among the images of its class; checks that every class has n // C of them."""
-        n = check_int("n", n, minimum=self.num_classes)
+        n = check_int(name, n, minimum=self.num_classes)
         per_class = n // self.num_classes
         counts = np.bincount(self.labels, minlength=self.num_classes)
         if counts.min() < per_class:
             short = int(counts.argmin())
             raise ConfigError(
-                f"{what}({n}) needs {per_class} images of each class but class {short} "
-                f"({self.class_names[short]!r}) has only {counts[short]}; use n <= {counts.min() * self.num_classes}"
+                f"{what} needs {per_class} images of each class but class {short} ({self.class_names[short]!r}) "
+                f"has only {counts[short]}; use {name} <= {counts.min() * self.num_classes}"
             )
         by_class = np.argsort(self.labels, kind="stable")
         first_of_class = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -513,6 +515,9 @@ def pack(
             np.savez(out, **arrays)
             out.flush()
             os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes it private; a dataset is as readable as any file
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -225,7 +225,7 @@ class CifarRun:
             if total != self.epochs:
                 split = "/".join(str(e) for e in self.phases)
                 raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
-                                  f"{total}, or leave the total (--epochs, --budget) out to take their sum")
+                                  f"{total}, or leave the total number of epochs out to take their sum")
         check_temperature("gate_temperature", self.gate_temperature)
         if self.gate_temperature_end is not None:
             check_temperature("gate_temperature_end", self.gate_temperature_end)
@@ -289,12 +289,15 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
         again = f"; pack them again with {PACK_MINIIMAGENET}" if run.dataset == "miniimagenet" else ""
         raise DataError(f"the {run.dataset} data found has {found} images; its protocol takes {size}x{size}{again}")
     if run.val_split:
-        train, test = train.split(run.val_split)
+        train, test = train.split(run.val_split, name="val_split")
         source += f" (validation split of {len(test)} training images)"
+    for name, n, images in (("train_subset", run.train_subset, train), ("test_subset", run.test_subset, test)):
+        if n and n >= len(images):
+            _say(f"connlearn: {name}={n} is not below the {len(images)} images there: taking all of them")
     if run.train_subset and run.train_subset < len(train):
-        train = train.subset(run.train_subset)
+        train = train.subset(run.train_subset, name="train_subset")
     if run.test_subset and run.test_subset < len(test):
-        test = test.subset(run.test_subset)
+        test = test.subset(run.test_subset, name="test_subset")
     return train, test, source
 
 

@@ -115,6 +115,16 @@ def test_png_pack_round_trip_is_bit_exact(tmp_path):
         assert loaded.class_names == original.class_names
 
 
+def test_a_packed_file_gets_the_permissions_of_any_new_file(tmp_path):
+    train, test = synthetic(num_classes=3, n_train=30, n_test=9, size=12)
+    umask = os.umask(0o022)
+    try:
+        path = pack(tmp_path / "data.npz", train, test)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+
+
 def test_jpeg_pack_round_trip_keeps_labels_and_is_close(tmp_path):
     train, test = synthetic(num_classes=3, n_train=30, n_test=9, size=16)
     loaded_train, loaded_test = load_packed(pack(tmp_path / "data.npz", train, test, format="jpeg", quality=95))

@@ -484,3 +484,23 @@ def test_a_checkpoint_entry_that_would_replace_the_checkpoints_own_and_a_graph_t
 def test_a_graph_too_large_to_build_is_refused_at_once():
     with pytest.raises(ConfigError, match=r"C=1000000000 with 3 modules makes 2,000,000,000,000,000,000 gate edges"):
         connlearn.build(C=10**9, M=3)
+
+
+def test_subsets_and_splits_name_the_option_that_asked_for_them():
+    from connlearn.data import synthetic
+
+    train, _ = synthetic(num_classes=10, n_train=100, n_test=20, size=8, seed=0)
+    with pytest.raises(ConfigError, match="val_split must be >= 10, got 5"):
+        train.split(5, name="val_split")
+    with pytest.raises(ConfigError, match=r"split\(val_split=100\) would hold out every one of the 100 images; use "
+                                          r"val_split < 100"):
+        train.split(100, name="val_split")
+    with pytest.raises(ConfigError, match=r"subset\(train_subset=200\) needs 20 images of each class .*use "
+                                          r"train_subset <= 100"):
+        train.subset(200, name="train_subset")
+
+
+def test_a_gate_init_typo_is_named_with_what_is_allowed():
+    with pytest.raises(ConfigError, match=r"gate_init must be a number in \[0, 1\] or 'uniform', got 'unifrom'; "
+                                          r"did you mean 'uniform'\?"):
+        connlearn.build(**tiny(gate_init="unifrom"))

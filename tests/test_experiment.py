@@ -383,3 +383,10 @@ def test_a_connectivity_file_that_is_no_network_and_a_missing_gpu_are_named_befo
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device 'cuda' asks for a CUDA GPU"):
             run_cifar(CifarRun(device="cuda", out=str(tmp_path / "run")))
+
+
+def test_a_subset_not_below_the_images_there_says_it_takes_them_all(offline, capsys):
+    train, test, _ = experiment.load_data(experiment.CifarRun(dataset="cifar10", train_subset=10**7, test_subset=300))
+    said = capsys.readouterr().out
+    assert f"train_subset=10000000 is not below the {len(train)} images there: taking all of them" in said
+    assert len(test) == 300 and "test_subset" not in said

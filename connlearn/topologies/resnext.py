@@ -27,7 +27,7 @@ from connlearn.blocks import (
     check_conv_init,
     check_residual_init,
 )
-from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name
+from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name, closest
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import BranchGraph, block_name
 
@@ -224,6 +224,9 @@ def resnext(
     K = check_int("K", K if K is not None else max(1, C // 2), minimum=1)
     if K > C:
         raise ConfigError(f"K (each block's number of inputs) must be <= C={C} (the branches per module), got {K}")
+    if isinstance(gate_init, str) and gate_init != "uniform":
+        hint = "; did you mean 'uniform'?" if closest(gate_init, ["uniform"]) else ""
+        raise ConfigError(f"gate_init must be a number in [0, 1] or 'uniform', got {gate_init!r}{hint}")
     if gate_init != "uniform":
         gate_init = check_float("gate_init", gate_init, minimum=0.0, maximum=1.0)
     check_residual_init(residual_init)
