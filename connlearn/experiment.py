@@ -351,12 +351,17 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
     first = graph.branches(graph.modules()[0])[0]
     options = graph.graph.get("options", {})
     preset = options.get("preset")
-    return attrs.evolve(run, gate=net.gate_kind, K=net.K, **starts_of(graph.graph),
-                        preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset,
-                        M=len(graph.modules()),
-                        C=options.get("C"), width=options.get("width"),
-                        base_channels=graph.nodes[first]["out_channels"],
-                        stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
+    shape = dict(K=net.K, M=len(graph.modules()), C=options.get("C"), width=options.get("width"),
+                 base_channels=graph.nodes[first]["out_channels"],
+                 stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
+    asked = {k: getattr(run, k) for k, v in shape.items() if getattr(run, k) is not None and getattr(run, k) != v}
+    if asked:  # the file fixes them: a value given beside it would be silently dropped
+        there = ", ".join(f"{k}={shape[k]}" for k in asked)
+        given = ", ".join(f"{k}={v}" for k, v in asked.items())
+        raise ConfigError(f"connectivity: the network in {run.connectivity} has {there}; {given} asks for another: "
+                          "leave it out (the file fixes the architecture and each block's inputs)")
+    return attrs.evolve(run, gate=net.gate_kind, **starts_of(graph.graph),
+                        preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset, **shape)
 
 
 # what a resumed run must share with the command that started it (the trainer itself checks the

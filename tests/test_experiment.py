@@ -390,3 +390,12 @@ def test_a_subset_not_below_the_images_there_says_it_takes_them_all(offline, cap
     said = capsys.readouterr().out
     assert f"train_subset=10000000 is not below the {len(train)} images there: taking all of them" in said
     assert len(test) == 300 and "test_subset" not in said
+
+
+def test_an_architecture_value_given_beside_a_connectivity_file_is_refused_not_dropped(offline, tmp_path):
+    _, path = _learned_source(tmp_path)
+    run = CifarRun(dataset="cifar10", connectivity=str(path), epochs=1, C=8, K=3, M=3, train_subset=200,
+                   test_subset=100, batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
+    with pytest.raises(ConfigError, match=r"connectivity: the network in .* has K=2, C=4; K=3, C=8 asks for another: "
+                                          r"leave it out"):
+        run_cifar(run)
