@@ -87,12 +87,14 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default; on a GPU "
            "use reduce-overhead, CUDA graphs: of the modes measured, the one that shortens an epoch)")
     a("--engine", choices=ENGINES, help="default fused")
+    imagenet = " (ImageNet: read from its folders by DataLoader workers)" if dataset is None else ""
     if dataset != "imagenet":  # ImageNet is always read by DataLoader workers, and never generated
-        a("--loader", choices=LOADER_PATHS, help="auto: device-resident batches (ImageNet: read from its folders "
-                                                  "by DataLoader workers); dataloader: torch DataLoader")
-    a("--workers", type=int, help="DataLoader workers that read the images (default: the CPUs, at most 8)"
-      if dataset == "imagenet" else "DataLoader workers, for --loader dataloader (default 2) and ImageNet (default: "
-                                    "the CPUs, at most 8)")
+        a("--loader", choices=LOADER_PATHS, help=f"auto: device-resident batches{imagenet}; dataloader: torch "
+                                                  "DataLoader")
+    workers = {"imagenet": "DataLoader workers that read the images (default: the CPUs, at most 8)",
+               None: "DataLoader workers, for --loader dataloader (default 2) and ImageNet (default: the CPUs, at "
+                     "most 8)"}
+    a("--workers", type=int, help=workers.get(dataset, "DataLoader workers, for --loader dataloader (default 2)"))
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")

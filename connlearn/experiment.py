@@ -173,8 +173,9 @@ class CifarRun:
     phases: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     seed: int = 0
     data: str | None = _text("data", None)
-    out: str = _text("out", attrs.Factory(lambda run: "runs/cifar" if _protocol_of(run.dataset).recipe == "cifar"
-                                          else f"runs/{run.dataset}", takes_self=True))
+    # one folder a dataset: a folder resumes only the dataset it started with
+    out: str = _text("out", attrs.Factory(lambda run: f"runs/{run.dataset}" if run.dataset in PROTOCOLS
+                                          else "runs/cifar100", takes_self=True))
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
     device: str | None = _text("device", None, path=False)
     amp: str = "auto"

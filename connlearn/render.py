@@ -86,7 +86,8 @@ def side_by_side(
         pruned = _pruned_away(learned)
         if pruned:
             raise ConfigError(f"this connectivity was pruned ({pruned}), so ResNeXt cannot be derived from it: draw "
-                              "the unpruned network (e.g. the run's last.pt) side by side, or give reference=")
+                              "the unpruned network (e.g. the run's last.pt) side by side (or, in Python, pass "
+                              "side_by_side the graph to compare with as reference=)")
         reference = _full_connectivity(learned)
     _check_graph(reference, "side_by_side")
     dot = graphviz.Digraph(name="connectivity")
