@@ -364,7 +364,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
                    if value is not None]
     if args.source in ("cifar10", "cifar100"):
         if folder_only:
-            raise ConfigError(f"{' and '.join(folder_only)} apply to an image folder, not to {args.source}")
+            raise ConfigError(f"{' and '.join(folder_only)} {'applies' if len(folder_only) == 1 else 'apply'} to an "
+                              f"image folder, not to {args.source}")
         train, test = load_dataset(args.source, args.data)
     elif not source.is_dir():
         raise DataError(f"{args.source!r} is neither cifar10/cifar100 nor a folder of images")

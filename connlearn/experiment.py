@@ -414,6 +414,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
                           "started it to resume it, or give another --out")
     if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
         record.update(starts_of(BranchGraph.from_json(ckpt["graph"]).graph))
+    _say(f"connlearn: resuming the run in {out} after epoch {ckpt.get('epoch')} of {recipe.total_epochs}")
 
 
 def make_recipe(run: CifarRun):
@@ -458,7 +459,8 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
                           f"multiple of {world} (--batch-size)")
     out = Path(run.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is a file; the output is a folder (of logs and checkpoints)")
     if rank != 0:  # rank 0 reads (and for CIFAR perhaps downloads) the data first, the others then find it
         dist.barrier()
     train, test, source = load_data(run)
@@ -467,6 +469,7 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     net = build_net(run, train.num_classes)
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
+    out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}

@@ -62,6 +62,10 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     check_net(net)
     format = check_name("export format", format_name(format), {*FORMATS, *_BY_SUFFIX})  # aliases are mapped
     path = check_file_path("path", path, "model" + FORMATS[format])
+    named = _BY_SUFFIX.get(path.suffix.lower().lstrip("."))
+    if named is not None and named != format:  # a file the suffix promises to be another format
+        raise ConfigError(f"{path} has the suffix of format {named!r}, but the format asked for is {format!r}: "
+                          f"name the file ...{FORMATS[format]}, or ask for {named!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
     if model.stochastic and model.evaluates_top_k():  # fixed to it, the graph holds no sort

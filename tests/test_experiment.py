@@ -17,7 +17,7 @@ from connlearn import experiment
 from connlearn.checkpoint import load_checkpoint
 from connlearn.cli import train_script
 from connlearn.data import DATA_ENV
-from connlearn.errors import ConfigError, DataError, GraphError
+from connlearn.errors import ConfigError, ConnlearnError, DataError, GraphError
 from connlearn.experiment import CifarRun, eval_set_of, run_cifar
 from connlearn.recipe import get_recipe
 from connlearn.train import read_jsonl
@@ -399,3 +399,19 @@ def test_an_architecture_value_given_beside_a_connectivity_file_is_refused_not_d
     with pytest.raises(ConfigError, match=r"connectivity: the network in .* has K=2, C=4; K=3, C=8 asks for another: "
                                           r"leave it out"):
         run_cifar(run)
+
+
+def test_a_file_given_as_the_output_folder_is_named_and_a_resume_says_where_it_goes_on(offline, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"out: .*file is a file; the output is a folder"):
+        run_cifar(CifarRun(dataset="cifar10", out=str(tmp_path / "file"), progress=False))
+    bad = tmp_path / "never"
+    with pytest.raises(ConnlearnError, match="unknown gate kind 'topkk'"):
+        run_cifar(CifarRun(dataset="cifar10", gate="topkk", out=str(bad), progress=False, epochs=1,
+                           train_subset=200, test_subset=100))
+    assert not bad.exists()  # no folder left by options that built nothing
+    args = ["--epochs", "1", "--out", str(tmp_path / "run"), "--train-subset", "200", "--test-subset", "100", *TINY]
+    assert train_script("cifar10", None, args) == 0
+    capsys.readouterr()
+    assert train_script("cifar10", None, args) == 0  # finished: resumes after its last epoch
+    assert f"connlearn: resuming the run in {tmp_path / 'run'} after epoch 1 of 1" in capsys.readouterr().out

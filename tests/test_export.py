@@ -137,3 +137,11 @@ def test_bad_examples_targets_and_formats_are_named(pruned, tmp_path):
         export(pruned, tmp_path / "x", None)
     with pytest.raises(ConfigTypeError, match="net must be a connlearn ConnectivityNet"):
         export(torch.nn.Linear(2, 2), tmp_path / "x.ts")
+
+
+def test_a_file_named_for_another_format_is_refused(tmp_path):
+    net = connlearn.build(**tiny(gate="random"))
+    with pytest.raises(ConfigError, match=r"x\.onnx has the suffix of format 'onnx', but the format asked for is "
+                                          r"'torchscript': name the file \.\.\.\.ts, or ask for 'onnx'"):
+        export(net, tmp_path / "x.onnx", format="ts")
+    assert not (tmp_path / "x.onnx").exists()

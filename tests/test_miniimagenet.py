@@ -77,7 +77,7 @@ def test_bad_folders_and_flags_are_named_in_one_line(class_folders, tmp_path, ca
         assert (f"--test-per-class {per_class} leaves no training image of class 'ant', which has 5"
                 in _one_line(capsys))
     assert main(["pack", "cifar10", "--size", "8", "-o", out]) == 1
-    assert "--size apply to an image folder, not to cifar10" in _one_line(capsys)
+    assert "--size applies to an image folder, not to cifar10" in _one_line(capsys)
     assert main(["pack", str(tmp_path / "nothing"), "-o", out]) == 1
     assert "neither cifar10/cifar100 nor a folder of images" in _one_line(capsys)
     (class_folders / "bee" / "broken.png").write_bytes(b"not an image")
