@@ -73,16 +73,21 @@ def plot_active_branches(
         modules = sorted(counts)
         cardinality = max([cardinality, *(len(graph.branches(m)) for m in modules)])
         ax.plot(modules, [counts[m] for m in modules], marker="o", label=str(label), clip_on=False)
-    ax.set_ylim(0, max(cardinality, 1))
+    ax.set_ylim(0, max(cardinality, 1) + 0.5)  # points at C stay inside the frame
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("module depth")
     ax.set_ylabel("active branches")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower left")  # the curves run along the top, at C, until blocks die
     if title:
         ax.set_title(title)
     return _save(fig, path)
+
+
+def _ticks(count: int) -> list[int]:
+    """Tick positions for ``count`` rows or columns: every one up to 8, else about 8 evenly spaced."""
+    return list(range(0, count, max(1, math.ceil(count / 8))))
 
 
 def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path:
@@ -107,8 +112,9 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
         rows, cols = np.nonzero(np.asarray(active))
         ax.scatter(cols, rows, s=14, c="white", edgecolors="black", linewidths=0.5)
         ax.set_title(f"module {module}", fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        rows_n, cols_n = np.asarray(values).shape
+        ax.set_xticks(_ticks(cols_n), [str(i + 1) for i in _ticks(cols_n)], fontsize=7)  # numbered from 1
+        ax.set_yticks(_ticks(rows_n), [str(i + 1) for i in _ticks(rows_n)], fontsize=7)
     for ax in axes.flat[len(modules):]:
         ax.set_axis_off()
     fig.colorbar(image, ax=axes, label="real gate value", shrink=0.8)

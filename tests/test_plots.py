@@ -60,6 +60,13 @@ def test_gate_heatmaps_plot_is_a_png(tmp_path):
     assert path.read_bytes().startswith(PNG)
 
 
+@pytest.mark.parametrize("count", [1, 4, 8, 9, 32, 64, 128])
+def test_heatmap_ticks_number_every_row_up_to_eight_and_about_eight_beyond(count):
+    ticks = plots._ticks(count)
+    assert ticks[0] == 0 and ticks == sorted(set(ticks)) and ticks[-1] < count
+    assert len(ticks) == count if count <= 8 else 4 <= len(ticks) <= 8
+
+
 def test_gate_evolution_plot_is_a_png(snapshots, tmp_path):
     path = plots.plot_gate_evolution(snapshots, tmp_path / "evolution.png", K=1)
     assert path.read_bytes().startswith(PNG)
