@@ -327,6 +327,11 @@ def load_packed(path: str | os.PathLike[str]) -> tuple[ImageDataset, ImageDatase
     path = check_path("path", path).expanduser()
     if not path.is_file():
         raise DataError(f"dataset file {path} does not exist; {_WHERE_TO_PUT_DATA}")
+    with path.open("rb") as f:
+        head = f.read(6)
+    if head[:2] != b"PK" and head != b"\x93NUMPY":  # an .npz is a zip archive; a lone array an .npy
+        raise DataError(f"{path} is not a packed dataset (an .npz archive written by connlearn pack); "
+                        f"{_WHERE_TO_PUT_DATA}")
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):

@@ -191,6 +191,14 @@ def test_load_packed_of_a_truncated_file_is_a_data_error(tmp_path):
         load_packed(path)
 
 
+def test_load_packed_of_a_file_that_is_no_archive_says_so(tmp_path):
+    path = tmp_path / "README.md"
+    path.write_text("# not data\n")
+    with pytest.raises(DataError, match=r"README\.md is not a packed dataset \(an \.npz archive written by connlearn "
+                                        r"pack\); pass --data"):
+        load_packed(path)
+
+
 def test_load_packed_of_a_file_without_the_keys_lists_the_missing_ones(tmp_path):
     path = tmp_path / "other.npz"
     np.savez(path, train_jpeg=np.zeros(3, np.uint8))
