@@ -150,6 +150,7 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
         plant_noise(uninformative, len(numbers))
         if oracle:
             net = rewire_oracle(net, uninformative)
+        out.mkdir(parents=True, exist_ok=True)  # the run makes its folder only once this returns
         (out / "planted.json").write_text(json.dumps(setting) + "\n")
         return net
 

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn.train import read_jsonl
 
     source, out = Path(args.source), Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o: {out} is a file; the figures go into a folder")
     if source.suffix == ".jsonl":
         records = read_jsonl(source)
         if records and "gates" in records[0]:
@@ -468,6 +470,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PACKAGE = str(Path(__file__).resolve().parent)
+_default_showwarning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """A warning of connlearn's own as one line, as the command's errors are (others as Python shows them)."""
+    if str(Path(filename).resolve()).startswith(_PACKAGE):
+        print(f"connlearn: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``connlearn`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -492,7 +507,9 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
 
 def _guarded(func, args: argparse.Namespace) -> int:
     try:
-        return func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return func(args)
     except (ConnlearnError, OSError) as exc:
         print(f"connlearn: error: {_one_line(exc)}", file=sys.stderr)
         return 1

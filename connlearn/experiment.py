@@ -174,8 +174,8 @@ class CifarRun:
     seed: int = 0
     data: str | None = _text("data", None)
     # one folder a dataset: a folder resumes only the dataset it started with
-    out: str = _text("out", attrs.Factory(lambda run: f"runs/{run.dataset}" if run.dataset in PROTOCOLS
-                                          else "runs/cifar100", takes_self=True))
+    out: str = _text("out", attrs.Factory(lambda run: f"runs/{run.dataset}" if isinstance(run.dataset, str)
+                                          and run.dataset in PROTOCOLS else "runs/cifar100", takes_self=True))
     batch_size: int | None = attrs.field(default=None, validator=_optional_int("batch_size"))
     device: str | None = _text("device", None, path=False)
     amp: str = "auto"
@@ -472,6 +472,8 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
+    if run.gate_grad != "plain" and not net.gate_parameters():
+        _say(f"connlearn: gate={run.gate} learns no gates: gate_grad={run.gate_grad} has no effect")
     protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}
     options.update({} if run.workers is None else {"num_workers": run.workers})
     batch, eval_batch = recipe.batch_size // world, max(1, max(recipe.batch_size, 256) // world)

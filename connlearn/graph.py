@@ -185,6 +185,11 @@ class BranchGraph(nx.DiGraph):
     def gate_kind(self) -> str:
         return str(self.graph["gate"])
 
+    def gate_label(self) -> str:
+        """The gate kind for titles: a frozen connectivity names what learned it (``frozen from topk``)."""
+        kind, learned = self.graph.get("gate", "?"), self.graph.get("frozen_from")
+        return f"{kind} from {learned}" if kind == "frozen" and learned else str(kind)
+
     # -------------------------------------------------------------- validation
     def validate(self, known_blocks: Iterable[str] | None = None) -> BranchGraph:
         """Check that the graph describes a network; raise one :class:`GraphError` naming the first fault.

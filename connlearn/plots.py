@@ -120,7 +120,7 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
     fig.colorbar(image, ax=axes, label="real gate value", shrink=0.8)
     fig.supxlabel("candidate input", fontsize=9)
     fig.supylabel("block", fontsize=9)
-    fig.suptitle(f"gate={graph.graph.get('gate', '?')} K={graph.graph.get('K', '?')}: real gates, dots = active")
+    fig.suptitle(f"gate={graph.gate_label()} K={graph.graph.get('K', '?')}: real gates, dots = active")
     return _save(fig, path)
 
 

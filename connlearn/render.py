@@ -215,7 +215,7 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
     blocks = graph.block_nodes()
     live = len(blocks) - len(dead_blocks(graph))
     reads = " (every input, weighted by its gate)" if graph.weights_inputs() else ""
-    legend = (f"gate={graph.graph.get('gate', '?')} K={graph.graph.get('K', '?')}{reads}, "
+    legend = (f"gate={graph.gate_label()} K={graph.graph.get('K', '?')}{reads}, "
               f"{live}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
 

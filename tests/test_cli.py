@@ -361,3 +361,28 @@ def test_info_names_a_preset_only_as_the_origin_of_a_changed_architecture(tmp_pa
         save_atomic(make_checkpoint(net), tmp_path / "net.pt")
         code, out, _ = _run(["info", tmp_path / "net.pt", "--json"], capsys)
         assert code == 0 and json.loads(out)["architecture"] == expected
+
+
+def test_plot_into_a_file_or_from_a_missing_source_is_named_and_makes_no_folder(ckpt, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    code, _, err = _run(["plot", ckpt, "-o", tmp_path / "file"], capsys)
+    assert code == 1 and "is a file; the figures go into a folder" in err
+    code, _, err = _run(["plot", tmp_path / "missing.pt", "-o", tmp_path / "figs"], capsys)
+    assert code == 1 and not (tmp_path / "figs").exists()
+
+
+def test_the_commands_own_warnings_are_one_line_and_others_are_left_as_python_shows_them(capsys):
+    import warnings
+
+    import connlearn.train
+    from connlearn import cli
+
+    def warn(args):
+        warnings.warn_explicit("resuming from previous.pt instead", UserWarning, connlearn.train.__file__, 1)
+        warnings.warn_explicit("from elsewhere", UserWarning, "/elsewhere/module.py", 7)
+        return 0
+
+    with pytest.warns(UserWarning, match="from elsewhere"):  # Python's own path, which pytest records
+        assert cli._guarded(warn, None) == 0
+    err = capsys.readouterr().err
+    assert "connlearn: warning: resuming from previous.pt instead\n" in err and "from elsewhere" not in err

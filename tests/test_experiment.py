@@ -415,3 +415,10 @@ def test_a_file_given_as_the_output_folder_is_named_and_a_resume_says_where_it_g
     capsys.readouterr()
     assert train_script("cifar10", None, args) == 0  # finished: resumes after its last epoch
     assert f"connlearn: resuming the run in {tmp_path / 'run'} after epoch 1 of 1" in capsys.readouterr().out
+
+
+def test_a_gate_rule_for_gates_that_learn_nothing_is_noted(offline, tmp_path, capsys):
+    args = ["--epochs", "1", "--out", str(tmp_path / "run"), "--train-subset", "200", "--test-subset", "100",
+            "--gate", "random", "--gate-grad", "centered", *TINY]
+    assert train_script("cifar10", None, args) == 0
+    assert "connlearn: gate=random learns no gates: gate_grad=centered has no effect" in capsys.readouterr().out

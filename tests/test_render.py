@@ -127,6 +127,12 @@ def test_legend_says_gate_kind_fan_in_and_live_blocks(sparse):
     assert f"gate=random K=1, {live}/{total} blocks live" in render.to_dot(sparse).source
 
 
+def test_the_legend_of_a_frozen_connectivity_names_what_learned_it():
+    frozen = connlearn.build(**tiny()).freeze().graph()
+    assert "gate=frozen from topk K=2, " in render.to_dot(frozen).source
+    assert frozen.gate_label() == "frozen from topk" and _graph(gate="random").gate_label() == "random"
+
+
 def test_title_is_the_legend_first_line(sparse):
     dot = render.to_dot(sparse, title="CIFAR-100 run 3")
     assert "CIFAR-100 run 3\ngate=random K=1" in dot.source.replace("\\n", "\n")
