@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from connlearn.blocks import device_and_dtype
 from connlearn.compile import ConnectivityNet, check_net, engine_to_rebuild
 from connlearn.errors import (
     CheckpointError,
@@ -54,7 +55,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
     """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries (under names of their own)."""
     check_net(net)
-    taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model"})
+    taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model", "dtype"})
     if taken:
         raise ConfigError(f"make_checkpoint: {', '.join(taken)} are the checkpoint's own entries; give extra "
                           "entries other names")
@@ -63,6 +64,7 @@ def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
         "version": VERSION,
         "graph": net.graph().to_json(),
         "engine": net.engine,
+        "dtype": str(device_and_dtype(net).get("dtype", torch.float32)).removeprefix("torch."),
         "model": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in net.state_dict().items()},
         **extra,
     }
@@ -111,6 +113,9 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
     try:
         graph = BranchGraph.from_json(ckpt["graph"])
         net = ConnectivityNet(graph, engine=engine_to_rebuild(saved))
+        dtype = getattr(torch, str(ckpt.get("dtype", "float32")), None)  # checkpoints before it: float32
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            net = net.to(dtype)  # before loading, so that no weight is rounded on the way
         net.load_state_dict(ckpt["model"])
     except ConnlearnError:
         raise

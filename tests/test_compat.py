@@ -148,3 +148,18 @@ def test_annealing_the_temperature_and_new_draws_never_recompile(images):
         for step in range(4):
             net.sample_temperature = 1.0 / (step + 2)
             compiled(images).sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_a_checkpoint_rebuilds_the_network_in_its_dtype_bit_for_bit(dtype):
+    from connlearn.checkpoint import make_checkpoint, net_from_checkpoint
+
+    net = connlearn.build(**tiny(gate_init="uniform")).to(dtype)
+    ckpt = make_checkpoint(net)
+    rebuilt = net_from_checkpoint(ckpt)
+    assert {p.dtype for p in rebuilt.parameters()} == {dtype}
+    for (name, a), b in zip(net.state_dict().items(), rebuilt.state_dict().values(), strict=True):
+        if torch.is_tensor(a):
+            assert torch.equal(a, b), name
+    del ckpt["dtype"]  # as written before it was recorded: float32
+    assert {p.dtype for p in net_from_checkpoint(ckpt).parameters()} == {torch.float32}
