@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import warnings
@@ -471,16 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _PACKAGE = str(Path(__file__).resolve().parent)
-_default_showwarning = warnings.showwarning
 
 
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
-                  line: str | None = None) -> None:
-    """A warning of connlearn's own as one line, as the command's errors are (others as Python shows them)."""
+def _show_warning(outer, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning of connlearn's own as one line, as the command's errors are; others go to ``outer``, the
+    ``warnings.showwarning`` in force when the command started."""
     if str(Path(filename).resolve()).startswith(_PACKAGE):
         print(f"connlearn: warning: {message}", file=sys.stderr if file is None else file)
     else:
-        _default_showwarning(message, category, filename, lineno, file, line)
+        outer(message, category, filename, lineno, file, line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -508,7 +509,7 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
 def _guarded(func, args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+            warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
             return func(args)
     except (ConnlearnError, OSError) as exc:
         print(f"connlearn: error: {_one_line(exc)}", file=sys.stderr)

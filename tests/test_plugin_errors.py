@@ -207,18 +207,22 @@ def test_gate_matrices_and_draws_of_the_wrong_shape_are_named():
         connlearn.build(**tiny(gate="few-draws"))(x)
 
 
+class Constant(Gate):
+    """The least a gate kind defines: its values (zeros) and its active inputs (all)."""
+
+    def values(self):
+        return torch.zeros(self.shape)
+
+    def active(self):
+        return torch.ones(self.shape, dtype=torch.bool)
+
+
 def test_registering_an_incomplete_gate_kind_is_refused_and_the_kind_takes_its_name():
     class Empty(Gate):
         pass
 
-    class Undrawn(Gate):
+    class Undrawn(Constant):
         stochastic = True
-
-        def values(self):
-            return torch.zeros(self.shape)
-
-        def active(self):
-            return torch.ones(self.shape, dtype=torch.bool)
 
     with pytest.raises(ConfigTypeError, match=r"'empty' .*does not define values, active"):
         connlearn.register_gate("empty", Empty)
@@ -457,14 +461,8 @@ def test_a_gate_kind_whose_flags_do_not_match_what_it_holds_is_refused():
     class Unlearned(TopKGate):  # gates as parameters, but said not to learn: fixed, prunable, never frozen
         learnable = False
 
-    class NoParameters(Gate):
+    class NoParameters(Constant):
         learnable = True
-
-        def values(self):
-            return torch.zeros(self.shape)
-
-        def active(self):
-            return torch.ones(self.shape, dtype=torch.bool)
 
     with pytest.raises(ConfigTypeError, match=r"'undrawn' .*does not define matrix \(it is stochastic: the "
                                               r"training forward pass must use the draw"):
