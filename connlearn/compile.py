@@ -749,11 +749,25 @@ class ConnectivityNet(nn.Module):
         check_name("engine", engine, ("fused", "reference"))
         if self.engine == "single-stream":
             return copy.deepcopy(self)
-        with torch.random.fork_rng(devices=[]):  # the new weights are overwritten: leave the global RNG alone
-            new = ConnectivityNet(self.graph(), engine=engine)
-        new = new.to(**device_and_dtype(self))  # before loading, so that no weight is rounded on the way
-        new.load_state_dict(_convert_state(self, engine))
-        return new.train(self.training)
+        with torch.random.fork_rng(devices=[]):  # the new modules are replaced: leave the global RNG alone
+            new = ConnectivityNet(self.graph(), engine=engine).train(self.training)
+        # the modules themselves go over, not only their weights, and with them what was set on them after they
+        # were made (a batch norm's eps, frozen parameters, channels-last weights, SyncBatchNorm)
+        new.stem, new.head = copy.deepcopy(self.stem), copy.deepcopy(self.head)
+        for old, stage in zip(self.stages, new.stages, strict=True):
+            stage.training, stage.proj, stage.gate = old.training, copy.deepcopy(old.proj), copy.deepcopy(old.gate)
+            if isinstance(old, FusedModule) and isinstance(stage, ReferenceModule):
+                require_block_method(old.block, "select", "to_engine('reference')")
+                stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
+            elif isinstance(old, ReferenceModule) and isinstance(stage, FusedModule):
+                require_block_method(old.blocks[0], "merge", "to_engine('fused')")
+                stage.block = type(old.blocks[0]).merge(list(old.blocks))
+            elif isinstance(old, FusedModule):
+                stage.block = copy.deepcopy(old.block)
+            else:
+                stage.blocks = copy.deepcopy(old.blocks)
+        new.set_extra_state(self.get_extra_state())  # the generator's state and the sampling temperature
+        return new.to(**device_and_dtype(self))
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:
@@ -799,26 +813,6 @@ def _draws_with_temperature(gate: type[Gate]) -> bool:
     return "temperature" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _convert_state(net: ConnectivityNet, engine: str) -> dict[str, torch.Tensor]:
-    """``net``'s state dict with its blocks split (→ reference) or merged (→ fused)."""
-    state = {k: v for k, v in net.state_dict().items() if ".block." not in k and ".blocks." not in k}
-    for pos, stage in enumerate(net.stages):
-        if engine == "reference" and isinstance(stage, FusedModule):
-            require_block_method(stage.block, "select", "to_engine('reference')")
-            for j in range(stage.branches):
-                for k, v in stage.block.select([j]).state_dict().items():
-                    state[f"stages.{pos}.blocks.{j}.{k}"] = v
-        elif engine == "fused" and isinstance(stage, ReferenceModule):
-            require_block_method(stage.blocks[0], "merge", "to_engine('fused')")
-            merged = type(stage.blocks[0]).merge(list(stage.blocks))
-            for k, v in merged.state_dict().items():
-                state[f"stages.{pos}.block.{k}"] = v
-        else:
-            prefix = f"stages.{pos}."
-            state.update({k: v for k, v in net.state_dict().items() if k.startswith(prefix)})
-    return state
-
-
 def _source_plan(graph: BranchGraph, module: int, position: dict[int, int]) -> list[tuple[int, list[int] | None]]:
     """For each source module of ``module``: its position and which of its branches are candidates
     (``None``: all of them)."""
@@ -854,6 +848,11 @@ def check_net(obj: object, what: str = "net") -> ConnectivityNet:
     if isinstance(obj, ConnectivityNet):
         return obj
     hint = "; build one from it with connlearn.from_graph()" if isinstance(obj, BranchGraph) else ""
+    for attr in ("module", "_orig_mod"):  # DistributedDataParallel, AveragedModel; torch.compile
+        if isinstance(getattr(obj, attr, None), ConnectivityNet):
+            hint = f"; it wraps one: pass {what}.{attr}"
+        elif isinstance(getattr(getattr(obj, attr, None), "module", None), ConnectivityNet):
+            hint = f"; it wraps one: pass {what}.{attr}.module"
     raise ConfigTypeError(f"{what} must be a connlearn ConnectivityNet, got {type(obj).__name__}{hint}")
 
 

@@ -138,7 +138,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
         pruned_graph = graph.copy()
         pruned_graph.remove_nodes_from(dead)
         with torch.random.fork_rng(devices=[]):
-            pruned = ConnectivityNet(pruned_graph, engine=net.engine)
+            pruned = ConnectivityNet(pruned_graph, engine=net.engine).train(net.training)
         pruned.stem = copy.deepcopy(net.stem)
         pruned.head = copy.deepcopy(net.head)
         stage_of = dict(zip(pruned.module_ids, pruned.stages, strict=True))
@@ -147,7 +147,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
             if not keep:  # no block of the module is read (a dense graph): the module goes
                 continue
             new = stage_of[module]
-            new.proj = copy.deepcopy(old.proj)
+            new.training, new.proj = old.training, copy.deepcopy(old.proj)
             if isinstance(old, FusedModule) and len(keep) == old.branches:
                 new.block = copy.deepcopy(old.block)
             elif isinstance(old, FusedModule):
@@ -156,7 +156,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
             else:
                 new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
         pruned.generator.set_state(net.generator.get_state())
-    pruned = pruned.to(**device_and_dtype(net)).train(net.training)
+    pruned = pruned.to(**device_and_dtype(net))  # the modules taken over keep their own training modes
     report = PruneReport(
         params_before=before, params_after=pruned.num_parameters(),
         blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,

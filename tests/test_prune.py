@@ -255,3 +255,49 @@ def test_unfrozen_real_gates_lose_only_the_blocks_that_no_gate_of_non_zero_value
     with torch.no_grad():
         conv1[:rows].normal_()  # m2.b1, live
     assert not torch.allclose(net(images), before)
+
+
+def _customised(engine):
+    """A K=1 net with dead blocks whose modules were changed after they were made, as users do."""
+    net = connlearn.build(**tiny(K=1, gate="random", engine=engine, seed=3))
+    _randomise_bn(net)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.eps, m.momentum = 0.1, 0.3
+    for name, p in net.named_parameters():
+        if "conv1" in name:
+            p.requires_grad_(False)
+    net = net.to(memory_format=torch.channels_last)
+    net.stages[1].eval()  # a module kept in eval mode while the rest trains
+    return net
+
+
+def _settings(net):
+    bns = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    convs = [p for n, p in net.named_parameters() if p.dim() == 4]
+    return ({(type(m).__name__, m.eps, m.momentum) for m in bns},
+            {(n.rsplit(".", 2)[-2], p.requires_grad) for n, p in net.named_parameters() if "conv1" in n},
+            all(p.is_contiguous(memory_format=torch.channels_last) for p in convs))
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_pruning_and_moving_engines_keep_what_was_set_on_the_modules_after_they_were_made(engine):
+    net = _customised(engine)
+    assert dead_blocks(net.graph())
+    for changed in (prune_dead_blocks(net)[0], net.to_engine("reference" if engine == "fused" else "fused")):
+        assert _settings(changed) == _settings(net) == ({("BatchNorm2d", 0.1, 0.3)}, {("conv1", False)}, True)
+        assert [s.training for s in changed.stages] == [s.training for s in net.stages] == [True, False, True]
+        net.eval(), changed.eval()
+        torch.testing.assert_close(changed(X), net(X), rtol=0, atol=1e-6)
+        net.train(), net.stages[1].eval()
+
+
+def test_sync_batch_norms_stay_sync_batch_norms_and_a_replaced_submodule_is_named():
+    net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(connlearn.build(**tiny(K=1, gate="random", seed=3)))
+    small = prune_dead_blocks(net)[0]
+    assert {type(m) for m in small.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)} == {
+        torch.nn.SyncBatchNorm}
+    net = connlearn.build(**tiny(K=1, gate="random", seed=3))
+    net.stages[1].block.relu = torch.nn.GELU()  # a part its kind does not make
+    with pytest.raises(ConfigError, match=r"submodule 'relu' is a GELU, but its kind makes a ReLU"):
+        prune_dead_blocks(net)

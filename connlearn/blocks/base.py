@@ -220,7 +220,7 @@ class BranchBlock(nn.Module):
                 chunks = value.chunk(self.branches, dim=0)
                 state[key] = torch.cat([chunks[i] for i in indices], dim=0).clone()
         new.load_state_dict(state)
-        new.train(self.training)
+        carry_settings(self, new)
         return new
 
     @classmethod
@@ -236,7 +236,7 @@ class BranchBlock(nn.Module):
         for key, value in states[0].items():
             merged[key] = value.clone() if value.dim() == 0 else torch.cat([s[key] for s in states], dim=0)
         new.load_state_dict(merged)
-        new.train(first.training)
+        carry_settings(first, new)
         return new
 
     def extra_repr(self) -> str:
@@ -417,6 +417,66 @@ def make_block(name: str, kind: Any, in_ch: int, out_ch: int, stride: int, branc
     if isinstance(held, int) and held != branches:
         raise ConfigError(f"block kind {name!r} was asked for {branches} branches and its block holds {held}")
     return block
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def carry_settings(source: BranchBlock, target: BranchBlock) -> None:
+    """Give ``target``, a block that ``select``/``merge`` rebuilt from ``source``'s kind (with other branches),
+    what was set on ``source`` after its kind made it: plain attributes of its submodules that differ from a
+    fresh block's (a batch norm's ``eps`` or ``momentum``), ``requires_grad``, channels-last weights, batch
+    norms made ``SyncBatchNorm``, and training mode; forward hooks are not carried. A submodule replaced by
+    one of another type cannot be carried and is an error: the rebuilt block would compute something else."""
+    fresh: dict[str, nn.Module] = {}
+    for device in ("meta", "cpu"):  # a kind that needs real tensors to be made is made on the CPU
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device(device):
+                fresh = dict(source._new(source.branches).named_modules())
+            break
+        except Exception:
+            continue
+    mine = dict(target.named_modules())
+    for name, old in source.named_modules():
+        new, made = mine.get(name), fresh.get(name)
+        if new is None:
+            continue
+        if isinstance(old, nn.SyncBatchNorm) and type(new) is nn.BatchNorm2d:
+            new = _replace(target, name, nn.SyncBatchNorm.convert_sync_batchnorm(new, old.process_group))
+        elif type(old) is not type(new):
+            raise ConfigError(f"{type(source).__qualname__}: its submodule {name or '(itself)'!r} is a "
+                              f"{type(old).__qualname__}, but its kind makes a {type(new).__qualname__}; select() "
+                              "and merge() rebuild blocks from their kind, so a submodule replaced after the block "
+                              "was made cannot be carried over (replace it after pruning or changing engines)")
+        for key, value in vars(old).items():
+            if key.startswith("_") or key == "training" or not _plain(value):
+                continue
+            if made is not None and getattr(made, key, value) != value:  # without a fresh one: none can tell
+                setattr(new, key, value)
+        new.training = old.training
+        for kind in ("_parameters", "_buffers"):
+            theirs = getattr(new, kind)
+            for key, t in getattr(old, kind).items():
+                if t is None or theirs.get(key) is None:
+                    continue
+                if _channels_last(t):
+                    theirs[key].data = theirs[key].data.contiguous(memory_format=torch.channels_last)
+                if kind == "_parameters":
+                    theirs[key].requires_grad_(t.requires_grad)
+
+
+def _replace(root: nn.Module, name: str, module: nn.Module) -> nn.Module:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+    return module
 
 
 def _unstacked(block: BranchBlock) -> str | None:
