@@ -46,8 +46,10 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a failed or interrupted write leaves neither a partial file nor its temporary
+    except BaseException as exc:  # a failed or interrupted write leaves neither a partial file nor its temporary
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename == str(tmp):  # named as the file asked for
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
         raise
     return path
 
@@ -81,6 +83,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         head = f.read(4)
     if head[:1] in (b"{", b"["):
         raise CheckpointError(f"{path} is a JSON file, not a checkpoint (a .pt file such as a run's last.pt)")
+    exported = _exported_as(path) if head[:2] == b"PK" else None
+    if exported is not None:
+        raise CheckpointError(f"{path} is a network exported as {exported}, which keeps no graph to rebuild or "
+                              "prune; give the checkpoint it was exported from (a run's last.pt or pruned.pt)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
@@ -100,6 +106,21 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not isinstance(ckpt.get("version"), int) or ckpt["version"] != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {ckpt.get('version')!r}; this connlearn reads {VERSION}")
     return ckpt
+
+
+def _exported_as(path: Path) -> str | None:
+    """'TorchScript (torch.jit.load)' or 'torch.export (torch.export.load)' for a zip archive of either, else
+    ``None``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = {n.split("/", 2)[1] for n in archive.namelist() if n.count("/") >= 1}
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if {"code", "constants.pkl"} <= names:
+        return "TorchScript (load it with torch.jit.load)"
+    if "archive_format" in names and "data.pkl" not in names:
+        return "torch.export (load it with torch.export.load)"
+    return None
 
 
 def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | None = None) -> ConnectivityNet:

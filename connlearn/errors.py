@@ -61,11 +61,18 @@ def closest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[h] for h in hits]
 
 
+def plural(noun: str) -> str:
+    """``noun`` (its last word) in the plural: topology -> topologies, gate kind -> gate kinds."""
+    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "o", "u", ""):
+        return noun[:-1] + "ies"
+    return noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+
+
 def unknown_name(what: str, name: object, known: Iterable[str]) -> UnknownNameError:
     """An :class:`UnknownNameError` that lists the known names and the closest match."""
     known = sorted(known)
     hint = closest(str(name), known)
-    msg = f"unknown {what} {name!r}; known {what}s: {', '.join(known) or '(none)'}"
+    msg = f"unknown {what} {name!r}; known {plural(what)}: {', '.join(known) or '(none)'}"
     if hint:
         msg += f"; did you mean {hint[0]!r}?"
     return UnknownNameError(msg)
@@ -79,7 +86,7 @@ def check_name(what: str, name: object, known: Iterable[str]) -> str:
         return name
     if not isinstance(name, str):
         raise ConfigTypeError(f"{what} must be a name (a string), got {name!r} ({type(name).__name__}); "
-                              f"known {what}s: {', '.join(sorted(known)) or '(none)'}")
+                              f"known {plural(what)}: {', '.join(sorted(known)) or '(none)'}")
     raise unknown_name(what, name, known)
 
 

@@ -65,7 +65,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     named = _BY_SUFFIX.get(path.suffix.lower().lstrip("."))
     if named is not None and named != format:  # a file the suffix promises to be another format
         raise ConfigError(f"{path} has the suffix of format {named!r}, but the format asked for is {format!r}: "
-                          f"name the file ...{FORMATS[format]}, or ask for {named!r}")
+                          f"name the file {path.with_suffix(FORMATS[format]).name}, or ask for {named!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
     if model.stochastic and model.evaluates_top_k():  # fixed to it, the graph holds no sort
@@ -90,13 +90,16 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"ONNX export needs {', '.join(missing)}: pip install 'connlearn[onnx]'")
-        torch.onnx.export(model, (example,), str(path), dynamo=True, dynamic_shapes=({0: batch},),
-                          verbose=False)
+        try:
+            torch.onnx.export(model, (example,), str(path), dynamo=True, dynamic_shapes=({0: batch},),
+                              verbose=False)
+        except OSError as exc:  # its weights go through a temporary file beside path first
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     else:
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
         try:
             torch.export.save(program, str(path))
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             raise ConfigError(f"cannot write {path}: {str(exc).strip().splitlines()[0]}") from None
     return path
 

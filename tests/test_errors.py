@@ -54,7 +54,7 @@ def test_m_not_fitting_the_stages():
 
 
 def test_unknown_topology_lists_known_names_and_closest():
-    with pytest.raises(UnknownNameError, match=r"known topologys: dense, resnext; did you mean 'resnext'"):
+    with pytest.raises(UnknownNameError, match=r"known topologies: dense, resnext; did you mean 'resnext'"):
         connlearn.build("resnxt")
 
 

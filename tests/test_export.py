@@ -142,6 +142,36 @@ def test_bad_examples_targets_and_formats_are_named(pruned, tmp_path):
 def test_a_file_named_for_another_format_is_refused(tmp_path):
     net = connlearn.build(**tiny(gate="random"))
     with pytest.raises(ConfigError, match=r"x\.onnx has the suffix of format 'onnx', but the format asked for is "
-                                          r"'torchscript': name the file \.\.\.\.ts, or ask for 'onnx'"):
+                                          r"'torchscript': name the file x\.ts, or ask for 'onnx'"):
         export(net, tmp_path / "x.onnx", format="ts")
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_an_exported_file_given_as_a_checkpoint_is_named_as_what_it_is(pruned, tmp_path):
+    from connlearn.checkpoint import load_checkpoint
+    from connlearn.errors import CheckpointError
+
+    path = export(pruned, tmp_path / "net.ts")
+    with pytest.raises(CheckpointError, match=r"net\.ts is a network exported as TorchScript \(load it with "
+                                              r"torch\.jit\.load\).*the checkpoint it was exported from"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("wrap, attr", [(torch.optim.swa_utils.AveragedModel, "net.module"),
+                                        (torch.compile, "net._orig_mod")])
+def test_a_wrapped_network_is_refused_naming_the_network_inside(pruned, tmp_path, wrap, attr):
+    with pytest.raises(ConfigTypeError, match=f"it wraps one: pass {attr.replace('.', '[.]')}$"):
+        export(wrap(pruned), tmp_path / "x.ts")
+    with pytest.raises(ConfigTypeError, match=f"it wraps one: pass {attr.replace('.', '[.]')}$"):
+        prune_dead_blocks(wrap(pruned))
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxscript")) or not onnx_supported(),
+                    reason="ONNX export needs PyTorch 2.5 or newer and the onnx extra")
+def test_an_onnx_file_that_cannot_be_written_is_named(pruned, tmp_path, monkeypatch):
+    def unwritable(model, args, f, dynamo=False, **kw):
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / ".net.onnx.data.tmp"))
+
+    monkeypatch.setattr(torch.onnx, "export", unwritable)
+    with pytest.raises(ConfigError, match=r"cannot write .*net\.onnx: No such file or directory$"):
+        export(pruned, tmp_path / "net.onnx", "onnx")

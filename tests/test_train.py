@@ -379,3 +379,12 @@ def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_re
         torch.save(damaged, out / "last.pt")
         with pytest.raises(CheckpointError, match="is damaged or of another version"):
             trainer(out).fit()
+
+
+def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_temporary(tmp_path):
+    from connlearn.checkpoint import save_atomic
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError) as caught:
+        save_atomic({}, tmp_path / "file" / "last.pt")  # a folder that is a file
+    assert caught.value.filename == str(tmp_path / "file" / "last.pt")
