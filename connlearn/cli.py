@@ -200,8 +200,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
     params_train = meta.get("params_train", report.params_before)  # pruned before: the first count stays
-    save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train},
-                                **results), args.output)
+    save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train,
+                                              "top1": _own_top1(ckpt)}, **results), args.output)
     print(f"{report}\nwrote {args.output}")
     return 0
 
@@ -312,7 +312,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
         "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
         "epochs_done": ckpt.get("epoch"),
-        "best_top1": ckpt.get("best_top1"),
+        "best_top1": ckpt.get("best_top1"),  # the run's best epoch, which need not be these weights
+        "top1": _own_top1(ckpt),  # these weights' own: the epoch they were saved at
         # the checkpoint's own run options say which data best_top1 is on; without them nobody can
         "evaluated_on": _eval_set(options) if (options := _options_in(ckpt)) else "unknown",
     }
@@ -322,6 +323,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         for k, v in info.items():
             print(f"{k:15s} {v}")
     return 0
+
+
+def _own_top1(ckpt: dict[str, Any]) -> float | None:
+    """The top-1 of a checkpoint's own weights: what a pruned one recorded, else its log's last epoch."""
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    if "top1" in meta:
+        return meta["top1"]
+    history = ckpt.get("history")
+    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
+    return last.get("test_top1")
 
 
 def _architecture(topology: str | None, opts: dict[str, Any]) -> str:

@@ -519,8 +519,10 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
             run = attrs.evolve(run, **{key: started_with})
     if not freezing_changes_outputs(trained):
         pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
+        # best_top1 is the run's best epoch; top1 is these weights' own (the last epoch's, unchanged by pruning)
         save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
-                                                  "params_train": report.params_before},
+                                                  "params_train": report.params_before,
+                                                  "top1": history[-1].get("test_top1")},
                                     epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     else:  # real gates never frozen (a schedule of phase 1 only): their outputs depend on every input
         report = None
@@ -577,7 +579,12 @@ def _draw(out: Path, graph, history: list[dict[str, Any]], K: int, eval_set: str
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         files += render.save(graph, out / "connectivity.svg")
-        files += render.save(render.side_by_side(graph), out / "resnext_vs_learned.svg")
+        pruned = render.pruned_away(graph)  # trained from a pruned connectivity: no ResNeXt to draw beside it
+        if pruned is None:
+            files += render.save(render.side_by_side(graph), out / "resnext_vs_learned.svg")
+        else:
+            _say(f"connlearn: this run's connectivity was pruned ({pruned}), so ResNeXt cannot be derived from it: "
+                 "no resnext_vs_learned.svg")
     for message in {str(w.message) for w in caught}:
         _say(f"connlearn: {message}")
     files += plots.plot_run(graph, out, K, log=history, snapshots=out / "gates.jsonl", eval_set=eval_set)

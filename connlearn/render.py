@@ -83,7 +83,7 @@ def side_by_side(
     _check_dead(dead)
     check_title(title)
     if reference is None:
-        pruned = _pruned_away(learned)
+        pruned = pruned_away(learned)
         if pruned:
             raise ConfigError(f"this connectivity was pruned ({pruned}), so ResNeXt cannot be derived from it: draw "
                               "the unpruned network (e.g. the run's last.pt) side by side (or, in Python, pass "
@@ -102,7 +102,7 @@ def side_by_side(
     return dot
 
 
-def _pruned_away(graph: BranchGraph) -> str | None:
+def pruned_away(graph: BranchGraph) -> str | None:
     """What pruning took from ``graph``, measured against the modules and C its ``options`` record: whole
     modules, or blocks of a module; ``None`` if nothing."""
     options = graph.graph.get("options", {})

@@ -74,6 +74,17 @@ def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, ca
     assert pruned.num_parameters() < net.num_parameters()
 
 
+def test_info_tells_the_weights_own_top1_from_the_runs_best_and_prune_keeps_both(tmp_path, capsys):
+    net = connlearn.build(**tiny(gate="random", K=1, M=6))
+    history = [{"epoch": 1, "test_top1": 30.0}, {"epoch": 2, "test_top1": 20.0}]
+    save_atomic(make_checkpoint(net, best_top1=30.0, epoch=2, history=history), tmp_path / "last.pt")
+    for path in ("last.pt", "pruned.pt"):
+        if path == "pruned.pt":
+            assert _run(["prune", tmp_path / "last.pt", "-o", tmp_path / path], capsys)[0] == 0
+        info = json.loads(_run(["info", tmp_path / path, "--json"], capsys)[1])
+        assert (info["best_top1"], info["top1"]) == (30.0, 20.0)
+
+
 @needs_dot
 def test_render_writes_dot_and_svg(ckpt, tmp_path, capsys):
     code, _, _ = _run(["render", ckpt, "-o", tmp_path / "fig.svg", "--side-by-side"], capsys)

@@ -193,6 +193,26 @@ def test_a_connectivity_trains_from_scratch_with_its_top_k_fixed(offline, tmp_pa
     assert all(torch.equal(w, expected[n]) for n, w in fresh.named_parameters())
 
 
+def test_a_pruned_connectivity_trains_from_scratch_and_its_pruned_checkpoint_has_its_own_top1(offline, tmp_path,
+                                                                                                  capsys):
+    from connlearn.checkpoint import load_checkpoint, make_checkpoint, save_atomic
+    from connlearn.prune import prune_dead_blocks
+
+    small, report = prune_dead_blocks(connlearn.build(gate="random", K=1, M=3, C=4, width=1, base_channels=4,
+                                                      stem_channels=4, num_classes=10, seed=3))
+    assert report.blocks_after < report.blocks_before
+    save_atomic(make_checkpoint(small), tmp_path / "pruned_source.pt")
+    run = CifarRun(dataset="cifar10", connectivity=str(tmp_path / "pruned_source.pt"), epochs=2, train_subset=200,
+                   test_subset=100, batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
+    summary = run_cifar(run)
+    assert summary["params_train"] == small.num_parameters()
+    assert "no resnext_vs_learned.svg" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "resnext_vs_learned.svg").exists()
+    assert (tmp_path / "run" / "connectivity.dot").exists()
+    pruned = load_checkpoint(tmp_path / "run" / "pruned.pt")
+    assert pruned["meta"]["top1"] == load_checkpoint(tmp_path / "run" / "last.pt")["history"][-1]["test_top1"]
+
+
 def test_a_run_resumed_with_other_settings_is_refused(offline, tmp_path):
     """Its folder holds a run of another seed or another connectivity: resuming would mix two runs."""
     import torch
