@@ -106,8 +106,8 @@ def _known(arm: str) -> bool:
 
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
-             "batch_size", "gate_grad", "gate_lr", "gate_init", "gate_temperature", "gate_temperature_end",
-             "residual_init", "conv_init", "phases", "device", "amp", "compile", "data")
+             "batch_size", "gate_grad", "gate_lr", "gate_momentum", "gate_init", "gate_temperature",
+             "gate_temperature_end", "residual_init", "conv_init", "phases", "device", "amp", "compile", "data")
 
 
 def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -360,6 +360,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
     if config.get("phases"):
         data = f" (phases {'/'.join(str(e) for e in config['phases'])})" + data
+    gates = [f"{k.replace('_', ' ')} {config[k]:g}" for k in ("gate_lr", "gate_momentum") if config.get(k) is not None]
+    data += "".join(f", {g}" for g in gates)
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""
     logs = {name: read_jsonl(out / name / "log.jsonl") for name in state["runs"]}
@@ -392,7 +394,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
             temperatures = {_temperature(r.get("run", config)) for r in runs}
             if temperatures != {"1"}:
                 label += f", temperature {temperatures.pop() if len(temperatures) == 1 else 'mixed'}"
-        own_settings = (not changed and rule in (None, "plain") and "residual_init" not in label
+        own_settings = (not changed and not gates and rule in (None, "plain") and "residual_init" not in label
                         and "conv_init" not in label and "temperature" not in label)
         paper = PAPER_CIFAR10.get(preset, {}).get(base, "") if own_settings else ""
         shares = [s for r in runs if (s := _phase1_topk_share(logs[f"{arm}-s{r['seed']}"])) is not None]
@@ -459,6 +461,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.add_argument(f"--{name}", type=int)
     parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
+    parser.add_argument("--gate-momentum", type=float, help="the gates' own SGD momentum (default: the weights')")
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
     parser.add_argument("--gate-temperature", type=float, help="phase 1's sampling temperature (default 1)")
     parser.add_argument("--gate-temperature-end", type=float, help="anneal it geometrically to this over phase 1")

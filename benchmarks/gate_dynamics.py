@@ -227,6 +227,8 @@ def main() -> None:
     parser.add_argument("--train-subset", type=int, default=5000)
     parser.add_argument("--val-split", type=int, default=5000)
     parser.add_argument("--gate-lr", type=float, default=0.2)
+    parser.add_argument("--gate-momentum", type=float,
+                        help="the gates' own SGD momentum (default: the weights', 0.9; 0: Algorithm 1's plain step)")
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
     parser.add_argument("--residual-init", choices=RESIDUAL_INITS, default=DEFAULT_RESIDUAL_INIT,
                         help="the branches' starting scale ('one' reproduces the studies made before the option)")
@@ -258,7 +260,7 @@ def main() -> None:
     train = train.subset(args.train_subset)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)], batch_size=args.batch_size,
-                    weight_decay=args.weight_decay)
+                    weight_decay=args.weight_decay, gate_momentum=args.gate_momentum)
     out = Path(args.out)
     stats, logs, moves = {}, {}, {}
     for rule in args.rules:
@@ -271,8 +273,10 @@ def main() -> None:
         logs[rule] = trainer.fit()
         snapshots = read_jsonl(out / rule / "gates.jsonl")
         stats[rule], moves[rule] = gate_statistics(snapshots, net.K), movement(snapshots)
+    gate_momentum = recipe.momentum if args.gate_momentum is None else args.gate_momentum
     header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images at batch {args.batch_size}, gate lr "
-              f"{args.gate_lr}, gate init {args.gate_init}, residual init {args.residual_init}, weight decay "
+              f"{args.gate_lr}, gate momentum {gate_momentum}, gate init {args.gate_init}, residual init "
+              f"{args.residual_init}, weight decay "
               f"{args.weight_decay}, seed {args.seed}, "
               f"net {args.net}; validation split of {len(val)} training images; {device}")
     write_report(out, header, options.get("C", 8), stats, logs, moves)

@@ -100,6 +100,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--gate-grad", choices=GRAD_MODES, help="gate update rule (default plain; see connlearn.updater)")
     a("--gate-init", type=_value, help="initial real gates, a value in [0,1] or 'uniform' (default 0.5)")
     a("--gate-lr", type=float, help="phase-1 gate learning rate (default 0.2)")
+    a("--gate-momentum", type=float, metavar="MU",
+      help="the gates' own SGD momentum (default: the weights', 0.9, as the paper's setup names one; 0: the "
+           "plain clipped step of the paper's Algorithm 1)")
     a("--gate-temperature", type=float, metavar="T",
       help="sampling temperature of phase 1's draws (gate kinds that draw, such as topk): below 1 they "
            "follow the largest gates more closely (default 1, the paper's)")

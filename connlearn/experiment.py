@@ -44,6 +44,7 @@ from connlearn.errors import (
     DataError,
     GraphError,
     check_device,
+    check_float,
     check_int,
     check_name,
     check_temperature,
@@ -186,6 +187,7 @@ class CifarRun:
     gate_grad: str = "plain"
     gate_init: float | str = 0.5
     gate_lr: float | None = None
+    gate_momentum: float | None = None
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
     residual_init: str = DEFAULT_RESIDUAL_INIT
@@ -213,6 +215,7 @@ class CifarRun:
                               f"{', '.join(presets)}")
         check_name(f"{self.dataset} preset", self.preset, presets)
         check_name("loader", self.loader, LOADER_PATHS)
+        GATES.get(self.gate)  # a typo is named before any data is looked for
         if not protocol.in_memory and self.loader != "auto":
             raise ConfigError(f"{self.dataset} is read from its image folders by DataLoader workers; loader "
                               f"{self.loader!r} does not apply (leave it 'auto'; workers sets their number)")
@@ -227,6 +230,8 @@ class CifarRun:
                 split = "/".join(str(e) for e in self.phases)
                 raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
                                   f"{total}, or leave the total number of epochs out to take their sum")
+        if self.gate_momentum is not None:
+            check_float("gate_momentum", self.gate_momentum, minimum=0.0, maximum=1.0, finite=True)
         check_temperature("gate_temperature", self.gate_temperature)
         if self.gate_temperature_end is not None:
             check_temperature("gate_temperature_end", self.gate_temperature_end)
@@ -425,7 +430,7 @@ def make_recipe(run: CifarRun):
     first = attrs.evolve(recipe.phases[0], temperature=run.gate_temperature, temperature_end=run.gate_temperature_end)
     if run.gate_lr is not None:
         first = attrs.evolve(first, gate_lr=run.gate_lr)
-    return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]))
+    return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]), gate_momentum=run.gate_momentum)
 
 
 def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] | None:

@@ -31,6 +31,11 @@ def _non_negative(name: str):
     return check
 
 
+def _optional_momentum(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        check_float(attribute.name, value, minimum=0.0, maximum=1.0, finite=True)
+
+
 def _flag(value: Any) -> Any:
     """A NumPy bool as the Python bool it holds; anything else is left for the check to name."""
     return bool(value) if isinstance(value, np.bool_) else value
@@ -112,6 +117,9 @@ class Recipe:
     momentum: float = attrs.field(default=0.9, validator=_non_negative("momentum"))
     weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
     nesterov: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("nesterov"))
+    #: the gates' own SGD momentum (None: ``momentum``, as the paper's setup names one); 0 is Algorithm 1's
+    #: plain clipped step
+    gate_momentum: float | None = attrs.field(default=None, validator=_optional_momentum)
 
     def __attrs_post_init__(self) -> None:
         if not self.phases:

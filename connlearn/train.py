@@ -329,7 +329,7 @@ class Trainer:
     def _make_optimizer(self) -> torch.optim.Optimizer:
         phase = self.recipe.phases[0]
         opt = torch.optim.SGD(
-            param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr),
+            param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr, self.recipe.gate_momentum),
             lr=phase.lr, momentum=self.recipe.momentum, nesterov=self.recipe.nesterov,
         )
         self.updater.detach()

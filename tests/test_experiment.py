@@ -295,15 +295,18 @@ def test_unknown_dataset_and_preset_names_suggest_the_closest():
         CifarRun(preset="cifar-29-8-9")
     with pytest.raises(UnknownNameError, match="did you mean 'sqrt_k'"):
         CifarRun(residual_init="sqrtK")
+    with pytest.raises(UnknownNameError, match="did you mean 'topk'"):  # before any data is looked for
+        CifarRun(gate="top-k")
 
 
 def test_a_run_s_temperature_reaches_phase_one_only_and_bad_ones_are_refused():
-    recipe = experiment.make_recipe(CifarRun(epochs=8, gate_temperature=0.5, gate_temperature_end=0.05, gate_lr=0.1))
+    recipe = experiment.make_recipe(CifarRun(epochs=8, gate_temperature=0.5, gate_temperature_end=0.05, gate_lr=0.1,
+                                             gate_momentum=0.0))
     first, *rest = recipe.phases
-    assert (first.temperature, first.temperature_end, first.gate_lr) == (0.5, 0.05, 0.1)
+    assert (first.temperature, first.temperature_end, first.gate_lr, recipe.gate_momentum) == (0.5, 0.05, 0.1, 0.0)
     assert all(p.temperature == 1.0 and p.temperature_end is None for p in rest)
     assert experiment.make_recipe(CifarRun(epochs=8)) == get_recipe("cifar").scaled(8)
-    for bad in (dict(gate_temperature=0), dict(gate_temperature_end=-1.0)):
+    for bad in (dict(gate_temperature=0), dict(gate_temperature_end=-1.0), dict(gate_momentum=1.5)):
         with pytest.raises(connlearn.ConnlearnError, match=next(iter(bad))):
             CifarRun(**bad)
 

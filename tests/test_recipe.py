@@ -121,3 +121,16 @@ def test_a_frozen_phase_keeps_the_default_temperature():
         Phase(1, 0.1, frozen=True, temperature=0.5)
     with pytest.raises(ConnlearnError, match="a frozen phase draws no connectivity"):
         Phase(1, 0.1, frozen=True, temperature_end=0.5)
+
+
+def test_the_gate_momentum_defaults_to_the_optimizers_and_old_recipes_load_with_it():
+    r = get_recipe("cifar")
+    assert r.gate_momentum is None
+    old = r.to_dict()
+    del old["gate_momentum"]  # a recipe saved before the option existed
+    assert Recipe.from_dict(old) == r
+    plain = attrs.evolve(r, gate_momentum=0.0)
+    assert Recipe.from_dict(plain.to_dict()) == plain != r
+    for bad in (-1.0, 2.0, float("inf")):
+        with pytest.raises(ConnlearnError, match="gate_momentum"):
+            attrs.evolve(r, gate_momentum=bad)

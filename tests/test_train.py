@@ -223,6 +223,15 @@ def test_resuming_with_another_architecture_or_recipe_is_refused(uninterrupted, 
             attrs.evolve(RECIPE.phases[0], gate_lr=0.1), *RECIPE.phases[1:]])).fit(resume=True)
 
 
+def test_the_recipes_gate_momentum_reaches_the_gates_group_and_a_resume_must_keep_it(uninterrupted, tmp_path):
+    plain = attrs.evolve(RECIPE, gate_momentum=0.0)
+    t = _trainer(tmp_path / "plain", recipe=plain)
+    assert [g.get("momentum") for g in t._make_optimizer().param_groups] == [0.9, 0.0]
+    shutil.copy(uninterrupted.out_dir / "last.pt", tmp_path / "last.pt")
+    with pytest.raises(CheckpointError, match=r"another recipe: gate_momentum=None there, 0\.0 here$"):
+        _trainer(tmp_path, recipe=plain).fit(resume=True)
+
+
 @pytest.mark.parametrize("given", [dict(gate="random"), dict(K=3), dict(gate="full", K=None), dict(gate="real")])
 def test_resuming_with_another_gate_kind_or_k_is_refused(uninterrupted, tmp_path, given):
     # the checkpoint's topk gates froze in training (gate kind frozen): that alone is no difference

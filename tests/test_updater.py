@@ -254,3 +254,45 @@ def test_the_updater_takes_the_network_inside_a_wrapper_and_refuses_anything_els
         GateUpdater(torch.nn.Linear(2, 2))
     with pytest.raises(ConfigTypeError, match=r"attach takes a torch\.optim\.Optimizer, got list"):
         GateUpdater(net).attach([])
+
+
+def _gate_steps(net, opt, n=3):
+    """(before, gradient, after) of every gate tensor in each of ``n`` steps."""
+    seen = []
+    for _ in range(n):
+        before = [g.detach().clone() for g in net.gate_parameters()]
+        loss = net(torch.randn(4, 3, 32, 32)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        grads = [g.grad.clone() for g in net.gate_parameters()]
+        opt.step()
+        seen.append((before, grads, [g.detach().clone() for g in net.gate_parameters()]))
+    return seen
+
+
+def test_gate_momentum_zero_is_algorithm_1s_plain_clipped_step_while_the_weights_keep_theirs():
+    torch.manual_seed(0)
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=0.0, gate_lr=5.0, gate_momentum=0.0), momentum=0.9)
+    GateUpdater(net).attach(opt)
+    for before, grads, after in _gate_steps(net, opt):
+        for b, g, a in zip(before, grads, after, strict=True):
+            torch.testing.assert_close(a, (b - 5.0 * g).clamp(0.0, 1.0))
+    weights, gates = opt.param_groups
+    assert (weights["momentum"], gates["momentum"]) == (0.9, 0.0)
+    assert all("momentum_buffer" in opt.state[p] for p in weights["params"])
+
+
+def test_by_default_the_gates_take_the_optimizers_momentum():
+    torch.manual_seed(0)
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=0.0, gate_lr=0.01), momentum=0.9)
+    (_, g0, _), (b1, g1, a1) = _gate_steps(net, opt, n=2)
+    assert "momentum" not in opt.param_groups[1] or opt.param_groups[1]["momentum"] == 0.9
+    torch.testing.assert_close(a1[0], (b1[0] - 0.01 * (0.9 * g0[0] + g1[0])).clamp(0.0, 1.0))
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan"), "0.9"])
+def test_param_groups_refuse_a_gate_momentum_outside_0_to_1(value):
+    with pytest.raises(connlearn.ConnlearnError, match="gate_momentum"):
+        param_groups(connlearn.build(**tiny()), 0.1, 5e-4, 0.2, gate_momentum=value)
