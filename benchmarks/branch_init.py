@@ -54,6 +54,9 @@ def scale_first_two(cls: type, power: float) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip() + "\n\nEvery other option is connlearn train's (connlearn train --help).")
+        return 0
     if "--law" not in argv or "--out" not in argv:
         sys.exit(f"branch_init.py: give --law ({' or '.join(LAWS)}) and --out, the run's folder")
     i = argv.index("--law")
