@@ -192,7 +192,7 @@ def _load_net(path: str):
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.checkpoint import make_checkpoint, save_atomic
-    from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
+    from connlearn.prune import freezing_changes_outputs, input_overlap, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
     if freezing_changes_outputs(net):
@@ -201,10 +201,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
                           "(a finished run's last.pt)")
     pruned, report = prune_dead_blocks(net, freeze=True)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    overlap = meta.get("input_overlap", {str(m): v for m, v in input_overlap(net.graph()).items()})
     results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
     params_train = meta.get("params_train", report.params_before)  # pruned before: the first count stays
     save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train,
-                                              "top1": _own_top1(ckpt)}, **results), args.output)
+                                              "top1": _own_top1(ckpt), "input_overlap": overlap}, **results),
+                args.output)
     print(f"{report}\nwrote {args.output}")
     return 0
 
@@ -291,7 +293,7 @@ def _run_options(folder: Path) -> dict[str, Any]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from connlearn.blocks import starts_of
-    from connlearn.prune import active_branches, freezing_changes_outputs, input_overlap, prune_dead_blocks
+    from connlearn.prune import active_branches, freezing_changes_outputs, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
     graph = net.graph()
@@ -313,7 +315,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         "params_train": meta.get("params_train", net.num_parameters() if report is None else report.params_before),
         "params_test": params_test,
         "active_branches": " ".join(str(n) for n in active_branches(graph).values()),
-        "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
+        # a pruned checkpoint records it of the network it was pruned from, whose dead blocks count too
+        "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in _recorded_overlap(meta, graph).items()),
         "epochs_done": ckpt.get("epoch"),
         "best_top1": ckpt.get("best_top1"),  # the run's best epoch, which need not be these weights
         "top1": _own_top1(ckpt),  # these weights' own: the epoch they were saved at
@@ -326,6 +329,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         for k, v in info.items():
             print(f"{k:15s} {v}")
     return 0
+
+
+def _recorded_overlap(meta: dict[str, Any], graph: Any) -> dict[Any, float]:
+    from connlearn.prune import input_overlap
+
+    recorded = meta.get("input_overlap")
+    if isinstance(recorded, dict) and all(isinstance(v, (int, float)) for v in recorded.values()):
+        return recorded
+    return input_overlap(graph)
 
 
 def _own_top1(ckpt: dict[str, Any]) -> float | None:

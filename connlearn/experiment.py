@@ -527,7 +527,8 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
         # best_top1 is the run's best epoch; top1 is these weights' own (the last epoch's, unchanged by pruning)
         save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
                                                   "params_train": report.params_before,
-                                                  "top1": history[-1].get("test_top1")},
+                                                  "top1": history[-1].get("test_top1"),
+                                                  "input_overlap": _overlap_record(graph)},
                                     epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     else:  # real gates never frozen (a schedule of phase 1 only): their outputs depend on every input
         report = None
@@ -576,6 +577,12 @@ def eval_set_of(run: Mapping[str, Any]) -> str:
     if not isinstance(run, Mapping):
         raise ConfigError(f"run options must be a dict (CifarRun.to_dict()), got {type(run).__name__}")
     return "validation" if run.get("val_split") else "test"
+
+
+def _overlap_record(graph: BranchGraph) -> dict[str, float]:
+    """``input_overlap`` as a pruned checkpoint records it: of the unpruned network, dead blocks included
+    (pruning them away would change it)."""
+    return {str(m): v for m, v in input_overlap(graph).items()}
 
 
 def _draw(out: Path, graph, history: list[dict[str, Any]], K: int, eval_set: str) -> list[Path]:

@@ -74,15 +74,22 @@ def test_prune_writes_a_smaller_network_with_the_same_outputs(ckpt, tmp_path, ca
     assert pruned.num_parameters() < net.num_parameters()
 
 
-def test_info_tells_the_weights_own_top1_from_the_runs_best_and_prune_keeps_both(tmp_path, capsys):
+def test_info_tells_the_weights_own_top1_from_the_runs_best_and_prune_keeps_both_and_the_overlap(tmp_path, capsys):
     net = connlearn.build(**tiny(gate="random", K=1, M=6))
     history = [{"epoch": 1, "test_top1": 30.0}, {"epoch": 2, "test_top1": 20.0}]
     save_atomic(make_checkpoint(net, best_top1=30.0, epoch=2, history=history), tmp_path / "last.pt")
+    overlaps = []
     for path in ("last.pt", "pruned.pt"):
         if path == "pruned.pt":
             assert _run(["prune", tmp_path / "last.pt", "-o", tmp_path / path], capsys)[0] == 0
         info = json.loads(_run(["info", tmp_path / path, "--json"], capsys)[1])
         assert (info["best_top1"], info["top1"]) == (30.0, 20.0)
+        overlaps.append(info["input_overlap"])
+    assert overlaps[0] == overlaps[1]  # the pruned one says the unpruned one's
+    from connlearn.prune import input_overlap  # which differs from the pruned network's own
+
+    own = input_overlap(connlearn.checkpoint.net_from_checkpoint(tmp_path / "pruned.pt").graph())
+    assert ", ".join(f"m{m}: {v:.2f}" for m, v in own.items()) != overlaps[0]
 
 
 @needs_dot
