@@ -455,11 +455,11 @@ class Trainer:
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
         state = self.state()
         tmp = save_atomic(state, self.out_dir / ".next.pt")
+        if best:  # before last.pt moves on: a run stopped in between redoes this epoch, and writes it again
+            save_atomic(state, self.out_dir / "best.pt")
         if last.exists():
             os.replace(last, previous)
         os.replace(tmp, last)
-        if best:
-            save_atomic(state, self.out_dir / "best.pt")
 
     # ------------------------------------------------------------------ training
     def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,

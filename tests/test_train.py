@@ -397,3 +397,37 @@ def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_tempor
     with pytest.raises(OSError) as caught:
         save_atomic({}, tmp_path / "file" / "last.pt")  # a folder that is a file
     assert caught.value.filename == str(tmp_path / "file" / "last.pt")
+
+
+@pytest.mark.parametrize("stop_before", [1, 2, 3, 4])  # the file moves of one save: .next.pt, best.pt, last.pt twice
+def test_a_run_stopped_while_saving_a_new_best_ends_with_the_best_checkpoint_of_an_uninterrupted_run(
+        uninterrupted, tmp_path, monkeypatch, stop_before):
+    import os
+
+    bests = [r["epoch"] for i, r in enumerate(uninterrupted.history)
+             if r["test_top1"] > max([0.0] + [q["test_top1"] for q in uninterrupted.history[:i]])]
+    stop_at = bests[-1]  # the last epoch that sets a new best
+    t = _trainer(tmp_path)
+    original_save, original_replace, moves = t._save, os.replace, []
+
+    def save(best):
+        moves.clear()
+        moves.append(t.epoch == stop_at and best)
+        original_save(best)
+
+    def replace(src, dst):
+        if moves and moves[0]:
+            moves.append(dst)
+            if len(moves) - 1 == stop_before:
+                raise KeyboardInterrupt
+        original_replace(src, dst)
+
+    t._save = save
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    monkeypatch.undo()
+    _trainer(tmp_path).fit()
+    ours, theirs = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(uninterrupted.out_dir / "best.pt")
+    assert (ours["epoch"], ours["best_top1"]) == (theirs["epoch"], theirs["best_top1"]) == (
+        stop_at, uninterrupted.best_top1)
