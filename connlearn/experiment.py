@@ -370,11 +370,12 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
                         preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset, **shape)
 
 
-# what a resumed run must share with the command that started it (the trainer itself checks the
-# architecture, gate kind, K and recipe); residual_init and conv_init are kept from the checkpoint instead
-# (see run_cifar)
-RESUME_KEYS = ("dataset", "loader", "gate", "seed", "gate_grad", "gate_init", "gate_temperature",
-               "gate_temperature_end", "train_subset", "test_subset", "val_split")
+# what a resumed run must share with the command that started it, named where they differ (the trainer
+# itself checks the architecture, gate kind, K and recipe, without naming the option); residual_init and
+# conv_init are kept from the checkpoint instead (see run_cifar)
+RESUME_KEYS = ("dataset", "preset", "M", "C", "K", "width", "base_channels", "stem_channels", "engine", "loader",
+               "gate", "seed", "gate_grad", "gate_init", "gate_temperature", "gate_temperature_end", "train_subset",
+               "test_subset", "val_split")
 
 
 def data_facts(train: ImageDataset | ImageFiles, test: ImageDataset | ImageFiles) -> dict[str, Any]:
@@ -388,7 +389,7 @@ def data_facts(train: ImageDataset | ImageFiles, test: ImageDataset | ImageFiles
 
 def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.ConnectivityNet, out: Path,
                     source: str, recipe: Recipe, record: dict[str, Any] | None = None,
-                    facts: dict[str, Any] | None = None) -> None:
+                    facts: dict[str, Any] | None = None, world: int = 1) -> None:
     """Refuse to resume the run in ``out`` (``ckpt``: the checkpoint the trainer is about to resume from)
     when ``run`` asks for other data, seed, gate options or connectivity than the one that started it:
     resuming would mix two runs under one record. ``record`` (the run options the trainer writes into its
@@ -420,6 +421,11 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
         record.update(starts_of(BranchGraph.from_json(ckpt["graph"]).graph))
     _say(f"connlearn: resuming the run in {out} after epoch {ckpt.get('epoch')} of {recipe.total_epochs}")
+    before = meta.get("world_size")  # runs of older versions: not recorded
+    if isinstance(before, int) and before != world:
+        _say(f"connlearn: this run trained its last epoch in {before} process{'es' * (before != 1)} and goes on in "
+             f"{world}: each batch norm now normalises over 1/{world} of every batch, not 1/{before}, so the run "
+             "will not end as one in either alone")
 
 
 def make_recipe(run: CifarRun):
@@ -503,9 +509,10 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
         progress=run.progress,
-        meta=(meta := {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test))}),
+        meta=(meta := {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test)),
+                       "world_size": world}),
         resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe,
-                                       record=meta["run"], facts=facts),
+                                       record=meta["run"], facts=facts, world=world),
     )
     # the time limit counts from this call: loading the data is part of it
     history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))

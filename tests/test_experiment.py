@@ -445,3 +445,24 @@ def test_a_gate_rule_for_gates_that_learn_nothing_is_noted(offline, tmp_path, ca
             "--gate", "random", "--gate-grad", "centered", *TINY]
     assert train_script("cifar10", None, args) == 0
     assert "connlearn: gate=random learns no gates: gate_grad=centered has no effect" in capsys.readouterr().out
+
+
+def test_a_resume_names_another_engine_or_architecture_and_tells_of_another_number_of_processes(offline, tmp_path,
+                                                                                               capsys):
+    from connlearn.checkpoint import load_checkpoint, save_atomic
+
+    run = CifarRun(dataset="cifar10", gate="random", K=1, M=3, C=4, width=1, base_channels=4, stem_channels=4,
+                   epochs=1, train_subset=100, test_subset=50, batch_size=25, out=str(tmp_path / "run"),
+                   progress=False, snapshot_every=0)
+    run_cifar(run)
+    with pytest.raises(ConfigError, match=r"engine='fused' there, 'reference' here"):
+        run_cifar(attrs.evolve(run, engine="reference"))
+    with pytest.raises(ConfigError, match=r"C=4 there, 2 here; K=1 there, 2 here"):  # named, not "another architecture"
+        run_cifar(attrs.evolve(run, C=2, K=2))
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert ckpt["meta"]["world_size"] == 1
+    ckpt["meta"]["world_size"] = 2  # as if trained under torchrun with two processes
+    save_atomic(ckpt, tmp_path / "run" / "last.pt")
+    capsys.readouterr()
+    run_cifar(run)
+    assert "in 2 processes and goes on in 1: each batch norm now normalises over 1/1" in capsys.readouterr().out
