@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -538,11 +539,19 @@ def _guarded(func, args: argparse.Namespace) -> int:
             warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
             return func(args)
     except (ConnlearnError, OSError) as exc:
-        print(f"connlearn: error: {_one_line(exc)}", file=sys.stderr)
+        _tell(f"error: {_one_line(exc)}")
         return 1
     except KeyboardInterrupt:
-        print("connlearn: interrupted; run the same command again to resume", file=sys.stderr)
+        _tell("interrupted; run the same command again to resume")
         return 130
+
+
+def _tell(message: str) -> None:
+    """``message`` on stderr in one write, so that the lines of several torchrun processes do not run
+    together; each process but rank 0 says which it is."""
+    rank = os.environ.get("RANK", "0") if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else "0"
+    sys.stderr.write(f"connlearn{f' (rank {rank})' if rank != '0' else ''}: {message}\n")
+    sys.stderr.flush()
 
 
 def _one_line(exc: BaseException) -> str:

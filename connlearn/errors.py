@@ -155,8 +155,11 @@ def check_device(value: object, name: str = "device") -> Any:
     try:
         device = torch.device(int(value) if isinstance(value, numbers.Integral) else value)
     except (RuntimeError, TypeError, ValueError) as exc:
+        kind = str(value).partition(":")[0]
+        hint = ["cuda"] if kind.lower() == "gpu" else closest(kind, ("cpu", "cuda", "mps", "xpu", "meta"), n=1)
+        hint = f"; did you mean {str(value).replace(kind, hint[0], 1)!r}?" if hint else ""
         raise ConfigError(f"{name} {value!r} is not a device: {str(exc).splitlines()[0]}; use e.g. 'cpu', "
-                          "'cuda' or 'cuda:1'") from None
+                          f"'cuda' or 'cuda:1'{hint}") from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -404,3 +404,12 @@ def test_the_commands_own_warnings_are_one_line_and_others_are_left_as_python_sh
         assert cli._guarded(warn, None) == 0
     err = capsys.readouterr().err
     assert "connlearn: warning: resuming from previous.pt instead\n" in err and "from elsewhere" not in err
+
+
+def test_under_torchrun_each_error_is_one_whole_line_that_names_its_rank(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    code, _, err = _run(["info", "missing.pt"], capsys)
+    assert code == 1 and err.startswith("connlearn (rank 1): error: ") and err.count("\n") == 1
+    monkeypatch.setenv("RANK", "0")
+    assert _run(["info", "missing.pt"], capsys)[2].startswith("connlearn: error: ")

@@ -172,7 +172,8 @@ def test_paths_may_be_path_objects_and_are_recorded_as_strings(tmp_path):
 
 
 @pytest.mark.parametrize(("value", "error", "message"), [
-    ("gpu", ConfigError, "device 'gpu' is not a device: .*use e.g. 'cpu', 'cuda' or 'cuda:1'"),
+    ("gpu", ConfigError, "device 'gpu' is not a device: .*use e.g. 'cpu', 'cuda' or 'cuda:1'; did you mean 'cuda'"),
+    ("cdua:1", ConfigError, "did you mean 'cuda:1'"),
     (-1, ConfigError, "device -1 is not a device"),
     (True, ConfigTypeError, "device must be a device name .*got True"),
     ([0], ConfigTypeError, r"got \[0\] \(list\)"),
