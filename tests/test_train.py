@@ -390,13 +390,17 @@ def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_re
             trainer(out).fit()
 
 
-def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_temporary(tmp_path):
+def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_temporary(tmp_path, monkeypatch):
+    import connlearn.checkpoint
     from connlearn.checkpoint import save_atomic
 
-    (tmp_path / "file").write_text("")
-    with pytest.raises(OSError) as caught:
-        save_atomic({}, tmp_path / "file" / "last.pt")  # a folder that is a file
-    assert caught.value.filename == str(tmp_path / "file" / "last.pt")
+    def full(path, mode="r"):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(connlearn.checkpoint, "open", full, raising=False)
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        save_atomic({}, tmp_path / "last.pt")
+    assert caught.value.filename == str(tmp_path / "last.pt") and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("stop_before", [1, 2, 3, 4])  # the file moves of one save: .next.pt, best.pt, last.pt twice
