@@ -370,12 +370,29 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
                         preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset, **shape)
 
 
-# what a resumed run must share with the command that started it, named where they differ (the trainer
-# itself checks the architecture, gate kind, K and recipe, without naming the option); residual_init and
-# conv_init are kept from the checkpoint instead (see run_cifar)
-RESUME_KEYS = ("dataset", "preset", "M", "C", "K", "width", "base_channels", "stem_channels", "engine", "loader",
-               "gate", "seed", "gate_grad", "gate_init", "gate_temperature", "gate_temperature_end", "train_subset",
-               "test_subset", "val_split")
+# what a resumed run must share with the command that started it (the trainer itself checks the
+# architecture, gate kind, K and recipe; _architecture_differences names what differs in the first two as
+# built, so that an option given at its default and one left out agree); residual_init and conv_init are
+# kept from the checkpoint instead (see run_cifar)
+RESUME_KEYS = ("dataset", "loader", "gate", "seed", "gate_grad", "gate_init", "gate_temperature",
+               "gate_temperature_end", "train_subset", "test_subset", "val_split")
+
+
+def _architecture_differences(saved: BranchGraph, given: BranchGraph) -> list[tuple[str, Any, Any]]:
+    """What differs between two built networks in the options that shape them (depth, width, C, K, the stem's
+    and the first modules' channels); empty when their architectures are the same or differ elsewhere."""
+    if architecture(saved) == architecture(given):
+        return []
+
+    def shape(graph: BranchGraph) -> dict[str, Any]:
+        options = graph.graph.get("options") or {}
+        first = graph.branches(graph.modules()[0]) if graph.modules() else []
+        return {"depth": options.get("depth"), "width": options.get("width"), "C": options.get("C"), "K": graph.K,
+                "stem_channels": graph.nodes["input"].get("out_channels"),
+                "first modules' channels": graph.nodes[first[0]].get("out_channels") if first else None}
+
+    there, here = shape(saved), shape(given)
+    return [(k, there[k], here[k]) for k in there if there[k] != here[k]]
 
 
 def data_facts(train: ImageDataset | ImageFiles, test: ImageDataset | ImageFiles) -> dict[str, Any]:
@@ -398,6 +415,10 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     started = meta.get("run") or {}
     asked = run.to_dict()
     differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
+    built = BranchGraph.from_json(ckpt["graph"])
+    differ += _architecture_differences(built, net.graph())
+    if isinstance(ckpt.get("engine"), str) and ckpt["engine"] != net.engine:  # as built: 'auto' resolves
+        differ.append(("engine", ckpt["engine"], net.engine))
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
         differ.append(("data", meta["source"], source))
     saved_facts = meta.get("data") if isinstance(meta.get("data"), dict) else {}  # runs of older versions: none
@@ -410,7 +431,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     if started and (started.get("connectivity") is None) != (run.connectivity is None):
         differ.append(("connectivity", started.get("connectivity"), run.connectivity))
     elif run.connectivity is not None:
-        saved, given = BranchGraph.from_json(ckpt["graph"]), net.graph()
+        saved, given = built, net.graph()
         if architecture(saved) == architecture(given) and any(  # another architecture: the trainer says so
                 saved.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
             differ.append(("connectivity", f"{started.get('connectivity')}", f"{run.connectivity} (another top-K)"))
@@ -419,7 +440,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
         raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
                           "started it to resume it, or give another --out")
     if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
-        record.update(starts_of(BranchGraph.from_json(ckpt["graph"]).graph))
+        record.update(starts_of(built.graph))
     _say(f"connlearn: resuming the run in {out} after epoch {ckpt.get('epoch')} of {recipe.total_epochs}")
     before = meta.get("world_size")  # runs of older versions: not recorded
     if isinstance(before, int) and before != world:
@@ -524,6 +545,10 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
         return None
     trained = trainer.net
     graph = trained.graph()
+    preset = (graph.graph.get("options") or {}).get("preset")
+    if isinstance(preset, str) and preset != run.preset:  # the same architecture asked for by another name
+        _say(f"connlearn: this run was built as {preset} (its checkpoint), not {run.preset}; recorded as {preset}")
+        run = attrs.evolve(run, preset=preset)
     for key, started_with in starts_of(graph.graph).items():  # a resumed run keeps its own starts
         if started_with != getattr(run, key):
             _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "

@@ -238,7 +238,7 @@ def test_resuming_a_run_of_another_architecture_is_one_line_and_exit_1(tmp_path,
 
     assert train(3)[0] == 0
     code, _, err = train(6)
-    assert _one_line_error(code, err) and "other settings (M=3 there, 6 here)" in err
+    assert _one_line_error(code, err) and "other settings (depth=11 there, 20 here)" in err
 
 
 def test_usage_errors_exit_2(capsys):

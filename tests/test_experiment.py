@@ -459,6 +459,14 @@ def test_a_resume_names_another_engine_or_architecture_and_tells_of_another_numb
         run_cifar(attrs.evolve(run, engine="reference"))
     with pytest.raises(ConfigError, match=r"C=4 there, 2 here; K=1 there, 2 here"):  # named, not "another architecture"
         run_cifar(attrs.evolve(run, C=2, K=2))
+    first = run_cifar(attrs.evolve(run, engine="auto"))  # options that build the same network resume it
+    capsys.readouterr()
+    renamed = run_cifar(attrs.evolve(run, preset="cifar-20-4-8"))  # every option of its shape overridden
+    assert renamed["preset"] == renamed["run"]["preset"] == first["preset"] != "cifar-20-4-8"
+    assert f"built as {first['preset']} (its checkpoint), not cifar-20-4-8" in capsys.readouterr().out
+    full = attrs.evolve(run, gate="full", K=None, out=str(tmp_path / "full"))
+    run_cifar(full)
+    run_cifar(attrs.evolve(full, K=4, engine="reference"))  # ResNeXt's single stream on any engine, K=C
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
     assert ckpt["meta"]["world_size"] == 1
     ckpt["meta"]["world_size"] = 2  # as if trained under torchrun with two processes
