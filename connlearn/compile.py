@@ -46,6 +46,7 @@ from connlearn.blocks import (
     scales_residual,
     starts_of,
 )
+from connlearn.blocks.base import carry_settings, check_same_kinds
 from connlearn.errors import (
     BlockError,
     CheckpointError,
@@ -744,30 +745,52 @@ class ConnectivityNet(nn.Module):
 
     def to_engine(self, engine: str) -> ConnectivityNet:
         """A copy of this network running on ``engine`` ('fused' or 'reference'), with the same weights,
-        gates and generator state. A Fixed-Full network on ResNeXt's single stream has no per-branch weights
-        to move: it comes back as a copy, still single-stream."""
+        gates and generator state, and what was set on its modules after they were made (a batch norm's
+        ``eps``, frozen parameters, channels-last weights, ``SyncBatchNorm``, training modes; not forward
+        hooks). A Fixed-Full network on ResNeXt's single stream has no per-branch weights to move: it comes
+        back as a copy, still single-stream."""
         check_name("engine", engine, ("fused", "reference"))
         if self.engine == "single-stream":
             return copy.deepcopy(self)
-        with torch.random.fork_rng(devices=[]):  # the new modules are replaced: leave the global RNG alone
-            new = ConnectivityNet(self.graph(), engine=engine).train(self.training)
-        # the modules themselves go over, not only their weights, and with them what was set on them after they
-        # were made (a batch norm's eps, frozen parameters, channels-last weights, SyncBatchNorm)
-        new.stem, new.head = copy.deepcopy(self.stem), copy.deepcopy(self.head)
-        for old, stage in zip(self.stages, new.stages, strict=True):
-            stage.training, stage.proj, stage.gate = old.training, copy.deepcopy(old.proj), copy.deepcopy(old.gate)
+        with torch.random.fork_rng(devices=[]):  # the new weights are overwritten: leave the global RNG alone
+            new = ConnectivityNet(self.graph(), engine=engine)
+        new = new.to(**device_and_dtype(self))  # before loading, so that no weight is rounded on the way
+        converted = set()  # the stages whose blocks change form: select()/merge() carry their settings
+        for pos, (old, stage) in enumerate(zip(self.stages, new.stages, strict=True)):
             if isinstance(old, FusedModule) and isinstance(stage, ReferenceModule):
                 require_block_method(old.block, "select", "to_engine('reference')")
                 stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
+                stage.blocks.training = old.training
+                converted.add(pos)
             elif isinstance(old, ReferenceModule) and isinstance(stage, FusedModule):
                 require_block_method(old.blocks[0], "merge", "to_engine('fused')")
                 stage.block = type(old.blocks[0]).merge(list(old.blocks))
-            elif isinstance(old, FusedModule):
-                stage.block = copy.deepcopy(old.block)
-            else:
-                stage.blocks = copy.deepcopy(old.blocks)
-        new.set_extra_state(self.get_extra_state())  # the generator's state and the sampling temperature
-        return new.to(**device_and_dtype(self))
+                converted.add(pos)
+
+        def in_converted(name: str) -> bool:
+            parts = name.split(".")
+            return len(parts) > 2 and parts[0] == "stages" and int(parts[1]) in converted and parts[2] in (
+                "block", "blocks")
+
+        # what was set on the other modules after they were made (a batch norm's eps, frozen parameters,
+        # channels-last weights, SyncBatchNorm, training modes) goes over too; forward hooks do not
+        pairs = [(f"{name}", getattr(self, name), getattr(new, name)) for name in ("stem", "head")]
+        for pos, (old, stage) in enumerate(zip(self.stages, new.stages, strict=True)):
+            stage.training = old.training
+            pairs += [(f"stages.{pos}.proj", old.proj, stage.proj), (f"stages.{pos}.gate", old.gate, stage.gate)]
+            if pos not in converted:
+                name = "blocks" if isinstance(old, ReferenceModule) else "block"
+                pairs.append((f"stages.{pos}.{name}", getattr(old, name), getattr(stage, name)))
+        pairs = [(name, mine, yours) for name, mine, yours in pairs if mine is not None]
+        for name, mine, yours in pairs:
+            check_same_kinds(mine, yours, f"to_engine(): {name}")
+        state = {k: v for k, v in self.state_dict().items() if not in_converted(k)}
+        state.update({k: v for k, v in new.state_dict().items() if in_converted(k)})
+        new.load_state_dict(state)
+        for _, mine, yours in pairs:
+            carry_settings(mine, yours, dict(yours.named_modules()))
+        new.training = self.training
+        return new
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:

@@ -148,6 +148,8 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
                 continue
             new = stage_of[module]
             new.training, new.proj = old.training, copy.deepcopy(old.proj)
+            if new.gate is not None and old.gate is not None:  # the pruned graph's gate, made afresh
+                new.gate.training = old.gate.training
             if isinstance(old, FusedModule) and len(keep) == old.branches:
                 new.block = copy.deepcopy(old.block)
             elif isinstance(old, FusedModule):
@@ -155,6 +157,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
                 new.block = old.block.select(keep)
             else:
                 new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
+                new.blocks.training = old.blocks.training
         pruned.generator.set_state(net.generator.get_state())
     pruned = pruned.to(**device_and_dtype(net))  # the modules taken over keep their own training modes
     report = PruneReport(

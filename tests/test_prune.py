@@ -286,7 +286,9 @@ def test_pruning_and_moving_engines_keep_what_was_set_on_the_modules_after_they_
     assert dead_blocks(net.graph())
     for changed in (prune_dead_blocks(net)[0], net.to_engine("reference" if engine == "fused" else "fused")):
         assert _settings(changed) == _settings(net) == ({("BatchNorm2d", 0.1, 0.3)}, {("conv1", False)}, True)
-        assert [s.training for s in changed.stages] == [s.training for s in net.stages] == [True, False, True]
+        in_eval = [n for n, m in changed.named_modules() if not m.training]  # every module of stage 1, no other
+        assert in_eval and all(n == "stages.1" or n.startswith("stages.1.") for n in in_eval)
+        assert len(in_eval) == len(list(changed.stages[1].modules()))
         net.eval(), changed.eval()
         torch.testing.assert_close(changed(X), net(X), rtol=0, atol=1e-6)
         net.train(), net.stages[1].eval()
@@ -297,7 +299,24 @@ def test_sync_batch_norms_stay_sync_batch_norms_and_a_replaced_submodule_is_name
     small = prune_dead_blocks(net)[0]
     assert {type(m) for m in small.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)} == {
         torch.nn.SyncBatchNorm}
-    net = connlearn.build(**tiny(K=1, gate="random", seed=3))
-    net.stages[1].block.relu = torch.nn.GELU()  # a part its kind does not make
-    with pytest.raises(ConfigError, match=r"submodule 'relu' is a GELU, but its kind makes a ReLU"):
-        prune_dead_blocks(net)
+    for part, replacement, made in (("relu", torch.nn.GELU(), "ReLU"),
+                                    ("bn1", torch.nn.GroupNorm(1, 16), "BatchNorm2d")):
+        net = connlearn.build(**tiny(K=1, gate="random", seed=3))
+        setattr(net.stages[1].block, part, replacement)  # a part its kind does not make
+        for change in (prune_dead_blocks, lambda n: n.to_engine("reference")):
+            with pytest.raises(ConfigError, match=rf"submodule '{part}' is a {type(replacement).__name__}, but its "
+                                                  rf"kind makes a {made}"):
+                change(net)
+
+
+def test_blocks_merged_into_one_must_agree_in_their_settings_and_hooks_never_stop_a_change_of_engine():
+    import threading
+
+    net = connlearn.build(**tiny(K=1, gate="random", seed=3, engine="reference"))
+    lock = threading.Lock()  # a hook holding what cannot be copied
+    net.stem.register_forward_hook(lambda module, args, out, lock=lock: None)
+    fused = net.to_engine("fused")
+    assert not fused.stem._forward_hooks  # hooks are not carried
+    net.stages[1].blocks[2].bn1.eps = 0.5
+    with pytest.raises(ConfigError, match=r"merge\(\): blocks 0 and 2 differ in what was set on them .*'bn1'"):
+        net.to_engine("fused")

@@ -219,6 +219,7 @@ class BranchBlock(nn.Module):
             else:
                 chunks = value.chunk(self.branches, dim=0)
                 state[key] = torch.cat([chunks[i] for i in indices], dim=0).clone()
+        check_same_kinds(self, new, f"{type(self).__qualname__}.select()")
         new.load_state_dict(state)
         carry_settings(self, new)
         return new
@@ -231,6 +232,16 @@ class BranchBlock(nn.Module):
         bad = _unstacked(first)
         if bad is not None:
             raise _stacking_error(f"{type(first).__qualname__}.merge()", bad)
+        mine = settings_of(first)  # one block holds one setting (an eps, a mode) for all its branches
+        for i, block in enumerate(blocks[1:], 1):
+            theirs = settings_of(block)
+            if theirs != mine:
+                a, b = next(((a, b) for a, b in zip(mine, theirs, strict=False) if a != b), (mine[-1], theirs[-1]))
+                raise ConfigError(f"{type(first).__qualname__}.merge(): blocks 0 and {i} differ in what was set on "
+                                  f"them after they were made (submodule {a[0] or '(the block)'!r}: {a[1:]} against "
+                                  f"{b[1:]}), and one block holds one setting for all its branches; set them alike "
+                                  "first")
+        check_same_kinds(first, new, f"{type(first).__qualname__}.merge()")
         states = [b.state_dict() for b in blocks]
         merged = {}
         for key, value in states[0].items():
@@ -430,32 +441,53 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
-def carry_settings(source: BranchBlock, target: BranchBlock) -> None:
-    """Give ``target``, a block that ``select``/``merge`` rebuilt from ``source``'s kind (with other branches),
-    what was set on ``source`` after its kind made it: plain attributes of its submodules that differ from a
-    fresh block's (a batch norm's ``eps`` or ``momentum``), ``requires_grad``, channels-last weights, batch
-    norms made ``SyncBatchNorm``, and training mode; forward hooks are not carried. A submodule replaced by
-    one of another type cannot be carried and is an error: the rebuilt block would compute something else."""
-    fresh: dict[str, nn.Module] = {}
-    for device in ("meta", "cpu"):  # a kind that needs real tensors to be made is made on the CPU
+def _fresh_modules(block: BranchBlock) -> dict[str, nn.Module]:
+    """The submodules of a fresh block of ``block``'s kind and size, as its kind makes them (on the meta
+    device, without touching the random state; a kind that needs real tensors is made on the CPU); empty
+    if the kind cannot be made again."""
+    for device in ("meta", "cpu"):
         try:
             with torch.random.fork_rng(devices=[]), torch.device(device):
-                fresh = dict(source._new(source.branches).named_modules())
-            break
+                return dict(block._new(block.branches).named_modules())
         except Exception:
             continue
+    return {}
+
+
+def _is_batch_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
+def check_same_kinds(source: nn.Module, target: nn.Module, what: str) -> None:
+    """A :class:`ConfigError` unless every submodule of ``source`` has the type of ``target``'s of the same name
+    (a batch norm made ``SyncBatchNorm`` stands for the batch norm it was): ``target`` is rebuilt from the
+    kind that made ``source``, so a submodule replaced since cannot be carried over."""
     mine = dict(target.named_modules())
     for name, old in source.named_modules():
-        new, made = mine.get(name), fresh.get(name)
+        new = mine.get(name)
+        if new is None or type(old) is type(new) or (isinstance(old, nn.SyncBatchNorm) and _is_batch_norm(new)):
+            continue
+        raise ConfigError(f"{what}: the submodule {name or '(itself)'!r} is a {type(old).__qualname__}, but its "
+                          f"kind makes a {type(new).__qualname__}; pruning and changing engines rebuild blocks from "
+                          "their kind, so a submodule replaced after the block was made cannot be carried over "
+                          "(replace it after pruning or changing engines)")
+
+
+def carry_settings(source: nn.Module, target: nn.Module, reference: dict[str, nn.Module] | None = None) -> None:
+    """Give ``target``, rebuilt from the kind that made ``source`` (with other branches, for ``select`` and
+    ``merge``), what was set on ``source`` after it was made: plain attributes of its submodules that differ
+    from ``reference``'s (a fresh block's submodules by name; by default made from ``source``'s kind), such as
+    a batch norm's ``eps`` or ``momentum``; ``requires_grad``; channels-last weights; batch norms made
+    ``SyncBatchNorm``; and training mode. Forward hooks are not carried. Call :func:`check_same_kinds` first."""
+    if reference is None:
+        reference = _fresh_modules(source) if isinstance(source, BranchBlock) else {}
+    mine = dict(target.named_modules())
+    for name, old in source.named_modules():
+        new, made = mine.get(name), reference.get(name)
         if new is None:
             continue
-        if isinstance(old, nn.SyncBatchNorm) and type(new) is nn.BatchNorm2d:
+        if isinstance(old, nn.SyncBatchNorm) and _is_batch_norm(new) and not isinstance(new, nn.SyncBatchNorm):
             new = _replace(target, name, nn.SyncBatchNorm.convert_sync_batchnorm(new, old.process_group))
-        elif type(old) is not type(new):
-            raise ConfigError(f"{type(source).__qualname__}: its submodule {name or '(itself)'!r} is a "
-                              f"{type(old).__qualname__}, but its kind makes a {type(new).__qualname__}; select() "
-                              "and merge() rebuild blocks from their kind, so a submodule replaced after the block "
-                              "was made cannot be carried over (replace it after pruning or changing engines)")
         for key, value in vars(old).items():
             if key.startswith("_") or key == "training" or not _plain(value):
                 continue
@@ -471,6 +503,18 @@ def carry_settings(source: BranchBlock, target: BranchBlock) -> None:
                     theirs[key].data = theirs[key].data.contiguous(memory_format=torch.channels_last)
                 if kind == "_parameters":
                     theirs[key].requires_grad_(t.requires_grad)
+
+
+def settings_of(block: nn.Module) -> list[tuple[Any, ...]]:
+    """What :func:`carry_settings` carries, per submodule (type, training mode, plain attributes, and per
+    tensor ``requires_grad`` and channels-last): blocks that ``merge`` joins must agree in it."""
+    found = []
+    for name, m in block.named_modules():
+        plain = tuple(sorted((k, v) for k, v in vars(m).items() if not k.startswith("_") and _plain(v)))
+        tensors = tuple((k, t.requires_grad, _channels_last(t)) for k, t in
+                        itertools.chain(m._parameters.items(), m._buffers.items()) if t is not None)
+        found.append((name, type(m).__qualname__, m.training, plain, tensors))
+    return found
 
 
 def _replace(root: nn.Module, name: str, module: nn.Module) -> nn.Module:
