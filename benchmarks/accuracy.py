@@ -360,7 +360,8 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     data = f", {config['train_subset']} training images" if config.get("train_subset") else ""
     if config.get("phases"):
         data = f" (phases {'/'.join(str(e) for e in config['phases'])})" + data
-    gates = [f"{k.replace('_', ' ')} {config[k]:g}" for k in ("gate_lr", "gate_momentum") if config.get(k) is not None]
+    papers = {"gate_lr": get_recipe("cifar").phases[0].gate_lr, "gate_momentum": get_recipe("cifar").momentum}
+    gates = [f"{k.replace('_', ' ')} {config[k]:g}" for k in papers if config.get(k) not in (None, papers[k])]
     data += "".join(f", {g}" for g in gates)
     shared = config.get("parallel", 1)
     shared = f"; {shared} runs at a time on one device, so epoch times are shared-device times" if shared > 1 else ""

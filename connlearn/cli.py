@@ -202,7 +202,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
                           "(a finished run's last.pt)")
     pruned, report = prune_dead_blocks(net, freeze=True)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    overlap = meta.get("input_overlap", {str(m): v for m, v in input_overlap(net.graph()).items()})
+    overlap = meta.get("input_overlap") or {str(m): v for m, v in input_overlap(net.graph()).items()}
     results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
     params_train = meta.get("params_train", report.params_before)  # pruned before: the first count stays
     save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train,

@@ -378,3 +378,12 @@ def test_epoch_times_are_the_epochs_after_the_untimed_first():
     times = epoch_times("cifar-20-4-8", "topk4", RandomLoader(n=16, batch=8), torch.device("cpu"), None, False,
                         repeats=2)
     assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_a_sweep_table_names_a_gate_rate_or_momentum_other_than_the_papers(tmp_path, data):
+    main(_args(tmp_path, data, "--arms", "topk4", "--gate-momentum", "0"))
+    state = json.loads((tmp_path / "sweep.json").read_text())
+    assert "gate momentum 0" in (tmp_path / "results.md").read_text().splitlines()[0]
+    state["config"].update(gate_momentum=0.9, gate_lr=0.2)  # the paper's values, given: nothing to name
+    write_table(tmp_path, state)
+    assert "gate " not in (tmp_path / "results.md").read_text().splitlines()[0]
