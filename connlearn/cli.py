@@ -193,7 +193,7 @@ def _load_net(path: str):
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.checkpoint import make_checkpoint, save_atomic
-    from connlearn.prune import freezing_changes_outputs, input_overlap, prune_dead_blocks
+    from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 
     ckpt, net = _load_net(args.checkpoint)
     if freezing_changes_outputs(net):
@@ -202,7 +202,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
                           "(a finished run's last.pt)")
     pruned, report = prune_dead_blocks(net, freeze=True)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    overlap = meta.get("input_overlap") or {str(m): v for m, v in input_overlap(net.graph()).items()}
+    overlap = {str(m): v for m, v in _recorded_overlap(meta, net.graph()).items()}  # pruned before: it stays
     results = {k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}  # what the weights were trained to
     params_train = meta.get("params_train", report.params_before)  # pruned before: the first count stays
     save_atomic(make_checkpoint(pruned, meta={**meta, "prune": str(report), "params_train": params_train,
@@ -333,6 +333,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _recorded_overlap(meta: dict[str, Any], graph: Any) -> dict[Any, float]:
+    """The input overlap a pruned checkpoint recorded of the network it was pruned from, else ``graph``'s."""
     from connlearn.prune import input_overlap
 
     recorded = meta.get("input_overlap")

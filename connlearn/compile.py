@@ -755,37 +755,32 @@ class ConnectivityNet(nn.Module):
         with torch.random.fork_rng(devices=[]):  # the new weights are overwritten: leave the global RNG alone
             new = ConnectivityNet(self.graph(), engine=engine)
         new = new.to(**device_and_dtype(self))  # before loading, so that no weight is rounded on the way
-        converted = set()  # the stages whose blocks change form: select()/merge() carry their settings
+        # the blocks that change form come from select()/merge(), which carry what was set on them after they
+        # were made; the other modules are paired with the new network's to carry it (a batch norm's eps, frozen
+        # parameters, channels-last weights, SyncBatchNorm, training modes); forward hooks do not go over
+        converted: list[int] = []
+        pairs = [(name, getattr(self, name), getattr(new, name)) for name in ("stem", "head")]
         for pos, (old, stage) in enumerate(zip(self.stages, new.stages, strict=True)):
+            stage.training = old.training
+            pairs += [(f"stages.{pos}.proj", old.proj, stage.proj), (f"stages.{pos}.gate", old.gate, stage.gate)]
             if isinstance(old, FusedModule) and isinstance(stage, ReferenceModule):
                 require_block_method(old.block, "select", "to_engine('reference')")
                 stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
                 stage.blocks.training = old.training
-                converted.add(pos)
+                converted.append(pos)
             elif isinstance(old, ReferenceModule) and isinstance(stage, FusedModule):
                 require_block_method(old.blocks[0], "merge", "to_engine('fused')")
                 stage.block = type(old.blocks[0]).merge(list(old.blocks))
-                converted.add(pos)
-
-        def in_converted(name: str) -> bool:
-            parts = name.split(".")
-            return len(parts) > 2 and parts[0] == "stages" and int(parts[1]) in converted and parts[2] in (
-                "block", "blocks")
-
-        # what was set on the other modules after they were made (a batch norm's eps, frozen parameters,
-        # channels-last weights, SyncBatchNorm, training modes) goes over too; forward hooks do not
-        pairs = [(f"{name}", getattr(self, name), getattr(new, name)) for name in ("stem", "head")]
-        for pos, (old, stage) in enumerate(zip(self.stages, new.stages, strict=True)):
-            stage.training = old.training
-            pairs += [(f"stages.{pos}.proj", old.proj, stage.proj), (f"stages.{pos}.gate", old.gate, stage.gate)]
-            if pos not in converted:
+                converted.append(pos)
+            else:
                 name = "blocks" if isinstance(old, ReferenceModule) else "block"
                 pairs.append((f"stages.{pos}.{name}", getattr(old, name), getattr(stage, name)))
         pairs = [(name, mine, yours) for name, mine, yours in pairs if mine is not None]
         for name, mine, yours in pairs:
             check_same_kinds(mine, yours, f"to_engine(): {name}")
-        state = {k: v for k, v in self.state_dict().items() if not in_converted(k)}
-        state.update({k: v for k, v in new.state_dict().items() if in_converted(k)})
+        blocks = tuple(f"stages.{pos}.{name}." for pos in converted for name in ("block", "blocks"))
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith(blocks)}
+        state.update({k: v for k, v in new.state_dict().items() if k.startswith(blocks)})
         new.load_state_dict(state)
         for _, mine, yours in pairs:
             carry_settings(mine, yours, dict(yours.named_modules()))

@@ -44,7 +44,6 @@ from connlearn.errors import (
     DataError,
     GraphError,
     check_device,
-    check_float,
     check_int,
     check_name,
     check_temperature,
@@ -59,7 +58,7 @@ from connlearn.prune import (
     prune_dead_blocks,
     random_overlap,
 )
-from connlearn.recipe import Recipe, get_recipe
+from connlearn.recipe import Recipe, check_gate_momentum, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -230,8 +229,7 @@ class CifarRun:
                 split = "/".join(str(e) for e in self.phases)
                 raise ConfigError(f"phases {split} add up to {total} epochs, but epochs is {self.epochs}: give "
                                   f"{total}, or leave the total number of epochs out to take their sum")
-        if self.gate_momentum is not None:
-            check_float("gate_momentum", self.gate_momentum, minimum=0.0, maximum=1.0, finite=True)
+        check_gate_momentum(self.gate_momentum)
         check_temperature("gate_temperature", self.gate_temperature)
         if self.gate_temperature_end is not None:
             check_temperature("gate_temperature_end", self.gate_temperature_end)
@@ -415,8 +413,8 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
     started = meta.get("run") or {}
     asked = run.to_dict()
     differ = [(k, started[k], asked[k]) for k in RESUME_KEYS if k in started and started[k] != asked[k]]
-    built = BranchGraph.from_json(ckpt["graph"])
-    differ += _architecture_differences(built, net.graph())
+    built, given = BranchGraph.from_json(ckpt["graph"]), net.graph()
+    differ += _architecture_differences(built, given)
     if isinstance(ckpt.get("engine"), str) and ckpt["engine"] != net.engine:  # as built: 'auto' resolves
         differ.append(("engine", ckpt["engine"], net.engine))
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
@@ -430,11 +428,9 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
         differ.append(("phases", "/".join(map(str, saved)), "/".join(map(str, asked_split))))
     if started and (started.get("connectivity") is None) != (run.connectivity is None):
         differ.append(("connectivity", started.get("connectivity"), run.connectivity))
-    elif run.connectivity is not None:
-        saved, given = built, net.graph()
-        if architecture(saved) == architecture(given) and any(  # another architecture: the trainer says so
-                saved.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
-            differ.append(("connectivity", f"{started.get('connectivity')}", f"{run.connectivity} (another top-K)"))
+    elif run.connectivity is not None and architecture(built) == architecture(given) and any(  # else named above
+            built.gate_matrix(m)[1] != given.gate_matrix(m)[1] for m in given.modules() if given.candidates(m)):
+        differ.append(("connectivity", f"{started.get('connectivity')}", f"{run.connectivity} (another top-K)"))
     if differ:
         listed = "; ".join(f"{k}={old!r} there, {new!r} here" for k, old, new in differ)
         raise ConfigError(f"{out} holds a run started with other settings ({listed}); run the command that "
@@ -554,19 +550,19 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
             _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "
                  f"{getattr(run, key)}; recorded as {started_with}")
             run = attrs.evolve(run, **{key: started_with})
+    overlap = input_overlap(graph)  # of the unpruned network, dead blocks included: pruned.pt records it too
     if not freezing_changes_outputs(trained):
         pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
         # best_top1 is the run's best epoch; top1 is these weights' own (the last epoch's, unchanged by pruning)
         save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
                                                   "params_train": report.params_before,
                                                   "top1": history[-1].get("test_top1"),
-                                                  "input_overlap": _overlap_record(graph)},
+                                                  "input_overlap": {str(m): v for m, v in overlap.items()}},
                                     epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     else:  # real gates never frozen (a schedule of phase 1 only): their outputs depend on every input
         report = None
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     last = history[-1]
-    overlap = input_overlap(graph)
     chance = {m: random_overlap(len(graph.candidates(m)), trained.K) for m in overlap}  # independent draws
     summary = {
         "dataset": source, "preset": run.preset, "gate": run.gate, "K": trained.K, "epochs": recipe.total_epochs,
@@ -609,12 +605,6 @@ def eval_set_of(run: Mapping[str, Any]) -> str:
     if not isinstance(run, Mapping):
         raise ConfigError(f"run options must be a dict (CifarRun.to_dict()), got {type(run).__name__}")
     return "validation" if run.get("val_split") else "test"
-
-
-def _overlap_record(graph: BranchGraph) -> dict[str, float]:
-    """``input_overlap`` as a pruned checkpoint records it: of the unpruned network, dead blocks included
-    (pruning them away would change it)."""
-    return {str(m): v for m, v in input_overlap(graph).items()}
 
 
 def _draw(out: Path, graph, history: list[dict[str, Any]], K: int, eval_set: str) -> list[Path]:

@@ -14,7 +14,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_int, check_name, check_temperature
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    check_bool,
+    check_float,
+    check_int,
+    check_name,
+    check_temperature,
+)
 
 
 def _positive_int(name: str):
@@ -31,9 +39,13 @@ def _non_negative(name: str):
     return check
 
 
+def check_gate_momentum(value: Any) -> float | None:
+    """``value`` if it is ``None`` (the optimizer's momentum) or a momentum in [0, 1]; else a clear error."""
+    return None if value is None else check_float("gate_momentum", value, minimum=0.0, maximum=1.0, finite=True)
+
+
 def _optional_momentum(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        check_float(attribute.name, value, minimum=0.0, maximum=1.0, finite=True)
+    check_gate_momentum(value)
 
 
 def _flag(value: Any) -> Any:
@@ -43,8 +55,7 @@ def _flag(value: Any) -> Any:
 
 def _check_flag(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if not isinstance(value, bool):
-            raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__qualname__})")
+        check_bool(name, value)
 
     return check
 

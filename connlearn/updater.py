@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_name
+from connlearn.recipe import check_gate_momentum
 
 GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
 
@@ -153,8 +154,7 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float,
     their momentum. The paper's setup names one momentum, 0.9, which the default applies to both."""
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("gate_lr", gate_lr)):
         check_float(name, value, minimum=0.0, finite=True)
-    if gate_momentum is not None:
-        check_float("gate_momentum", gate_momentum, minimum=0.0, maximum=1.0, finite=True)
+    check_gate_momentum(gate_momentum)
     if not callable(getattr(net, "weight_parameters", None)) or not callable(getattr(net, "gate_parameters", None)):
         raise ConfigTypeError(f"param_groups takes a connlearn ConnectivityNet (it splits weights from gates), got "
                               f"{type(net).__name__}")
