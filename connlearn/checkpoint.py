@@ -9,12 +9,15 @@ epoch log.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import numbers
 import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from connlearn.blocks import device_and_dtype
@@ -22,7 +25,9 @@ from connlearn.compile import ConnectivityNet, check_net, engine_to_rebuild
 from connlearn.errors import (
     CheckpointError,
     ConfigError,
+    ConfigTypeError,
     ConnlearnError,
+    GraphError,
     check_device,
     check_file_path,
     check_name,
@@ -55,12 +60,17 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
-    """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries (under names of their own)."""
+    """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries (under names of their own). Every
+    entry must load back under ``torch.load(weights_only=True)``: dicts, lists and tuples of tensors, Python's
+    own numbers, strings, bools and ``None``, dtypes and devices; anything else is refused here, by name,
+    rather than written into a file that could not be read again."""
     check_net(net)
     taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model", "dtype"})
     if taken:
         raise ConfigError(f"make_checkpoint: {', '.join(taken)} are the checkpoint's own entries; give extra "
                           "entries other names")
+    for key, value in extra.items():
+        _check_loadable(value, key)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -70,6 +80,63 @@ def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
         "model": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in net.state_dict().items()},
         **extra,
     }
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def plain_facts(value: Any, name: str) -> Any:
+    """``value``, JSON-like facts (dicts with string keys, lists, tuples, strings, numbers, bools, ``None``),
+    with NumPy's and other numbers made Python's own ints and floats, which a checkpoint loads back; anything
+    else is a :class:`ConfigTypeError` naming where it is. Dicts and lists are changed in place (whoever holds
+    them sees the same objects), tuples made anew."""
+    if type(value) in _PLAIN:
+        return value
+    if isinstance(value, dict):
+        for key in value:
+            if type(key) is not str:
+                raise ConfigTypeError(f"{name}'s keys must be strings, got {key!r} ({type(key).__name__})")
+        for key, item in value.items():
+            value[key] = plain_facts(item, f"{name}[{key!r}]")
+        return value
+    if type(value) is list:
+        value[:] = [plain_facts(item, f"{name}[{i}]") for i, item in enumerate(value)]
+        return value
+    if type(value) is tuple:
+        return tuple(plain_facts(item, f"{name}[{i}]") for i, item in enumerate(value))
+    if isinstance(value, np.bool_):  # not a numbers.Integral
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    hint = "; give the path as a string" if isinstance(value, os.PathLike) else ""
+    raise ConfigTypeError(f"{name} must be JSON-able facts (strings, numbers, bools, None, lists and dicts of "
+                          f"them), got {value!r} ({type(value).__name__}){hint}")
+
+
+def _check_loadable(value: Any, where: str) -> None:
+    """A clear error unless ``value`` loads back under ``torch.load(weights_only=True)``."""
+    if type(value) in _PLAIN or isinstance(value, (torch.Tensor, torch.dtype, torch.device)):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_loadable(key, f"{where}'s key {key!r}")
+            _check_loadable(item, f"{where}[{key!r}]")
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_loadable(item, f"{where}[{i}]")
+        return
+    buffer = io.BytesIO()  # anything else: as torch.load will see it
+    try:
+        torch.save(value, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:
+        raise ConfigTypeError(f"make_checkpoint: {where} is {value!r} ({type(value).__name__}), which a checkpoint "
+                              "cannot load back (torch.load(weights_only=True)); give Python's own numbers, "
+                              "strings, bools, None, tensors, and lists and dicts of them") from None
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -170,6 +237,10 @@ def _check_contents(ckpt: dict[str, Any], where: str) -> None:
         if not isinstance(ckpt.get(key), kind):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
             raise CheckpointError(f"{where} is a damaged connlearn checkpoint: its {key!r} is {found}")
+    try:
+        BranchGraph.from_json(ckpt["graph"])
+    except GraphError as exc:
+        raise CheckpointError(f"{where} is a damaged connlearn checkpoint: its graph: {exc}") from None
 
 
 def _state_error(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ import copy
 import functools
 import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -315,6 +315,14 @@ def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor,
 PICKLE_FORMAT = 1
 
 
+def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(fn)``, made at the first call: importing ``torch._dynamo`` takes seconds, which
+    every ``import connlearn`` (and ``connlearn --help``) would pay. torch's own lazy form of it, where this
+    torch has one."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(fn) if callable(lazy) else torch.compiler.disable(fn)
+
+
 class ConnectivityNet(nn.Module):
     """A multi-branch network compiled from a :class:`BranchGraph`.
 
@@ -490,8 +498,11 @@ class ConnectivityNet(nn.Module):
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight = getattr(getattr(self.stem, "conv", None), "weight", None)
-        if (not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and x.dtype != weight.dtype
-                and weight.numel() > 0 and not _autocast_enabled(x.device.type)):
+        checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
+        if checked and x.device != weight.device:
+            raise ConfigError(f"the images are on {x.device} and the network on {weight.device}: move the images "
+                              f"(x.to({str(weight.device)!r})) or the network (net.to({str(x.device)!r}))")
+        if checked and x.dtype != weight.dtype and not _autocast_enabled(x.device.type):
             raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
                                   f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
                                   "under torch.autocast")
@@ -564,7 +575,7 @@ class ConnectivityNet(nn.Module):
             mixes.append(matrix / self.K)
         return mixes
 
-    @torch.compiler.disable
+    @_eager
     def _draw(self) -> dict[int, torch.Tensor]:
         gates = [s.gate for s in self.stages if s.gate is not None and s.gate.stochastic]
         module_of = {id(s.gate): m for m, s in zip(self.module_ids, self.stages, strict=True)}
@@ -712,6 +723,14 @@ class ConnectivityNet(nn.Module):
         ``graph()``. A net that is already fixed is returned unchanged. Returns ``self``.
         """
         if self.fixed_connectivity:
+            mine = self.connectivity()
+            if connectivity is not None and not (  # a fixed connectivity stays: another one is refused, not ignored
+                    isinstance(connectivity, dict) and set(connectivity) == set(mine)
+                    and all(isinstance(connectivity[m], torch.Tensor) and connectivity[m].shape == mine[m].shape
+                            and torch.equal(connectivity[m].cpu(), mine[m].cpu()) for m in mine)):
+                raise ConfigError(f"this network's connectivity is fixed already ({self.gate_kind} gates), and the "
+                                  "given one is another; freeze a copy made before the freeze, or build the network "
+                                  "again")
             return self
         given = None if connectivity is None else self._given_connectivity(connectivity)
         kept = {}
@@ -792,7 +811,26 @@ class ConnectivityNet(nn.Module):
         return {"generator": self.generator.get_state(), "temperature": self._temperature, "K": self.K,
                 "gate": self.gate_kind}
 
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """As ``nn.Module.load_state_dict``; a state of another network (other shapes, missing or unexpected
+        keys) is a :class:`CheckpointError` that names the first difference."""
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except RuntimeError as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+                raise
+            first = next((line for line in lines[1:] if line.startswith(("Missing", "Unexpected", "size mismatch"))),
+                         lines[0])
+            first = first.rstrip(".") if len(first) <= 300 else first[:297] + "..."
+            raise CheckpointError(f"the state dict does not fit this network: {first}; build the network it came "
+                                  "from (a checkpoint holds its graph: connlearn.checkpoint.net_from_checkpoint)"
+                                  ) from None
+
     def set_extra_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("generator"), torch.Tensor):
+            raise CheckpointError(f"this state dict's _extra_state is {state!r}, not a ConnectivityNet's (a dict "
+                                  "holding the gate generator's state)")
         # K and the gate kind change the function without changing a tensor's shape: a state of another
         # network would load silently (states saved before they were recorded are not checked)
         theirs = {k: state[k] for k in ("K", "gate") if k in state}

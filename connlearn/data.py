@@ -43,6 +43,7 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     DataError,
+    check_bool,
     check_device,
     check_file_path,
     check_int,
@@ -674,10 +675,13 @@ def load_dataset(
         splits = [cifar_class(root=str(root), train=is_train, download=download) for is_train in (True, False)]
     except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError, ... when it cannot download
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        tried = f"download into {root} failed" if download else f"nothing in {root} and download=False"
+        tried = f"the download into {root} failed" if download else f"{root} holds none (download=False)"
+        looked = ("" if location is None else f"{location[1]} {location[0]} holds no {name}_jpeg.npz, {name}.npz or "
+                  f"torchvision {cifar_class.base_folder} folder, and ")
         raise DataError(
-            f"no {name} data found: pass --data PATH (a packed .npz file, or a folder holding one or the torchvision "
-            f"CIFAR files) or set {DATA_ENV} ({tried}: {reason})"
+            f"no {name} data found: {looked}{tried} ({reason}). Pass --data PATH (a packed .npz file, or a folder "
+            f"holding one or the torchvision CIFAR files) or set {DATA_ENV}; on a machine with internet, "
+            f"'connlearn pack {name} -o {name}.npz' downloads and packs it into one file to copy here"
         ) from None
     return _from_torchvision(splits[0]), _from_torchvision(splits[1])
 
@@ -724,11 +728,11 @@ class ShardedBatches:
         self.train = bool(train)
         self.device = check_device(device)
         self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.shuffle = self.train if shuffle is None else bool(shuffle)
+        self.drop_last = self.train if drop_last is None else check_bool("drop_last", drop_last)
+        self.shuffle = self.train if shuffle is None else check_bool("shuffle", shuffle)
         self.world_size = check_int("world_size", world_size, minimum=1)
         self.rank = check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
-        self.channels_last = bool(channels_last)
+        self.channels_last = check_bool("channels_last", channels_last)
         self.count = count
         self.num_samples = count // self.world_size if self.train else len(range(self.rank, count, self.world_size))
         if self.num_samples == 0 or (self.drop_last and self.num_samples < self.batch_size):
@@ -949,7 +953,7 @@ class DataLoaderPath(_EpochLoader):
     ) -> None:
         super().__init__(dataset, batch_size, train=train, **options)
         self.num_workers = check_int("num_workers", num_workers, minimum=0)
-        self.pin_memory = bool(pin_memory)
+        self.pin_memory = check_bool("pin_memory", pin_memory)
         self._samples = _AugmentedImages(self)
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -994,6 +998,10 @@ def make_loaders(
     """
     check_name("loader path", path, LOADER_PATHS)
     loader_class = BatchLoader if path == "auto" else DataLoaderPath
+    known = ("rank", "world_size", "channels_last", "pad", "crop", "mean", "drop_last", "shuffle", "num_workers",
+             "pin_memory")
+    for key in options:
+        check_name("make_loaders option", key, known)
     if path == "auto" and {"num_workers", "pin_memory"} & options.keys():
         raise ConfigError("num_workers and pin_memory apply to path='dataloader' only; drop them or set that path")
     if "mean" not in options:

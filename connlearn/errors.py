@@ -105,9 +105,11 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
 def check_bool(name: str, value: object) -> bool:
     """``value`` if it is a bool, else a :class:`ConfigTypeError`: a string such as ``"no"`` would otherwise
     count as true."""
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)  # NumPy's bool, e.g. from an array's comparison
     if not isinstance(value, bool):
         raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
+    return value
 
 
 def check_float(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
@@ -186,6 +188,11 @@ def check_file_path(name: str, value: object, example: str) -> Path:
     path = check_path(name, value).expanduser()
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / example})")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"cannot write {path}: {parent} is a file, not a folder")
+            break
     return path
 
 

@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 
 from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, data_location, epoch_generator
-from connlearn.errors import ConfigTypeError, DataError, check_int, check_path
+from connlearn.errors import ConfigTypeError, DataError, check_bool, check_int, check_path
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -270,7 +270,7 @@ class FolderLoader(ShardedBatches):
         self.resize = check_int("resize", resize, minimum=self.size)
         workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
         self.num_workers = check_int("num_workers", workers, minimum=0)
-        self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
+        self.pin_memory = self.device.type == "cuda" if pin_memory is None else check_bool("pin_memory", pin_memory)
         self._samples = _FolderSamples(self)
 
     def order(self, epoch: int) -> torch.Tensor:

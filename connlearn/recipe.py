@@ -22,6 +22,7 @@ from connlearn.errors import (
     check_int,
     check_name,
     check_temperature,
+    unknown_name,
 )
 
 
@@ -39,9 +40,16 @@ def _non_negative(name: str):
     return check
 
 
+def _momentum(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        check_float(name, value, minimum=0.0, maximum=1.0)
+
+    return check
+
+
 def check_gate_momentum(value: Any) -> float | None:
     """``value`` if it is ``None`` (the optimizer's momentum) or a momentum in [0, 1]; else a clear error."""
-    return None if value is None else check_float("gate_momentum", value, minimum=0.0, maximum=1.0, finite=True)
+    return None if value is None else check_float("gate_momentum", value, minimum=0.0, maximum=1.0)
 
 
 def _optional_momentum(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -125,7 +133,7 @@ class Recipe:
     name: str = attrs.field(validator=_name)
     phases: tuple[Phase, ...] = attrs.field(converter=_phases, validator=_check_phases)
     batch_size: int = attrs.field(default=128, validator=_positive_int("batch_size"))
-    momentum: float = attrs.field(default=0.9, validator=_non_negative("momentum"))
+    momentum: float = attrs.field(default=0.9, validator=_momentum("momentum"))
     weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
     nesterov: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("nesterov"))
     #: the gates' own SGD momentum (None: ``momentum``, as the paper's setup names one); 0 is Algorithm 1's
@@ -138,6 +146,9 @@ class Recipe:
         frozen = [p.frozen for p in self.phases]
         if frozen != sorted(frozen):
             raise ConfigError("once a phase freezes the connectivity, every later phase must be frozen too")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov=True needs a momentum above 0 (SGD's Nesterov step is one of momentum), got "
+                              "momentum=0")
 
     @property
     def total_epochs(self) -> int:
@@ -185,9 +196,28 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
-        d = dict(d)
-        d["phases"] = [Phase(**p) for p in d["phases"]]
+        """The recipe of :meth:`to_dict`'s dict; a missing or unknown entry is a clear error."""
+        d = dict(_fields_of(cls, d, "a recipe dict", "recipe entry"))
+        if not isinstance(d["phases"], (list, tuple)):
+            raise ConfigTypeError(f"a recipe dict's 'phases' must be a list of phase dicts, got {d['phases']!r}")
+        d["phases"] = [Phase(**_fields_of(Phase, p, f"phase {i} of the recipe dict", "phase entry"))
+                       for i, p in enumerate(d["phases"], 1)]
         return cls(**d)
+
+
+def _fields_of(cls: type, d: Any, what: str, entry: str) -> Mapping[str, Any]:
+    """``d`` if it is a dict holding every required field of the attrs class ``cls`` and no other entry."""
+    if not isinstance(d, Mapping):
+        raise ConfigTypeError(f"{what} must be a dict (as Recipe.to_dict() writes), got {d!r} ({type(d).__name__})")
+    fields = attrs.fields(cls)
+    names = [f.name for f in fields]
+    for key in d:
+        if key not in names:
+            raise unknown_name(entry, key, names)
+    missing = [f.name for f in fields if f.default is attrs.NOTHING and f.name not in d]
+    if missing:
+        raise ConfigError(f"{what} lacks {', '.join(map(repr, missing))}")
+    return d
 
 
 def _paper(name: str, epochs: tuple[int, int, int, int], **kw: Any) -> Recipe:

@@ -8,7 +8,15 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from connlearn.errors import ConfigError, ConfigTypeError, UnknownNameError, check_name, check_pattern, closest
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    UnknownNameError,
+    check_bool,
+    check_name,
+    check_pattern,
+    closest,
+)
 
 T = TypeVar("T")
 
@@ -37,6 +45,7 @@ class Registry(Generic[T]):
         """Register ``obj`` under ``name``; without ``obj``, return a decorator that does."""
         if not isinstance(name, str) or not name:
             raise ConfigTypeError(f"a {self.what} name must be a non-empty string, got {name!r}")
+        check_bool("overwrite", overwrite)
 
         def add(item: T) -> T:
             if name in self._items and not overwrite and self._items[name] is not item:

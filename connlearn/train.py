@@ -35,7 +35,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, net_from_checkpoint, save_atomic
+from connlearn.checkpoint import (
+    architecture,
+    load_checkpoint,
+    make_checkpoint,
+    net_from_checkpoint,
+    plain_facts,
+    save_atomic,
+)
 from connlearn.compile import ConnectivityNet, check_net
 from connlearn.errors import (
     CheckpointError,
@@ -43,11 +50,13 @@ from connlearn.errors import (
     ConfigTypeError,
     ConnlearnError,
     DataError,
+    check_bool,
     check_device,
     check_float,
     check_int,
     check_name,
     check_path,
+    closest,
 )
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
@@ -139,9 +148,26 @@ def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None = None,
+def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | str | None = None,
              channels_last: bool = False) -> dict[str, float]:
-    """Test loss, top-1 and top-5 accuracy (in %) of ``model`` in eval mode over ``loader.epoch(0)``."""
+    """Test loss, top-1 and top-5 accuracy (in %) of ``model`` in eval mode over ``loader.epoch(0)``.
+
+    ``amp``: ``None`` (full precision), a dtype (``torch.bfloat16``, ``torch.float16``) or one of the
+    Trainer's names (``"bf16"``, ``"fp16"``, ``"none"``, or ``"auto"``: bf16 on CUDA)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigTypeError(f"evaluate takes a torch.nn.Module (e.g. connlearn.build(...)), got "
+                              f"{type(model).__name__}")
+    if not _is_loader(loader):
+        raise ConfigTypeError(f"evaluate takes a loader: an object with len() and epoch(n) giving (images, labels) "
+                              f"batches (connlearn.data.make_loaders), got {type(loader).__name__}")
+    check_bool("channels_last", channels_last)
+    if not isinstance(amp, torch.dtype) and amp is not None:
+        check_name("amp mode", amp, AMP_MODES)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        amp = _amp_dtype(amp, device)
+    elif amp is not None and amp not in (torch.bfloat16, torch.float16):
+        raise ConfigError(f"amp must be torch.bfloat16, torch.float16 or None, got {amp}")
+    check_classes(model, loader, "the evaluation loader")
     was_training = model.training
     model.eval()
     totals, seen = None, 0
@@ -193,6 +219,24 @@ def _same_on_every_rank(value: int, device: torch.device, what: str) -> None:
     if low != high:
         raise CheckpointError(f"the ranks disagree on {what} ({low} on one, {high} on another): give every rank the "
                               "same out_dir, a folder they share")
+
+
+def _amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of an amp mode (:data:`AMP_MODES`) on ``device``."""
+    return {"auto": torch.bfloat16 if device.type == "cuda" else None, "bf16": torch.bfloat16,
+            "fp16": torch.float16, "none": None}[mode]
+
+
+def check_classes(model: torch.nn.Module, loader: Loader, name: str) -> None:
+    """A clear error when ``loader``'s dataset has more classes than ``model`` has outputs: its labels would
+    fail inside the loss (on a GPU, as a device-side assert)."""
+    inner = getattr(model, "_orig_mod", model)
+    inner = getattr(inner, "module", inner)
+    outputs = getattr(inner, "num_classes", None)
+    classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
+    if isinstance(outputs, int) and isinstance(classes, int) and classes > outputs:
+        raise ConfigError(f"{name}'s dataset has {classes} classes, but the network has {outputs} outputs; build "
+                          f"it with num_classes={classes}")
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -270,20 +314,21 @@ class Trainer:
             raise ConfigTypeError(f"resume_check must be a function of the checkpoint dict, got {resume_check!r}")
         if meta is not None and not isinstance(meta, dict):
             raise ConfigTypeError(f"meta must be a dict of JSON-able facts, got {meta!r} ({type(meta).__name__})")
+        for name, loader in (("train_loader", train_loader), ("test_loader", test_loader)):
+            if loader is not None:
+                check_classes(net, loader, name)
         self.device = check_device(device)
-        cuda = self.device.type == "cuda"
-        self.amp = {"auto": torch.bfloat16 if cuda else None, "bf16": torch.bfloat16, "fp16": torch.float16,
-                    "none": None}[amp]
-        self.channels_last = bool(channels_last)
-        if cuda and cudnn_benchmark:
+        self.amp = _amp_dtype(amp, self.device)
+        self.channels_last = check_bool("channels_last", channels_last)
+        if check_bool("cudnn_benchmark", cudnn_benchmark) and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         self.compile = compile
         self.gate_grad = gate_grad
         self.snapshot_every = check_int("snapshot_every", snapshot_every, minimum=0)
-        self.progress = progress
-        self.verbose = verbose
-        self.tensorboard = tensorboard
-        self.meta = dict(meta or {})
+        self.progress = check_bool("progress", progress)
+        self.verbose = check_bool("verbose", verbose)
+        self.tensorboard = check_bool("tensorboard", tensorboard)
+        self.meta = dict(plain_facts(meta or {}, "meta"))  # its entries stay the caller's (a resume check updates them)
         self.resume_check = resume_check
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.out_dir = check_path("out_dir", out_dir)
@@ -291,7 +336,10 @@ class Trainer:
             raise ConfigError(f"out_dir {str(self.out_dir)!r} is a file; give the folder of the run")
         self.is_main = _rank() == 0
         if self.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot make out_dir {str(self.out_dir)!r}: {exc.strerror or exc}") from None
         self.history: list[dict[str, Any]] = []
         self.epoch = 0  # epochs completed
         self.step = 0
@@ -474,6 +522,15 @@ class Trainer:
         ``model`` stay the objects they were (the freeze of phase 2 replaces them, and ``load`` does).
         """
         started = time.perf_counter()
+        if not isinstance(resume, bool) and resume != "auto":
+            check_path("resume (True, False, 'auto' or a checkpoint's path)", resume)
+            if isinstance(resume, str) and not Path(resume).exists() and closest(resume, ("auto",)):
+                raise ConfigError(f"resume {resume!r} is neither 'auto' nor an existing checkpoint; did you mean "
+                                  "'auto'?")
+        if max_epochs is not None:
+            max_epochs = check_int("max_epochs", max_epochs, minimum=0)
+        if time_limit is not None:
+            time_limit = check_float("time_limit (seconds)", time_limit)  # passed already (< 0): no epoch starts
         path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
