@@ -152,16 +152,14 @@ def _read_config(path: Path, fields: set[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"no config file at {path}")
     kind = "TOML" if path.suffix == ".toml" else "JSON"
+    if kind == "TOML":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            raise ConfigError(f"{path}: TOML configs need Python 3.11 or later; write it as JSON") from None
     try:
         text = path.read_text()
-        if kind == "TOML":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                raise ConfigError(f"{path}: TOML configs need Python 3.11 or later; write it as JSON") from None
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
+        data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise ConfigError(f"{path} is not valid {kind}: {exc}") from None
     if not isinstance(data, dict):
@@ -195,6 +193,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.checkpoint import make_checkpoint, save_atomic
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 
+    if Path(args.output).expanduser().resolve() == Path(args.checkpoint).expanduser().resolve():
+        raise ConfigError(f"--output {args.output} is the checkpoint being pruned; write the pruned network to "
+                          "another file (e.g. pruned.pt beside it), so that the run keeps what it resumes from")
     ckpt, net = _load_net(args.checkpoint)
     if freezing_changes_outputs(net):
         raise ConfigError(f"{args.checkpoint} holds {net.gate_kind!r} gates that are not frozen yet (phase 1), which "
@@ -324,6 +325,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         # the checkpoint's own run options say which data best_top1 is on; without them nobody can
         "evaluated_on": _eval_set(options) if (options := _options_in(ckpt)) else "unknown",
     }
+    if meta.get("source") == "generated":  # a run that found no data trained on a generated stand-in
+        info["evaluated_on"] += " (of a generated dataset)"
     if args.json:
         print(json.dumps(info))
     else:

@@ -43,6 +43,7 @@ from connlearn.errors import (
     ConfigTypeError,
     DataError,
     GraphError,
+    check_bool,
     check_device,
     check_int,
     check_name,
@@ -110,6 +111,13 @@ def _optional_int(name: str, minimum: int = 1):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is not None:
             check_int(name, value, minimum=minimum)
+
+    return check
+
+
+def _flag(name: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        check_bool(name, value)
 
     return check
 
@@ -201,9 +209,9 @@ class CifarRun:
     base_channels: int | None = None
     stem_channels: int | None = None
     snapshot_every: int = 100
-    tensorboard: bool = False
-    progress: bool = True
-    synthetic_fallback: bool = True
+    tensorboard: bool = attrs.field(default=False, validator=_flag("tensorboard"))
+    progress: bool = attrs.field(default=True, validator=_flag("progress"))
+    synthetic_fallback: bool = attrs.field(default=True, validator=_flag("synthetic_fallback"))
 
     def __attrs_post_init__(self) -> None:
         check_name("dataset", self.dataset, DATASETS)
@@ -326,8 +334,17 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
         raise ConfigError(f"connectivity: {path} lies in this run's own output folder {run.out}, whose checkpoints "
                           "the run resumes from and overwrites; give the run another --out")
     with path.open("rb") as f:
-        is_json = f.read(1) == b"{"
-    graph = BranchGraph.from_json(path.read_text() if is_json else load_checkpoint(path)["graph"])
+        is_json = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{"  # after a byte order mark or blanks
+    if is_json:
+        try:
+            graph = BranchGraph.from_json(path.read_text(encoding="utf-8-sig"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"connectivity: {path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); "
+                              "give a graph JSON file or a checkpoint") from None
+        except GraphError as exc:
+            raise GraphError(f"connectivity: {path}: {exc}") from None
+    else:
+        graph = BranchGraph.from_json(load_checkpoint(path)["graph"])
     try:
         graph.validate()
     except GraphError as exc:
@@ -554,14 +571,13 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     if not freezing_changes_outputs(trained):
         pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one
         # best_top1 is the run's best epoch; top1 is these weights' own (the last epoch's, unchanged by pruning)
-        save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "prune": str(report),
+        save_atomic(make_checkpoint(pruned, meta={"run": run.to_dict(), "source": source, "prune": str(report),
                                                   "params_train": report.params_before,
                                                   "top1": history[-1].get("test_top1"),
                                                   "input_overlap": {str(m): v for m, v in overlap.items()}},
                                     epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     else:  # real gates never frozen (a schedule of phase 1 only): their outputs depend on every input
         report = None
-    pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     last = history[-1]
     chance = {m: random_overlap(len(graph.candidates(m)), trained.K) for m in overlap}  # independent draws
     summary = {
@@ -576,11 +592,17 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
         "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
         "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
                                            "gate_at_1", "connectivity_changed")} for r in history],
-        "files": [str(p) for p in pictures],
+        "files": [],
         "run": run.to_dict(),
     }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))  # before the drawings, which need Graphviz
+    pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
+    summary["files"] = [str(p) for p in pictures]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%")
+    if source == "generated":
+        _say(f"connlearn: these numbers are on a small generated dataset, not on {run.dataset}: no {run.dataset} data "
+             "was found (see the message at the start)")
     if report is None:
         _say(f"parameters: {summary['params_train'] / 1e6:.3f}M; not pruned: the {run.gate} gates were never frozen "
              "(no phase 2 in this schedule), and they weight every input")

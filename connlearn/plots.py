@@ -28,7 +28,15 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from connlearn.errors import ConfigError, ConfigTypeError, DataError, check_int, check_path, check_title
+from connlearn.errors import (
+    ConfigError,
+    ConfigTypeError,
+    DataError,
+    check_file_path,
+    check_int,
+    check_path,
+    check_title,
+)
 from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import active_branches
 from connlearn.train import read_jsonl
@@ -402,6 +410,9 @@ def _series(records: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple
         if "epoch" not in record:
             raise DataError(f"{where}: record {index} has no 'epoch' (keys: {sorted(record)})")
         if record.get(key) is not None:
+            for name in ("epoch", key):
+                if isinstance(record[name], bool) or not isinstance(record[name], (int, float)):
+                    raise DataError(f"{where}: record {index} has {name!r} = {record[name]!r}, not a number")
             epochs.append(float(record["epoch"]))
             values.append(float(record[key]))
     if not values:
@@ -412,7 +423,7 @@ def _series(records: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple
 
 # ---------------------------------------------------------------------------- output
 def _figure_path(path: str | os.PathLike[str]) -> Path:
-    path = check_path("path", path)
+    path = check_file_path("path", path, "figure.png")
     if not path.suffix:
         return path.with_name(path.name + ".png")
     if path.suffix.lower() not in SUFFIXES:

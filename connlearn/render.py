@@ -133,6 +133,8 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
             f"allowed: {' '.join(SUFFIXES)}"
         )
     if isinstance(obj, BranchGraph):
+        for key in to_dot_kwargs:
+            check_name("to_dot option", key, ("weighted", "dead", "title"))
         dot = to_dot(obj, **to_dot_kwargs)
     elif isinstance(obj, graphviz.Digraph):
         if to_dot_kwargs:
@@ -155,6 +157,12 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
         data = dot.pipe(format=suffix[1:])
     except graphviz.ExecutableNotFound:
         _warn_no_dot(path)
+        return [dot_path]
+    except (graphviz.CalledProcessError, OSError) as exc:  # e.g. a Graphviz built without this format
+        said = getattr(exc, "stderr", None) or b""
+        said = (said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said)).strip() or str(exc)
+        warnings.warn(f"cannot render {str(path)!r}: Graphviz's 'dot' failed: {said.splitlines()[0]}; the .dot file "
+                      f"was written ({str(dot_path)!r})", stacklevel=2)
         return [dot_path]
     _write_atomic(path, data)
     return [dot_path, path]
@@ -242,6 +250,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename == str(tmp):  # named as the file asked for
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -53,7 +53,8 @@ def test_a_one_epoch_run_falls_back_to_generated_data_and_writes_everything(offl
     assert code == 0
     printed = capsys.readouterr().out
     fallback = [line for line in printed.splitlines() if "generated dataset" in line]
-    assert len(fallback) == 1 and "--data" in fallback[0] and DATA_ENV in fallback[0]
+    assert len(fallback) == 2 and "--data" in fallback[0] and DATA_ENV in fallback[0]
+    assert "these numbers are on a small generated dataset, not on cifar100" in fallback[1]  # beside the result
     assert "top-1:" in printed and "parameters:" in printed and "connectivity:" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "generated" and summary["epochs"] == 1
