@@ -8,6 +8,7 @@ epoch log.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -28,10 +29,12 @@ from connlearn.errors import (
     ConfigTypeError,
     ConnlearnError,
     GraphError,
+    StateDictError,
     check_device,
     check_file_path,
     check_name,
     check_path,
+    state_dict_mismatch,
 )
 from connlearn.graph import BranchGraph, check_graph
 
@@ -96,6 +99,8 @@ def plain_facts(value: Any, name: str) -> Any:
         for key in value:
             if type(key) is not str:
                 raise ConfigTypeError(f"{name}'s keys must be strings, got {key!r} ({type(key).__name__})")
+        if type(value) is not dict:  # a defaultdict or a user's dict class: a checkpoint loads only dict
+            value = dict(value)
         for key, item in value.items():
             value[key] = plain_facts(item, f"{name}[{key!r}]")
         return value
@@ -119,7 +124,7 @@ def _check_loadable(value: Any, where: str) -> None:
     """A clear error unless ``value`` loads back under ``torch.load(weights_only=True)``."""
     if type(value) in _PLAIN or isinstance(value, (torch.Tensor, torch.dtype, torch.device)):
         return
-    if isinstance(value, dict):
+    if type(value) in (dict, collections.OrderedDict):  # subclasses (defaultdict, ...) do not load back
         for key, item in value.items():
             _check_loadable(key, f"{where}'s key {key!r}")
             _check_loadable(item, f"{where}[{key!r}]")
@@ -205,10 +210,12 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | 
         if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
             net = net.to(dtype)  # before loading, so that no weight is rounded on the way
         net.load_state_dict(ckpt["model"])
+    except StateDictError as exc:  # its advice (build the network it came from) is what failed here
+        raise CheckpointError(f"the checkpoint's weights do not fit its network: {exc.gist}") from None
     except ConnlearnError:
         raise
     except (KeyError, RuntimeError, TypeError) as exc:
-        raise CheckpointError(f"the checkpoint's weights do not fit its network: {_state_error(exc)}") from None
+        raise CheckpointError(f"the checkpoint's weights do not fit its network: {state_dict_mismatch(exc)}") from None
     if engine is not None and engine != net.engine:
         check_name("engine", engine, ("fused", "reference", "auto"))
         if engine != "auto":
@@ -240,15 +247,7 @@ def _check_contents(ckpt: dict[str, Any], where: str) -> None:
     try:
         BranchGraph.from_json(ckpt["graph"])
     except GraphError as exc:
-        raise CheckpointError(f"{where} is a damaged connlearn checkpoint: its graph: {exc}") from None
-
-
-def _state_error(exc: BaseException) -> str:
-    """The gist of a ``load_state_dict`` error: the first keys it names, not its empty first line."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    detail = next((line for line in lines[1:] if line.startswith(("Missing", "Unexpected", "size mismatch"))), None)
-    text = detail or (lines[0] if lines else type(exc).__name__)
-    return text if len(text) <= 300 else text[:297] + "..."
+        raise CheckpointError(f"{where}: its graph cannot be read: {exc}") from None
 
 
 def architecture(graph: BranchGraph) -> tuple:

@@ -53,10 +53,12 @@ from connlearn.errors import (
     ConfigError,
     ConfigTypeError,
     ShapeError,
+    StateDictError,
     check_bool,
     check_int,
     check_name,
     check_temperature,
+    state_dict_mismatch,
 )
 from connlearn.gates import (
     GATES,
@@ -499,9 +501,6 @@ class ConnectivityNet(nn.Module):
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight = getattr(getattr(self.stem, "conv", None), "weight", None)
         checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
-        if checked and x.device != weight.device:
-            raise ConfigError(f"the images are on {x.device} and the network on {weight.device}: move the images "
-                              f"(x.to({str(weight.device)!r})) or the network (net.to({str(x.device)!r}))")
         if checked and x.dtype != weight.dtype and not _autocast_enabled(x.device.type):
             raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
                                   f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
@@ -511,7 +510,18 @@ class ConnectivityNet(nn.Module):
         # would move the break into a nested frame and split the graph again (see the one-graph test).
         # A fixed connectivity (frozen, random, full) has nothing to draw, and compiles without the break.
         mixes = self._scaled(self._draw() if self.training and self.stochastic else {})
-        h = self.stem(x)
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            h = self.stem(x)
+        else:
+            try:
+                h = self.stem(x)
+            except RuntimeError as exc:  # named here, not before: a hook may bring the weights (offloading)
+                weight = getattr(getattr(self.stem, "conv", None), "weight", None)
+                if isinstance(weight, torch.Tensor) and weight.device != x.device:
+                    raise ConfigError(f"the images are on {x.device} and the network on {weight.device}: move the "
+                                      f"images (x.to({str(weight.device)!r})) or the network "
+                                      f"(net.to({str(x.device)!r}))") from exc
+                raise
         outputs: list[Any] = []
         for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
             if not plan:
@@ -817,15 +827,16 @@ class ConnectivityNet(nn.Module):
         try:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         except RuntimeError as exc:
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-            if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+            if not str(exc).startswith("Error(s) in loading state_dict"):
                 raise
-            first = next((line for line in lines[1:] if line.startswith(("Missing", "Unexpected", "size mismatch"))),
-                         lines[0])
-            first = first.rstrip(".") if len(first) <= 300 else first[:297] + "..."
-            raise CheckpointError(f"the state dict does not fit this network: {first}; build the network it came "
-                                  "from (a checkpoint holds its graph: connlearn.checkpoint.net_from_checkpoint)"
-                                  ) from None
+            gist = state_dict_mismatch(exc)
+            keys = [str(k) for k in state_dict]
+            wrapped = next((p for p in ("_orig_mod.", "module.") if any(k.startswith(p) for k in keys)), None)
+            hint = (f"its keys start with {wrapped!r}: it is the state of a wrapped network (torch.compile, DDP); "
+                    "load the state of the network inside" if wrapped else
+                    "build the network it came from (a checkpoint holds its graph: "
+                    "connlearn.checkpoint.net_from_checkpoint)")
+            raise StateDictError(f"the state dict does not fit this network: {gist}; {hint}", gist) from None
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or not isinstance(state.get("generator"), torch.Tensor):

@@ -23,6 +23,7 @@ iterating an epoch twice, or after resuming from a checkpoint, gives the same ba
 from __future__ import annotations
 
 import colorsys
+import inspect
 import io
 import math
 import os
@@ -998,8 +999,9 @@ def make_loaders(
     """
     check_name("loader path", path, LOADER_PATHS)
     loader_class = BatchLoader if path == "auto" else DataLoaderPath
-    known = ("rank", "world_size", "channels_last", "pad", "crop", "mean", "drop_last", "shuffle", "num_workers",
-             "pin_memory")
+    given = {"self", "dataset", "batch_size", "train", "device", "seed"}  # set here
+    known = {name for cls in (_EpochLoader, BatchLoader, DataLoaderPath)
+             for name, p in inspect.signature(cls).parameters.items() if p.kind is p.KEYWORD_ONLY} - given
     for key in options:
         check_name("make_loaders option", key, known)
     if path == "auto" and {"num_workers", "pin_memory"} & options.keys():

@@ -2,7 +2,8 @@
 
 Every error is a :class:`ConnlearnError`, and also a ``ValueError`` or ``TypeError`` so that code written
 against the builtin exceptions keeps working; a :class:`BlockError` (a block kind that fails in its own
-forward) is a ``RuntimeError``, as torch's error was. Messages name the bad value, what is allowed and,
+forward) and a :class:`StateDictError` (``load_state_dict`` of another network's state) are also
+``RuntimeError``, as torch's errors were. Messages name the bad value, what is allowed and,
 for names, the closest valid ones.
 """
 
@@ -47,6 +48,27 @@ class BlockError(ConnlearnError, RuntimeError):
 
 class CheckpointError(ConnlearnError, ValueError):
     """A checkpoint file is missing, truncated, foreign or of another architecture."""
+
+
+class StateDictError(CheckpointError, RuntimeError):
+    """``load_state_dict`` was given the state of another network (other shapes, missing or unexpected keys):
+    a :class:`CheckpointError`, and a ``RuntimeError`` as torch's error was. ``gist``: the keys it names."""
+
+    def __init__(self, message: str, gist: str = "") -> None:
+        super().__init__(message)
+        self.gist = gist
+
+
+def state_dict_mismatch(exc: BaseException) -> str:
+    """The gist of a ``load_state_dict`` error: its lines that name keys (each cut to 200 characters), not
+    its empty first line."""
+    lines = [line.strip().rstrip(".") for line in str(exc).strip().splitlines() if line.strip()]
+    keys = [line for line in lines[1:] if line.startswith(("Missing", "Unexpected"))]
+    sizes = [line for line in lines[1:] if line.startswith("size mismatch")]
+    if sizes:
+        keys.append(sizes[0] + (f" (and {len(sizes) - 1} more)" if len(sizes) > 1 else ""))
+    named = [line if len(line) <= 200 else line[:197] + "..." for line in keys]
+    return "; ".join(named) if named else (lines[0] if lines else type(exc).__name__)
 
 
 class DataError(ConnlearnError, ValueError):

@@ -8,6 +8,7 @@ gates and only the weights are fine-tuned at decreasing learning rates. Gate kin
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,18 @@ def _flag(value: Any) -> Any:
     return bool(value) if isinstance(value, np.bool_) else value
 
 
+def _number(value: Any) -> Any:
+    """A NumPy (or other) integer as Python's int, a real number as Python's float: what a checkpoint loads
+    back (``np.logspace`` gives ``np.float64``). Anything else is left for the check to name."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
 def _check_flag(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         check_bool(name, value)
@@ -103,12 +116,13 @@ class Phase:
     phase's first step to ``temperature_end`` at its last. A frozen phase draws nothing and keeps both at
     their defaults."""
 
-    epochs: int = attrs.field(validator=_positive_int("epochs"))
-    lr: float = attrs.field(validator=_non_negative("lr"))
-    gate_lr: float = attrs.field(default=0.0, validator=_non_negative("gate_lr"))
+    epochs: int = attrs.field(converter=_number, validator=_positive_int("epochs"))
+    lr: float = attrs.field(converter=_number, validator=_non_negative("lr"))
+    gate_lr: float = attrs.field(default=0.0, converter=_number, validator=_non_negative("gate_lr"))
     frozen: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("frozen"))
-    temperature: float = attrs.field(default=1.0, validator=_temperature("temperature"))
-    temperature_end: float | None = attrs.field(default=None, validator=_temperature("temperature_end", optional=True))
+    temperature: float = attrs.field(default=1.0, converter=_number, validator=_temperature("temperature"))
+    temperature_end: float | None = attrs.field(default=None, converter=_number,
+                                                validator=_temperature("temperature_end", optional=True))
 
     def __attrs_post_init__(self) -> None:
         if self.frozen and (self.temperature != 1.0 or self.temperature_end is not None):
@@ -132,13 +146,13 @@ class Recipe:
 
     name: str = attrs.field(validator=_name)
     phases: tuple[Phase, ...] = attrs.field(converter=_phases, validator=_check_phases)
-    batch_size: int = attrs.field(default=128, validator=_positive_int("batch_size"))
-    momentum: float = attrs.field(default=0.9, validator=_momentum("momentum"))
-    weight_decay: float = attrs.field(default=5e-4, validator=_non_negative("weight_decay"))
+    batch_size: int = attrs.field(default=128, converter=_number, validator=_positive_int("batch_size"))
+    momentum: float = attrs.field(default=0.9, converter=_number, validator=_momentum("momentum"))
+    weight_decay: float = attrs.field(default=5e-4, converter=_number, validator=_non_negative("weight_decay"))
     nesterov: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("nesterov"))
     #: the gates' own SGD momentum (None: ``momentum``, as the paper's setup names one); 0 is Algorithm 1's
     #: plain clipped step
-    gate_momentum: float | None = attrs.field(default=None, validator=_optional_momentum)
+    gate_momentum: float | None = attrs.field(default=None, converter=_number, validator=_optional_momentum)
 
     def __attrs_post_init__(self) -> None:
         if not self.phases:

@@ -18,6 +18,7 @@ order; they are layout aids, not connections.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import shutil
@@ -134,7 +135,7 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
         )
     if isinstance(obj, BranchGraph):
         for key in to_dot_kwargs:
-            check_name("to_dot option", key, ("weighted", "dead", "title"))
+            check_name("to_dot option", key, [p for p in inspect.signature(to_dot).parameters if p != "graph"])
         dot = to_dot(obj, **to_dot_kwargs)
     elif isinstance(obj, graphviz.Digraph):
         if to_dot_kwargs:

@@ -165,8 +165,10 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | str |
         check_name("amp mode", amp, AMP_MODES)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         amp = _amp_dtype(amp, device)
+    elif amp == torch.float32:
+        amp = None  # full precision
     elif amp is not None and amp not in (torch.bfloat16, torch.float16):
-        raise ConfigError(f"amp must be torch.bfloat16, torch.float16 or None, got {amp}")
+        raise ConfigError(f"amp must be torch.bfloat16, torch.float16, torch.float32 or None, got {amp}")
     check_classes(model, loader, "the evaluation loader")
     was_training = model.training
     model.eval()
@@ -233,7 +235,9 @@ def check_classes(model: torch.nn.Module, loader: Loader, name: str) -> None:
     inner = getattr(model, "_orig_mod", model)
     inner = getattr(inner, "module", inner)
     outputs = getattr(inner, "num_classes", None)
-    classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
+    data = getattr(loader, "dataset", None)
+    data = getattr(loader, "files", None) if data is None else data  # the ImageNet folder loader's file lists
+    classes = getattr(data, "num_classes", None)
     if isinstance(outputs, int) and isinstance(classes, int) and classes > outputs:
         raise ConfigError(f"{name}'s dataset has {classes} classes, but the network has {outputs} outputs; build "
                           f"it with num_classes={classes}")

@@ -224,7 +224,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line_and_exit_1(tmp_path, 
     ckpt["graph"] = connlearn.build(**tiny(C=3)).graph().to_json()
     torch.save(ckpt, tmp_path / "mixed.pt")
     code, _, err = _run(["info", tmp_path / "mixed.pt"], capsys)
-    assert _one_line_error(code, err) and "not fit" in err
+    assert _one_line_error(code, err) and "do not fit" in err
 
 
 def test_resuming_a_run_of_another_architecture_is_one_line_and_exit_1(tmp_path, capsys):

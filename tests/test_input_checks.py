@@ -1,6 +1,7 @@
 """Bad input met in a user's own loop and on the command line: named by a ConnlearnError, never a crash in
 torch or a file that cannot be read again."""
 
+import collections
 import json
 import os
 import pathlib
@@ -23,6 +24,7 @@ from connlearn.errors import (
     ConfigTypeError,
     DataError,
     GraphError,
+    StateDictError,
     UnknownNameError,
     check_bool,
 )
@@ -73,10 +75,34 @@ def test_make_checkpoint_refuses_entries_that_would_not_load_back():
     assert ckpt["info"]["size"] == torch.Size([2])
 
 
+def test_numpy_numbers_in_a_recipe_become_python_numbers_and_its_checkpoints_load(tmp_path):
+    recipe = Recipe("r", [Phase(np.int64(1), np.float64(0.1), gate_lr=np.float32(0.25)),
+                          Phase(1, np.logspace(-2, -1, 2)[0], frozen=True)], batch_size=np.int64(8),
+                    momentum=np.float64(0.9), weight_decay=np.float32(1e-4), gate_momentum=np.float64(0))
+    assert [type(v) for v in (recipe.phases[0].epochs, recipe.phases[0].lr, recipe.batch_size)] == [int, float, int]
+    Trainer(connlearn.build(**tiny()), RandomLoader(n=16, batch=8), None, recipe, out_dir=tmp_path,
+            progress=False, verbose=False).fit()
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 2
+
+
+def test_dict_classes_that_a_checkpoint_cannot_load_are_made_dicts_or_refused(tmp_path):
+    facts = collections.defaultdict(int, {"a": {"b": np.int64(1)}})
+    trainer = _trainer(tmp_path, meta=facts)
+    assert type(trainer.meta) is dict and trainer.meta == {"a": {"b": 1}}
+    with pytest.raises(ConfigTypeError, match=r"make_checkpoint: meta is defaultdict"):
+        make_checkpoint(connlearn.build(**tiny()), meta=collections.defaultdict(int))
+    make_checkpoint(connlearn.build(**tiny()), meta=collections.OrderedDict(a=1))
+
+
 def test_a_state_dict_of_another_network_is_a_checkpoint_error():
     net = connlearn.build(**tiny())
-    with pytest.raises(CheckpointError, match=r"does not fit this network: size mismatch for .*net_from_checkpoint"):
+    with pytest.raises(StateDictError, match=r"does not fit this network: size mismatch for .* \(and \d+ more\); "
+                                             "build the network it came from"):
         net.load_state_dict(connlearn.build(**tiny(C=5)).state_dict())
+    with pytest.raises(RuntimeError):  # as torch's error was
+        net.load_state_dict(connlearn.build(**tiny(C=5)).state_dict())
+    with pytest.raises(StateDictError, match=r"keys start with '_orig_mod\.': it is the state of a wrapped network"):
+        net.load_state_dict({f"_orig_mod.{k}": v for k, v in net.state_dict().items()})
     with pytest.raises(CheckpointError, match="does not fit this network: Missing key"):
         net.load_state_dict({k: v for k, v in net.state_dict().items() if not k.startswith("head")})
     with pytest.raises(CheckpointError, match="_extra_state is 5, not a ConnectivityNet's"):
@@ -89,7 +115,7 @@ def test_a_checkpoint_with_a_damaged_graph_is_named(tmp_path):
     ckpt = make_checkpoint(connlearn.build(**tiny()))
     path = tmp_path / "bad.pt"
     save_atomic({**ckpt, "graph": "{not json"}, path)
-    with pytest.raises(CheckpointError, match=r"bad\.pt is a damaged connlearn checkpoint: its graph: not a Branch"):
+    with pytest.raises(CheckpointError, match=r"bad\.pt: its graph cannot be read: not a BranchGraph"):
         load_checkpoint(path)
 
 
@@ -140,10 +166,10 @@ def test_an_out_dir_that_cannot_be_made_is_named(tmp_path):
 def test_evaluate_takes_the_trainer_s_amp_names_and_names_what_it_cannot_take():
     net, loader = connlearn.build(**tiny()), RandomLoader(n=16, batch=8)
     assert evaluate(net, loader, amp="bf16")["test_top1"] == evaluate(net, loader, amp=torch.bfloat16)["test_top1"]
-    assert evaluate(net, loader, amp="none") == evaluate(net, loader)
+    assert evaluate(net, loader, amp="none") == evaluate(net, loader) == evaluate(net, loader, amp=torch.float32)
     with pytest.raises(UnknownNameError, match="unknown amp mode 'bf61'"):
         evaluate(net, loader, amp="bf61")
-    with pytest.raises(ConfigError, match=r"amp must be torch.bfloat16, torch.float16 or None"):
+    with pytest.raises(ConfigError, match=r"amp must be torch.bfloat16, torch.float16, torch.float32 or None"):
         evaluate(net, loader, amp=torch.float64)
     with pytest.raises(ConfigTypeError, match=r"evaluate takes a torch.nn.Module"):
         evaluate(None, loader)
@@ -155,6 +181,28 @@ def test_images_on_another_device_than_the_network_are_named():
     net = connlearn.build(**tiny())
     with pytest.raises(ConfigError, match=r"the images are on meta and the network on cpu: move the images"):
         net(torch.empty(2, 3, 32, 32, device="meta"))
+
+
+def test_a_stem_whose_weights_a_hook_brings_runs(images):
+    # offloading (e.g. accelerate's) keeps the weights elsewhere and brings them in a pre-forward hook
+    net = connlearn.build(**tiny()).eval()
+    expected = net(images)
+    weight = net.stem.conv.weight.detach().clone()
+    net.stem.conv.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"))
+
+    def bring(module, args):
+        module.conv.weight = torch.nn.Parameter(weight)
+
+    net.stem.register_forward_pre_hook(bring)
+    torch.testing.assert_close(net(images), expected)
+
+
+def test_the_class_check_reads_the_folder_loader_s_files(tmp_path):
+    class FolderLike(RandomLoader):
+        files = type("Files", (), {"num_classes": 1000})()
+
+    with pytest.raises(ConfigError, match="train_loader's dataset has 1000 classes, but the network has 10 outputs"):
+        _trainer(tmp_path, train=FolderLike())
 
 
 def test_freezing_a_frozen_network_to_another_connectivity_is_refused():
@@ -260,6 +308,27 @@ def test_pruning_a_checkpoint_onto_itself_is_refused(tmp_path, capsys):
     before = path.read_bytes()
     assert main(["prune", str(path), "-o", str(path)]) == 1
     assert "is the checkpoint being pruned" in capsys.readouterr().err and path.read_bytes() == before
+
+
+def test_summary_json_is_written_before_the_drawings(tmp_path, monkeypatch):
+    from connlearn import experiment
+
+    def no_drawing(*args, **kwargs):
+        raise RuntimeError("the drawing failed")
+
+    def no_data(name, data=None, **kw):
+        raise DataError(f"no {name} data found")
+
+    monkeypatch.setattr(experiment, "_draw", no_drawing)
+    monkeypatch.delenv(connlearn.data.DATA_ENV, raising=False)
+    monkeypatch.setattr(experiment, "load_dataset", no_data)  # a small generated stand-in instead
+    run = CifarRun(dataset="cifar10", M=3, C=2, K=1, width=1, base_channels=4, stem_channels=4, epochs=2,
+                   batch_size=32, out=str(tmp_path), progress=False, snapshot_every=0, train_subset=200,
+                   test_subset=100)
+    with pytest.raises(RuntimeError, match="the drawing failed"):
+        experiment.run_cifar(run)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["files"] == [] and summary["test_top1"] is not None
 
 
 def test_info_says_when_a_run_trained_on_generated_data(tmp_path, capsys):
