@@ -496,7 +496,7 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
-            best_top1=self.best_top1, meta=self.meta,
+            best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
             rng={"torch": torch.get_rng_state(),
                  "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
         )

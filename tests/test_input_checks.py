@@ -51,8 +51,9 @@ def test_numpy_numbers_in_meta_are_kept_as_python_numbers_and_the_run_resumes(tm
     assert saved == {"lr": 0.1, "n": 3, "flag": True, "pair": (0.5, 1)}
     assert [type(v) for v in (saved["lr"], saved["n"], saved["flag"])] == [float, int, bool]
     resumed = _trainer(tmp_path, meta=meta)
+    resumed.meta["added"] = np.float32(0.25)  # after the trainer was made
     resumed.fit()
-    assert resumed.epoch == 2
+    assert resumed.epoch == 2 and load_checkpoint(tmp_path / "run" / "last.pt")["meta"]["added"] == 0.25
 
 
 @pytest.mark.parametrize(("meta", "named"), [({"out": pathlib.Path("x")}, r"meta\['out'\] must be JSON-able.*"
