@@ -12,13 +12,11 @@ import collections
 import contextlib
 import io
 import json
-import numbers
 import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from connlearn.blocks import device_and_dtype
@@ -34,6 +32,7 @@ from connlearn.errors import (
     check_file_path,
     check_name,
     check_path,
+    python_number,
     state_dict_mismatch,
 )
 from connlearn.graph import BranchGraph, check_graph
@@ -109,12 +108,8 @@ def plain_facts(value: Any, name: str) -> Any:
         return value
     if type(value) is tuple:
         return tuple(plain_facts(item, f"{name}[{i}]") for i, item in enumerate(value))
-    if isinstance(value, np.bool_):  # not a numbers.Integral
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
+    if type(number := python_number(value)) in _PLAIN:
+        return number
     hint = "; give the path as a string" if isinstance(value, os.PathLike) else ""
     raise ConfigTypeError(f"{name} must be JSON-able facts (strings, numbers, bools, None, lists and dicts of "
                           f"them), got {value!r} ({type(value).__name__}){hint}")

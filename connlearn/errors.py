@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 class ConnlearnError(Exception):
     """Base class of every error raised by connlearn for bad input, files or state."""
@@ -127,10 +129,24 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
 def check_bool(name: str, value: object) -> bool:
     """``value`` if it is a bool, else a :class:`ConfigTypeError`: a string such as ``"no"`` would otherwise
     count as true."""
-    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+    if isinstance(value, np.bool_):
         return bool(value)  # NumPy's bool, e.g. from an array's comparison
     if not isinstance(value, bool):
         raise ConfigTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def python_number(value: Any) -> Any:
+    """NumPy's (or another) bool, integer or real number as Python's own ``bool``, ``int`` or ``float``, which
+    a checkpoint loads back (``np.logspace`` gives ``np.float64``); anything else as it is."""
+    if type(value) in (bool, int, float):
+        return value
+    if isinstance(value, np.bool_):  # not a numbers.Integral
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     return value
 
 

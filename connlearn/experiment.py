@@ -43,7 +43,6 @@ from connlearn.errors import (
     ConfigTypeError,
     DataError,
     GraphError,
-    check_bool,
     check_device,
     check_int,
     check_name,
@@ -59,7 +58,7 @@ from connlearn.prune import (
     prune_dead_blocks,
     random_overlap,
 )
-from connlearn.recipe import Recipe, check_gate_momentum, get_recipe
+from connlearn.recipe import Recipe, check_gate_momentum, flag_check, get_recipe
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -111,13 +110,6 @@ def _optional_int(name: str, minimum: int = 1):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is not None:
             check_int(name, value, minimum=minimum)
-
-    return check
-
-
-def _flag(name: str):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        check_bool(name, value)
 
     return check
 
@@ -209,9 +201,9 @@ class CifarRun:
     base_channels: int | None = None
     stem_channels: int | None = None
     snapshot_every: int = 100
-    tensorboard: bool = attrs.field(default=False, validator=_flag("tensorboard"))
-    progress: bool = attrs.field(default=True, validator=_flag("progress"))
-    synthetic_fallback: bool = attrs.field(default=True, validator=_flag("synthetic_fallback"))
+    tensorboard: bool = attrs.field(default=False, validator=flag_check("tensorboard"))
+    progress: bool = attrs.field(default=True, validator=flag_check("progress"))
+    synthetic_fallback: bool = attrs.field(default=True, validator=flag_check("synthetic_fallback"))
 
     def __attrs_post_init__(self) -> None:
         check_name("dataset", self.dataset, DATASETS)

@@ -8,12 +8,10 @@ gates and only the weights are fine-tuned at decreasing learning rates. Gate kin
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from connlearn.errors import (
     ConfigError,
@@ -23,6 +21,7 @@ from connlearn.errors import (
     check_int,
     check_name,
     check_temperature,
+    python_number,
     unknown_name,
 )
 
@@ -57,24 +56,9 @@ def _optional_momentum(instance: Any, attribute: attrs.Attribute, value: Any) ->
     check_gate_momentum(value)
 
 
-def _flag(value: Any) -> Any:
-    """A NumPy bool as the Python bool it holds; anything else is left for the check to name."""
-    return bool(value) if isinstance(value, np.bool_) else value
+def flag_check(name: str):
+    """An attrs validator: the field must be a bool (:func:`~connlearn.errors.check_bool`)."""
 
-
-def _number(value: Any) -> Any:
-    """A NumPy (or other) integer as Python's int, a real number as Python's float: what a checkpoint loads
-    back (``np.logspace`` gives ``np.float64``). Anything else is left for the check to name."""
-    if isinstance(value, bool) or type(value) in (int, float):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return value
-
-
-def _check_flag(name: str):
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         check_bool(name, value)
 
@@ -116,12 +100,12 @@ class Phase:
     phase's first step to ``temperature_end`` at its last. A frozen phase draws nothing and keeps both at
     their defaults."""
 
-    epochs: int = attrs.field(converter=_number, validator=_positive_int("epochs"))
-    lr: float = attrs.field(converter=_number, validator=_non_negative("lr"))
-    gate_lr: float = attrs.field(default=0.0, converter=_number, validator=_non_negative("gate_lr"))
-    frozen: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("frozen"))
-    temperature: float = attrs.field(default=1.0, converter=_number, validator=_temperature("temperature"))
-    temperature_end: float | None = attrs.field(default=None, converter=_number,
+    epochs: int = attrs.field(converter=python_number, validator=_positive_int("epochs"))
+    lr: float = attrs.field(converter=python_number, validator=_non_negative("lr"))
+    gate_lr: float = attrs.field(default=0.0, converter=python_number, validator=_non_negative("gate_lr"))
+    frozen: bool = attrs.field(default=False, converter=python_number, validator=flag_check("frozen"))
+    temperature: float = attrs.field(default=1.0, converter=python_number, validator=_temperature("temperature"))
+    temperature_end: float | None = attrs.field(default=None, converter=python_number,
                                                 validator=_temperature("temperature_end", optional=True))
 
     def __attrs_post_init__(self) -> None:
@@ -146,13 +130,13 @@ class Recipe:
 
     name: str = attrs.field(validator=_name)
     phases: tuple[Phase, ...] = attrs.field(converter=_phases, validator=_check_phases)
-    batch_size: int = attrs.field(default=128, converter=_number, validator=_positive_int("batch_size"))
-    momentum: float = attrs.field(default=0.9, converter=_number, validator=_momentum("momentum"))
-    weight_decay: float = attrs.field(default=5e-4, converter=_number, validator=_non_negative("weight_decay"))
-    nesterov: bool = attrs.field(default=False, converter=_flag, validator=_check_flag("nesterov"))
+    batch_size: int = attrs.field(default=128, converter=python_number, validator=_positive_int("batch_size"))
+    momentum: float = attrs.field(default=0.9, converter=python_number, validator=_momentum("momentum"))
+    weight_decay: float = attrs.field(default=5e-4, converter=python_number, validator=_non_negative("weight_decay"))
+    nesterov: bool = attrs.field(default=False, converter=python_number, validator=flag_check("nesterov"))
     #: the gates' own SGD momentum (None: ``momentum``, as the paper's setup names one); 0 is Algorithm 1's
     #: plain clipped step
-    gate_momentum: float | None = attrs.field(default=None, converter=_number, validator=_optional_momentum)
+    gate_momentum: float | None = attrs.field(default=None, converter=python_number, validator=_optional_momentum)
 
     def __attrs_post_init__(self) -> None:
         if not self.phases:

@@ -134,8 +134,9 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
             f"allowed: {' '.join(SUFFIXES)}"
         )
     if isinstance(obj, BranchGraph):
+        options = [p for p in inspect.signature(to_dot).parameters if p != "graph"]
         for key in to_dot_kwargs:
-            check_name("to_dot option", key, [p for p in inspect.signature(to_dot).parameters if p != "graph"])
+            check_name("to_dot option", key, options)
         dot = to_dot(obj, **to_dot_kwargs)
     elif isinstance(obj, graphviz.Digraph):
         if to_dot_kwargs:
