@@ -26,7 +26,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -313,6 +313,23 @@ def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor,
     return gate
 
 
+class _PickledGenerator(NamedTuple):
+    """A :class:`ConnectivityNet`'s ``torch.Generator`` in its pickle: torch pickles generators only from 2.4."""
+
+    device: str
+    seed: int
+    state: torch.Tensor
+
+    @classmethod
+    def of(cls, generator: torch.Generator) -> _PickledGenerator:
+        return cls(str(generator.device), generator.initial_seed(), generator.get_state())
+
+    def restore(self) -> torch.Generator:
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        generator.set_state(self.state)
+        return generator
+
+
 #: The layout of a pickled :class:`ConnectivityNet`; older pickles lack it and are rebuilt when loaded.
 PICKLE_FORMAT = 1
 
@@ -390,9 +407,19 @@ class ConnectivityNet(nn.Module):
         self._temperature = 1.0
         self._pickle_format = PICKLE_FORMAT
 
+    def __getstate__(self) -> dict[str, Any]:
+        """nn.Module's (without a compiled call), with the generator as its device, seed and state, so that a
+        whole network pickles (``torch.save(net)``) on every torch this library supports, and loads on any."""
+        state = super().__getstate__()
+        if isinstance(state.get("generator"), torch.Generator):
+            state["generator"] = _PickledGenerator.of(state["generator"])
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickle a whole network (``torch.save(net)``); one pickled by an older connlearn, which lacks
         attributes of today's classes, is rebuilt from its graph and state dict, as a checkpoint is."""
+        if isinstance(state.get("generator"), _PickledGenerator):
+            state = {**state, "generator": state["generator"].restore()}
         super().__setstate__(state)
         if state.get("_pickle_format") != PICKLE_FORMAT:
             self.__dict__.update(self._rebuilt().__dict__)
@@ -857,13 +884,11 @@ class ConnectivityNet(nn.Module):
     def __deepcopy__(self, memo: dict[int, Any]) -> ConnectivityNet:
         """``copy.deepcopy`` as for any module, with the generator copied by its seed and state: a
         ``torch.Generator`` cannot be deep-copied before torch 2.4."""
-        if id(self.generator) not in memo:
-            twin = torch.Generator(device=self.generator.device).manual_seed(self.generator.initial_seed())
-            twin.set_state(self.generator.get_state())
-            memo[id(self.generator)] = twin
+        if id(self.generator) not in memo:  # shared with whatever else in the copy holds it
+            memo[id(self.generator)] = _PickledGenerator.of(self.generator).restore()
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # as nn.Module's: without a compiled call
+        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))  # nn.Module's: without a compiled call
         return new
 
 

@@ -482,11 +482,28 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     started = time.perf_counter()
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
+    finished = False
     try:
-        return _run(run, time_limit, started, device, rank, world)
+        result = _run(run, time_limit, started, device, rank, world)
+        finished = True
+        return result
     finally:
         if joined:
-            dist.destroy_process_group()
+            _leave_group(finished)
+
+
+def _leave_group(finished: bool) -> None:
+    """Destroy the process group this process joined. Before torch 2.8, destroying a gloo group holds
+    Python's lock while waiting for the group's threads, which may still need it to free an earlier
+    collective's tensors: a deadlock. The threads get the lock while this process waits: after a run at a
+    barrier of all ranks, after an error (where the ranks may not all come) for a moment."""
+    try:
+        if finished:
+            dist.barrier()
+        else:
+            time.sleep(0.1)
+    finally:
+        dist.destroy_process_group()
 
 
 def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,

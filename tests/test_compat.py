@@ -103,6 +103,17 @@ def test_an_old_whole_network_pickle_that_cannot_be_rebuilt_says_what_to_do(tmp_
         torch.load(tmp_path / "old.pt", weights_only=False)
 
 
+def test_a_whole_network_pickles_with_its_generator_and_draws_on_from_where_it_was(images, tmp_path):
+    # torch pickles a torch.Generator only from 2.4: the network pickles its generator's seed and state
+    net = connlearn.build(**tiny(seed=5, gate_init="uniform")).train()
+    net(images)  # the generator has moved on from its seed
+    torch.save(net, tmp_path / "net.pt")
+    loaded = torch.load(tmp_path / "net.pt", weights_only=False)
+    assert isinstance(loaded.generator, torch.Generator) and loaded.generator.initial_seed() == 5
+    assert torch.equal(loaded.generator.get_state(), net.generator.get_state())
+    torch.testing.assert_close(loaded(images), net(images), atol=0, rtol=0)  # the same draw
+
+
 def test_deepcopy_of_a_holder_shares_the_copied_generator_with_its_net():
     net = connlearn.build(**tiny())
     holder = copy.deepcopy({"net": net, "generator": net.generator})
