@@ -357,16 +357,25 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
     return net
 
 
+def _shape(graph: BranchGraph) -> dict[str, Any]:
+    """The options that shape a built network, named as :class:`CifarRun` names them (``depth`` as the
+    topology's options do; ``base_channels``: the first module's output channels)."""
+    options = graph.graph.get("options") or {}
+    modules = graph.modules()
+    first = graph.branches(modules[0]) if modules else []
+    return {"M": len(modules), "depth": options.get("depth"), "width": options.get("width"),
+            "C": options.get("C"), "K": graph.K, "stem_channels": graph.nodes["input"].get("out_channels"),
+            "base_channels": graph.nodes[first[0]].get("out_channels") if first else None}
+
+
 def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
     """``run`` with the gate, K, residual_init, conv_init, preset, M, C, width and channels of a network built from
     ``run.connectivity`` (``base_channels`` is the first stage's output channels)."""
     graph = net.graph()
-    first = graph.branches(graph.modules()[0])[0]
-    options = graph.graph.get("options", {})
-    preset = options.get("preset")
-    shape = dict(K=net.K, M=len(graph.modules()), C=options.get("C"), width=options.get("width"),
-                 base_channels=graph.nodes[first]["out_channels"],
-                 stem_channels=graph.nodes["input"].get("out_channels", run.stem_channels))
+    preset = (graph.graph.get("options") or {}).get("preset")
+    shape = {k: v for k, v in _shape(graph).items() if k != "depth"}  # M says it
+    if shape["stem_channels"] is None:
+        shape["stem_channels"] = run.stem_channels
     asked = {k: getattr(run, k) for k, v in shape.items() if getattr(run, k) is not None and getattr(run, k) != v}
     if asked:  # the file fixes them: a value given beside it would be silently dropped
         there = ", ".join(f"{k}={shape[k]}" for k in asked)
@@ -386,20 +395,13 @@ RESUME_KEYS = ("dataset", "loader", "gate", "seed", "gate_grad", "gate_init", "g
 
 
 def _architecture_differences(saved: BranchGraph, given: BranchGraph) -> list[tuple[str, Any, Any]]:
-    """What differs between two built networks in the options that shape them (depth, width, C, K, the stem's
-    and the first modules' channels); empty when their architectures are the same or differ elsewhere."""
+    """What differs between two built networks in the options that shape them (:func:`_shape`); empty when
+    their architectures are the same or differ elsewhere."""
     if architecture(saved) == architecture(given):
         return []
-
-    def shape(graph: BranchGraph) -> dict[str, Any]:
-        options = graph.graph.get("options") or {}
-        first = graph.branches(graph.modules()[0]) if graph.modules() else []
-        return {"depth": options.get("depth"), "width": options.get("width"), "C": options.get("C"), "K": graph.K,
-                "stem_channels": graph.nodes["input"].get("out_channels"),
-                "first modules' channels": graph.nodes[first[0]].get("out_channels") if first else None}
-
-    there, here = shape(saved), shape(given)
-    return [(k, there[k], here[k]) for k in there if there[k] != here[k]]
+    there, here = _shape(saved), _shape(given)
+    return [(k, there[k], here[k]) for k in there  # M only where the depth does not say it
+            if there[k] != here[k] and not (k == "M" and there["depth"] != here["depth"])]
 
 
 def data_facts(train: ImageDataset | ImageFiles, test: ImageDataset | ImageFiles) -> dict[str, Any]:

@@ -420,7 +420,7 @@ def test_an_architecture_value_given_beside_a_connectivity_file_is_refused_not_d
     _, path = _learned_source(tmp_path)
     run = CifarRun(dataset="cifar10", connectivity=str(path), epochs=1, C=8, K=3, M=3, train_subset=200,
                    test_subset=100, batch_size=32, out=str(tmp_path / "run"), progress=False, snapshot_every=0)
-    with pytest.raises(ConfigError, match=r"connectivity: the network in .* has K=2, C=4; K=3, C=8 asks for another: "
+    with pytest.raises(ConfigError, match=r"connectivity: the network in .* has C=4, K=2; C=8, K=3 asks for another: "
                                           r"leave it out"):
         run_cifar(run)
 
