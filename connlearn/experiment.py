@@ -484,28 +484,21 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     started = time.perf_counter()
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
-    finished = False
     try:
-        result = _run(run, time_limit, started, device, rank, world)
-        finished = True
-        return result
+        return _run(run, time_limit, started, device, rank, world)
     finally:
         if joined:
-            _leave_group(finished)
+            _leave_group()
 
 
-def _leave_group(finished: bool) -> None:
+def _leave_group() -> None:
     """Destroy the process group this process joined. Before torch 2.8, destroying a gloo group holds
-    Python's lock while waiting for the group's threads, which may still need it to free an earlier
-    collective's tensors: a deadlock. The threads get the lock while this process waits: after a run at a
-    barrier of all ranks, after an error (where the ranks may not all come) for a moment."""
-    try:
-        if finished:
-            dist.barrier()
-        else:
-            time.sleep(0.1)
-    finally:
-        dist.destroy_process_group()
+    Python's lock while it waits for the group's threads, and a thread still freeing the tensors of the
+    last collective needs that lock: a deadlock (a resumed run that had finished hung there). Waiting a
+    moment first, with the lock released, lets the threads finish."""
+    if dist.get_backend() == "gloo" and torch.__version__ < "2.8":
+        time.sleep(0.2)
+    dist.destroy_process_group()
 
 
 def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,
