@@ -373,7 +373,7 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
     ``run.connectivity`` (``base_channels`` is the first stage's output channels)."""
     graph = net.graph()
     preset = (graph.graph.get("options") or {}).get("preset")
-    shape = {k: v for k, v in _shape(graph).items() if k != "depth"}  # M says it
+    shape = {k: v for k, v in _shape(graph).items() if k != "depth"}  # a CifarRun gives M instead
     if shape["stem_channels"] is None:
         shape["stem_channels"] = run.stem_channels
     asked = {k: getattr(run, k) for k, v in shape.items() if getattr(run, k) is not None and getattr(run, k) != v}
