@@ -76,7 +76,8 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     batch = torch.export.Dim("batch", min=1)
     if format == "torchscript":
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=FutureWarning)  # upstream marks TorchScript deprecated
+            # upstream marks TorchScript deprecated (a DeprecationWarning in 2.11, a FutureWarning later)
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
             with torch.no_grad():
                 traced = torch.jit.trace(model, example, check_trace=False)
             try:
