@@ -999,7 +999,7 @@ def make_loaders(
     """
     check_name("loader path", path, LOADER_PATHS)
     loader_class = BatchLoader if path == "auto" else DataLoaderPath
-    given = {"self", "dataset", "batch_size", "train", "device", "seed"}  # set here
+    given = {"train", "device", "seed"}  # set here (the dataset and batch size are positional)
     known = {name for cls in (_EpochLoader, BatchLoader, DataLoaderPath)
              for name, p in inspect.signature(cls).parameters.items() if p.kind is p.KEYWORD_ONLY} - given
     for key in options:
