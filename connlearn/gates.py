@@ -72,7 +72,9 @@ def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -
                               stable=True).indices
         ranked = torch.sort(values.gather(-1, by_order), dim=-1, descending=True, stable=True).indices
         idx = by_order.gather(-1, ranked[..., :K])
-    return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter_(-1, idx, True)
+    # a tensor of ones, not the scalar True: torch.jit.trace cannot record a scatter of a Python bool
+    return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter(
+        -1, idx, torch.ones(idx.shape, dtype=torch.bool, device=values.device))
 
 
 def index_order(rows: int, cols: int) -> torch.Tensor:

@@ -70,6 +70,16 @@ def test_an_unfrozen_topk_net_exports_its_top_k(tmp_path):
     assert all(g.tie_order.dtype == torch.int64 for _, g in net.gates())  # the export left the net as it was
 
 
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated")
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_torch_jit_trace_records_an_unfrozen_topk_net_in_eval_mode(engine):
+    net = connlearn.build(**tiny(seed=2), engine=engine).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        traced = torch.jit.trace(net, (x,))
+        torch.testing.assert_close(traced(x), net(x), atol=1e-5, rtol=1e-5)
+
+
 def test_unknown_format(pruned, tmp_path):
     with pytest.raises(UnknownNameError, match="did you mean 'onnx'"):
         export(pruned, tmp_path / "x", "onx")
