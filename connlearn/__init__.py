@@ -46,7 +46,8 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
     fn = TOPOLOGIES.get(topology)
     _check_options(topology, fn, options)
     try:
-        graph = fn(**options)
+        with torch.device("cpu"):  # a graph holds plain values: none of its making runs on meta (or a GPU)
+            graph = fn(**options)
     except TypeError as exc:
         error = _option_error(topology, exc, options)
         if error is None:

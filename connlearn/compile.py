@@ -515,6 +515,12 @@ class ConnectivityNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in_channels, H, W]`` images → ``[B, num_classes]`` logits."""
         if not isinstance(x, torch.Tensor):
+            if type(x).__module__.startswith("torch.fx"):  # a Proxy: symbolic tracing, not a bad input
+                raise ConfigError(
+                    "torch.fx symbolic tracing (and torchvision's create_feature_extractor, which uses it) cannot "
+                    "trace a ConnectivityNet: its forward pass checks the input's shape and draws the connectivity "
+                    "eagerly. Read intermediate features with forward hooks (net.stem, net.stages[i]), or capture "
+                    "the network with torch.export.export")
             raise ConfigTypeError(f"expected a tensor of images [B, {self.in_channels}, H, W], got {type(x).__name__}")
         if not torch.jit.is_tracing() and (x.dim() != 4 or x.shape[1] != self.in_channels):
             raise ShapeError(
@@ -703,6 +709,14 @@ class ConnectivityNet(nn.Module):
     def gate_parameters(self) -> list[nn.Parameter]:
         """The learnable real gates (an own optimizer param group: no weight decay, own lr)."""
         return [p for _, g in self.gates() for p in g.real_parameters()]
+
+    def no_weight_decay(self) -> set[str]:
+        """The names of the learnable gates in ``named_parameters()`` (``stages.<i>.gate.real``), which the paper
+        trains without weight decay: for optimizer builders that ask the model for them (timm's do) beside
+        their rule for 1-D tensors, which misses the 2-D gates. ``connlearn.updater.param_groups`` leaves
+        them out of weight decay itself and gives them their own learning rate."""
+        gates = {id(p) for p in self.gate_parameters()}
+        return {name for name, p in self.named_parameters() if id(p) in gates}
 
     def weight_parameters(self) -> list[nn.Parameter]:
         """Every parameter that is not a gate."""

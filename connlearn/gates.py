@@ -250,7 +250,10 @@ def check_gate_kind(name: str, cls: Any) -> type[Gate]:
 def check_active_rows(gate: Gate, active: torch.Tensor, module: int | None = None, what: str = "active()") -> None:
     """A :class:`~connlearn.errors.ShapeError` unless every row of ``active`` (``gate``'s ``what``, in
     ``module``) holds exactly ``gate.K`` ones: the network takes the mean of K inputs, and a frozen
-    connectivity must keep K per block."""
+    connectivity must keep K per block. Not checked on the meta device (a network built there has no
+    values yet; its graph was checked)."""
+    if active.is_meta:
+        return
     counts = active.to(torch.int64).sum(dim=1)
     bad = (counts != gate.K).nonzero().flatten().tolist()
     if bad:

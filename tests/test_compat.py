@@ -28,6 +28,30 @@ def test_gates_live_in_the_state_dict_and_the_param_split_is_exact():
     assert not {id(p) for p in gates} & {id(p) for p in weights}
 
 
+def test_no_weight_decay_names_the_learnable_gates_as_named_parameters_does():
+    net = connlearn.build(**tiny())
+    named = dict(net.named_parameters())
+    assert net.no_weight_decay() == {"stages.1.gate.real", "stages.2.gate.real"}
+    assert {id(named[n]) for n in net.no_weight_decay()} == {id(p) for p in net.gate_parameters()}
+    assert net.freeze().no_weight_decay() == set()
+    assert connlearn.build(**tiny(gate="random")).no_weight_decay() == set()
+
+
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+@pytest.mark.parametrize("gate", ["topk", "random", "full"])
+def test_a_network_built_on_the_meta_device_loads_a_state_and_computes_what_it_came_from(images, engine, gate):
+    options = tiny(gate=gate, engine=engine, **({"K": 4} if gate == "full" else {}))
+    trained = connlearn.build(**{**options, "seed": 3}).train()
+    trained(images)  # the generator moves on
+    with torch.device("meta"):  # no storage: the route to loading (or sharding) large networks
+        nets = [connlearn.build(**options), connlearn.from_graph(trained.graph(), engine=engine)]
+    for net in nets:
+        assert {t.device.type for t in [*net.parameters(), *net.buffers()]} == {"meta"}
+        net.to_empty(device="cpu").load_state_dict(trained.state_dict())
+        torch.testing.assert_close(net.eval()(images), trained.eval()(images), atol=0, rtol=0)
+        torch.testing.assert_close(net.train()(images), copy.deepcopy(trained).train()(images))
+
+
 def test_to_moves_gates_and_dtype(images):
     net = connlearn.build(**tiny()).to(torch.float64)
     assert all(p.dtype == torch.float64 for p in net.gate_parameters())

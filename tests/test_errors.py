@@ -257,6 +257,12 @@ def test_forward_of_something_other_than_a_tensor(value):
         net(value)
 
 
+def test_symbolic_tracing_is_named_as_unsupported_with_what_to_use_instead():
+    net = connlearn.build(**tiny()).eval()
+    with pytest.raises(ConfigError, match=r"torch\.fx symbolic tracing.*forward hooks.*torch\.export"):
+        torch.fx.symbolic_trace(net)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_images_of_another_dtype_than_the_weights_are_named_unless_autocast_casts_them(dtype):
     net = connlearn.build(**tiny()).eval()
