@@ -89,6 +89,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
       help=f"torch.compile the network; MODE: {', '.join(COMPILE_MODES)} (default: default; on a GPU "
            "use reduce-overhead, CUDA graphs: of the modes measured, the one that shortens an epoch)")
+    a("--activation-checkpointing", action="store_true", default=None,
+      help="recompute each module's activations in the backward pass instead of keeping them: less memory, "
+           "about one more forward pass per step, the same training")
     a("--engine", choices=ENGINES, help="default fused")
     imagenet = " (ImageNet: read from its folders by DataLoader workers)" if dataset is None else ""
     if dataset != "imagenet":  # ImageNet is always read by DataLoader workers, and never generated

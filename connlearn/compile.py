@@ -21,6 +21,7 @@ Engines (same function from the same weights):
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import inspect
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from connlearn.blocks import (
@@ -351,8 +353,14 @@ class ConnectivityNet(nn.Module):
     part of ``state_dict``, so checkpoints resume the same draws). In eval mode the connectivity is
     deterministic. ``sample_temperature`` (default 1, the paper's draws) sharpens (below 1) or flattens the
     draws of training mode (see :mod:`connlearn.gates`); a :class:`~connlearn.train.Trainer` sets it at every
-    step from its recipe.
+    step from its recipe. :meth:`hold_draw` keeps one draw over several forward passes (gradient
+    accumulation), and :attr:`activation_checkpointing` recomputes each module's activations in the
+    backward pass instead of keeping them.
     """
+
+    _checkpointing = False  # activation_checkpointing; a class default, which networks pickled before it lack
+    #: The draw :meth:`hold_draw` keeps (a list of at most one draw) while one is held; ``None`` otherwise.
+    _hold: list[dict[int, torch.Tensor]] | None = None
 
     def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
         super().__init__()
@@ -411,6 +419,7 @@ class ConnectivityNet(nn.Module):
         """nn.Module's (without a compiled call), with the generator as its device, seed and state, so that a
         whole network pickles (``torch.save(net)``) on every torch this library supports, and loads on any."""
         state = super().__getstate__()
+        state.pop("_hold", None)  # a held draw belongs to the block of code that holds it, not to a copy
         if isinstance(state.get("generator"), torch.Generator):
             state["generator"] = _PickledGenerator.of(state["generator"])
         return state
@@ -442,6 +451,21 @@ class ConnectivityNet(nn.Module):
                 "connlearn version that wrote it and save a checkpoint (connlearn.checkpoint) instead"
             ) from exc
         return net.train(self.training)
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Recompute each module's activations in the backward pass instead of keeping them from the forward
+        pass (``torch.utils.checkpoint``, non-reentrant), whenever gradients are recorded (default ``False``).
+        A gated network's modules hold C times ResNeXt's activations; this trades that memory for about one
+        more forward pass. The recomputation uses the forward pass's connectivity (the draw is an input of
+        each module, not drawn again) and leaves the batch norms' running statistics as the forward pass left
+        them, so training computes what it computes without it. A setting, not part of the ``state_dict``;
+        copies, :meth:`to_engine` and pruning keep it."""
+        return self._checkpointing
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, value: bool) -> None:
+        self._checkpointing = check_bool("activation_checkpointing", value)
 
     @property
     def sample_temperature(self) -> float:
@@ -565,7 +589,7 @@ class ConnectivityNet(nn.Module):
                 inputs = []
                 for pos, chosen in plan:
                     inputs.extend(self._pick(outputs[pos], chosen, stage))
-            outputs.append(stage(inputs, mix))
+            outputs.append(self._run_stage(stage, inputs, mix))
         last = outputs[-1]
         if self.engine == "single-stream":
             pooled = last
@@ -576,6 +600,13 @@ class ConnectivityNet(nn.Module):
         else:
             pooled = torch.stack(last, dim=1).mean(dim=1).relu()
         return self.head(pooled)
+
+    def _run_stage(self, stage: nn.Module, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+        if not (self._checkpointing and torch.is_grad_enabled()):
+            return stage(inputs, mix)
+        # compiled, the recomputation is part of the traced graph (it does not call the stage again)
+        run = stage if torch.compiler.is_compiling() else _Recomputable(stage)
+        return torch.utils.checkpoint.checkpoint(run, inputs, mix, use_reentrant=False)
 
     def _check_size(self, x: torch.Tensor) -> None:
         """Images with no pixels, or a training batch whose last feature map holds one value per channel
@@ -618,8 +649,41 @@ class ConnectivityNet(nn.Module):
             mixes.append(matrix / self.K)
         return mixes
 
+    @contextlib.contextmanager
+    def hold_draw(self) -> Iterator[ConnectivityNet]:
+        """Within the ``with`` block, every training-mode forward pass uses one connectivity: the one the
+        first of them draws. For gradient accumulation: the paper draws once per mini-batch (and DDP's ranks
+        share one draw per global batch), so hold the draw over the micro-batches of one optimizer step::
+
+            with net.hold_draw():
+                for x, y in micro_batches:
+                    F.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        Also for ``torch.utils.checkpoint`` around the whole network, whose recomputation in the backward pass
+        calls the forward pass again: run the backward pass inside the block (or set
+        ``activation_checkpointing``, which checkpoints each module with the forward pass's draw). A
+        block inside another holds the outer block's draw. Yields the network.
+        """
+        if self._hold is not None:
+            yield self
+            return
+        self._hold = []
+        try:
+            yield self
+        finally:
+            self._hold = None
+
     @_eager
     def _draw(self) -> dict[int, torch.Tensor]:
+        if self._hold:
+            return self._hold[0]
+        if self._hold is None and _in_backward():
+            raise ConfigError(
+                "a training-mode forward pass ran during a backward pass (torch.utils.checkpoint recomputing the "
+                "whole network?): it would draw another connectivity than the forward pass did, and the gradients "
+                "would be wrong. Set net.activation_checkpointing = True (it checkpoints each module, with the "
+                "forward pass's draw), or run the forward and backward passes inside `with net.hold_draw():`")
         gates = [s.gate for s in self.stages if s.gate is not None and s.gate.stochastic]
         module_of = {id(s.gate): m for m, s in zip(self.module_ids, self.stages, strict=True)}
         drawn: dict[int, torch.Tensor] = {}
@@ -638,6 +702,8 @@ class ConnectivityNet(nn.Module):
             for g, d in zip(group, draws, strict=True):
                 check_gate_shape(g, "draw()", d, module_of[id(g)])
             drawn.update(zip((id(g) for g in group), draws, strict=True))
+        if self._hold is not None:
+            self._hold.append(drawn)
         if self._draws is not None and gates:
             step = []
             for index, g in enumerate(gates):
@@ -855,6 +921,7 @@ class ConnectivityNet(nn.Module):
         for _, mine, yours in pairs:
             carry_settings(mine, yours, dict(yours.named_modules()))
         new.training = self.training
+        new.activation_checkpointing = self.activation_checkpointing
         return new
 
     # ------------------------------------------------------------------ state
@@ -902,8 +969,39 @@ class ConnectivityNet(nn.Module):
             memo[id(self.generator)] = _PickledGenerator.of(self.generator).restore()
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        new.__setstate__(copy.deepcopy(super().__getstate__(), memo))  # nn.Module's: without a compiled call
+        state = super().__getstate__()  # nn.Module's: without a compiled call
+        state.pop("_hold", None)
+        new.__setstate__(copy.deepcopy(state, memo))
         return new
+
+
+class _Recomputable:
+    """``stage(inputs, mix)`` for ``torch.utils.checkpoint``. Its first call is the forward pass; a later one,
+    the recomputation in the backward pass, leaves the stage's buffers as it found them, so that the batch
+    norms' running statistics count each batch once, as without checkpointing."""
+
+    def __init__(self, stage: nn.Module) -> None:
+        self.stage, self.calls = stage, 0
+
+    def __call__(self, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            return self.stage(inputs, mix)
+        with torch.no_grad():
+            kept = [(b, b.clone()) for b in self.stage.buffers()]
+        try:
+            return self.stage(inputs, mix)
+        finally:
+            with torch.no_grad():
+                for buffer, value in kept:
+                    buffer.copy_(value)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread (where a forward pass can only be a
+    recomputation for activation checkpointing). False on a torch that cannot tell."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return callable(task) and task() != -1
 
 
 def engine_to_rebuild(engine: str) -> str:

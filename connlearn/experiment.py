@@ -180,6 +180,7 @@ class CifarRun:
     device: str | None = _text("device", None, path=False)
     amp: str = "auto"
     compile: bool | str = False
+    activation_checkpointing: bool = attrs.field(default=False, validator=flag_check("activation_checkpointing"))
     engine: str = "fused"
     loader: str = "auto"
     workers: int | None = attrs.field(default=None, validator=_optional_int("workers", minimum=0))
@@ -543,6 +544,7 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
          f"on {source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), "
          + (f"{world} processes on {device.type} ({batch} images each per batch)" if world > 1 else f"{device}"))
+    net.activation_checkpointing = run.activation_checkpointing
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,

@@ -160,6 +160,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
                 new.blocks.training = old.blocks.training
         pruned.generator.set_state(net.generator.get_state())
     pruned = pruned.to(**device_and_dtype(net))  # the modules taken over keep their own training modes
+    pruned.activation_checkpointing = net.activation_checkpointing
     report = PruneReport(
         params_before=before, params_after=pruned.num_parameters(),
         blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,

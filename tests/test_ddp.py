@@ -28,6 +28,7 @@ def _worker(rank, world, port, out):
         loaders = [BatchLoader(d, 20, train=t, seed=0, rank=rank, world_size=world) for d, t in ((train, True),
                                                                                                  (test, False))]
         net = connlearn.build(M=3, C=4, K=2, width=1, num_classes=10, stem_channels=4, base_channels=4, seed=0)
+        net.activation_checkpointing = True  # DDP's gradient hooks fire in the recomputed modules too
         trainer = Trainer(net, *loaders, get_recipe("cifar").scaled(2), out_dir=out, progress=False,
                           verbose=False, snapshot_every=2)
         trainer.fit()

@@ -475,3 +475,18 @@ def test_a_resume_names_another_engine_or_architecture_and_tells_of_another_numb
     capsys.readouterr()
     run_cifar(run)
     assert "in 2 processes and goes on in 1: each batch norm now normalises over 1/1" in capsys.readouterr().out
+
+
+def test_a_run_with_activation_checkpointing_trains_as_one_without(offline, tmp_path):
+    args = ["--epochs", "2", "--train-subset", "200", "--test-subset", "100", *TINY]
+    for name, extra in (("plain", []), ("checkpointed", ["--activation-checkpointing"])):
+        assert train_script("cifar10", None, [*args, "--out", str(tmp_path / name), *extra]) == 0
+    plain, checkpointed = (json.loads((tmp_path / name / "summary.json").read_text())
+                           for name in ("plain", "checkpointed"))
+    assert checkpointed["run"]["activation_checkpointing"] and not plain["run"]["activation_checkpointing"]
+    for key in ("test_top1", "best_top1", "params_test"):
+        assert checkpointed[key] == plain[key], key
+    logs = [read_jsonl(tmp_path / name / "log.jsonl") for name in ("plain", "checkpointed")]
+    for a, b in zip(*logs, strict=True):
+        for key in ("train_loss", "test_loss", "gate_mean", "drawn_distinct"):
+            assert b[key] == (None if a[key] is None else pytest.approx(a[key], rel=1e-5)), key
