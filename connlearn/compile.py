@@ -566,7 +566,10 @@ class ConnectivityNet(nn.Module):
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
         # A fixed connectivity (frozen, random, full) has nothing to draw, and compiles without the break.
-        mixes = self._scaled(self._draw() if self.training and self.stochastic else {})
+        # The draw is a statement of its own: were it an argument of _scaled, the code that resumes after the
+        # break would find a new bound method on its stack every step, which PyTorch 2.8 recompiles for.
+        drawn = self._draw() if self.training and self.stochastic else {}
+        mixes = self._scaled(drawn)
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             h = self.stem(x)
         else:
