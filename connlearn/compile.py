@@ -26,6 +26,7 @@ import copy
 import functools
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -459,8 +460,11 @@ class ConnectivityNet(nn.Module):
         A gated network's modules hold C times ResNeXt's activations; this trades that memory for about one
         more forward pass. The recomputation uses the forward pass's connectivity (the draw is an input of
         each module, not drawn again) and leaves the batch norms' running statistics as the forward pass left
-        them, so training computes what it computes without it. A setting, not part of the ``state_dict``;
-        copies, :meth:`to_engine` and pruning keep it."""
+        them, so training computes what it computes without it. Under ``torch.compile`` the checkpointed
+        modules are compiled on PyTorch 2.9 and later (a module that breaks the graph is checkpointed
+        eagerly), and run eagerly, with a warning, before, where a compiled checkpoint counts a batch twice
+        in the running statistics. A setting, not part of the ``state_dict``; copies, :meth:`to_engine` and
+        pruning keep it."""
         return self._checkpointing
 
     @activation_checkpointing.setter
@@ -539,7 +543,7 @@ class ConnectivityNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, in_channels, H, W]`` images → ``[B, num_classes]`` logits."""
         if not isinstance(x, torch.Tensor):
-            if type(x).__module__.startswith("torch.fx"):  # a Proxy: symbolic tracing, not a bad input
+            if isinstance(x, torch.fx.Proxy):  # symbolic tracing, not a bad input
                 raise ConfigError(
                     "torch.fx symbolic tracing (and torchvision's create_feature_extractor, which uses it) cannot "
                     "trace a ConnectivityNet: its forward pass checks the input's shape and draws the connectivity "
@@ -607,9 +611,11 @@ class ConnectivityNet(nn.Module):
     def _run_stage(self, stage: nn.Module, inputs: list[Any], mix: torch.Tensor | None) -> Any:
         if not (self._checkpointing and torch.is_grad_enabled()):
             return stage(inputs, mix)
-        # compiled, the recomputation is part of the traced graph (it does not call the stage again)
-        run = stage if torch.compiler.is_compiling() else _Recomputable(stage)
-        return torch.utils.checkpoint.checkpoint(run, inputs, mix, use_reentrant=False)
+        if torch.compiler.is_compiling() and not _COMPILES_CHECKPOINTS:
+            return _checkpoint_eagerly(stage, inputs, mix)
+        # compiled, the recomputation is part of the graph; a module the compiler leaves to eager mode (a graph
+        # break) is checkpointed eagerly, where _Recomputable keeps its buffers
+        return torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
 
     def _check_size(self, x: torch.Tensor) -> None:
         """Images with no pixels, or a training batch whose last feature map holds one value per channel
@@ -664,9 +670,10 @@ class ConnectivityNet(nn.Module):
             opt.step()
 
         Also for ``torch.utils.checkpoint`` around the whole network, whose recomputation in the backward pass
-        calls the forward pass again: run the backward pass inside the block (or set
-        ``activation_checkpointing``, which checkpoints each module with the forward pass's draw). A
-        block inside another holds the outer block's draw. Yields the network.
+        calls the forward pass again: run the backward pass inside the block (it then counts each batch twice
+        in the batch norms' running statistics, as for any network; :attr:`activation_checkpointing`
+        checkpoints each module with the forward pass's draw and does not). A block inside another holds
+        the outer block's draw. Yields the network.
         """
         if self._hold is not None:
             yield self
@@ -681,7 +688,7 @@ class ConnectivityNet(nn.Module):
     def _draw(self) -> dict[int, torch.Tensor]:
         if self._hold:
             return self._hold[0]
-        if self._hold is None and _in_backward():
+        if not self._hold and _in_backward():  # a first draw in a backward pass: a recomputation drawing anew
             raise ConfigError(
                 "a training-mode forward pass ran during a backward pass (torch.utils.checkpoint recomputing the "
                 "whole network?): it would draw another connectivity than the forward pass did, and the gradients "
@@ -987,6 +994,8 @@ class _Recomputable:
         self.stage, self.calls = stage, 0
 
     def __call__(self, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+        if torch.compiler.is_compiling():  # traced: the compiled recomputation updates no buffer
+            return self.stage(inputs, mix)
         self.calls += 1
         if self.calls == 1:
             return self.stage(inputs, mix)
@@ -998,6 +1007,22 @@ class _Recomputable:
             with torch.no_grad():
                 for buffer, value in kept:
                     buffer.copy_(value)
+
+
+#: Whether torch.compile keeps a checkpointed batch norm's running statistics as eager training does: before
+#: PyTorch 2.9 they came out otherwise (2.4-2.8: 2.5-2.8 counted the batch twice), or the backward pass
+#: failed (2.3).
+_COMPILES_CHECKPOINTS = torch.__version__ >= "2.9"
+
+
+@_eager
+def _checkpoint_eagerly(stage: nn.Module, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+    """A checkpointed module, run outside the compiled graph: where torch.compile cannot checkpoint it as
+    eager training does."""
+    warnings.warn(f"activation checkpointing under torch.compile runs each checkpointed module eagerly on PyTorch "
+                  f"{torch.__version__}: before 2.9, a compiled checkpoint counts a batch twice in the batch norms' "
+                  "running statistics (or fails); PyTorch 2.9 or later compiles them", stacklevel=2)
+    return torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
 
 
 def _in_backward() -> bool:

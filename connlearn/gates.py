@@ -180,7 +180,9 @@ class Gate(nn.Module):
     def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
         """This step's binary draws for ``gates`` (all of this class), in one batched call. ``temperature``
         (positive; 1 by default) sharpens (below 1) or flattens (above 1) the draws; a kind without such a
-        notion may leave the parameter out, and then trains at the default temperature only."""
+        notion may leave the parameter out, and then trains at the default temperature only. The draws are
+        values without autograd history: the gradient to the gates goes through ``matrix(drawn)``, and a
+        held draw (``ConnectivityNet.hold_draw``) is used again in several backward passes."""
         raise NotImplementedError
 
 

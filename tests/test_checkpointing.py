@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -10,8 +11,18 @@ from conftest import tiny
 from torch.utils.checkpoint import checkpoint
 
 import connlearn
+from connlearn import compile as compile_module
+from connlearn.blocks import BranchBlock
 from connlearn.errors import ConfigError, ConfigTypeError
 from connlearn.prune import prune_dead_blocks
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler():
+    """Compiled here with other settings, the forward pass would count as recompiled in later tests (and be
+    compiled for dynamic shapes): each test leaves the compiler's caches as it found them."""
+    yield
+    torch._dynamo.reset()
 
 
 def _net(gate="topk", engine="fused", **overrides):
@@ -64,8 +75,9 @@ def _saved_bytes(net, x):
     return sum(saved)
 
 
-def test_activation_checkpointing_keeps_less_for_the_backward_pass(images):
-    net = _net(C=8, K=4)
+@pytest.mark.parametrize("engine", ["fused", "reference"])
+def test_activation_checkpointing_keeps_less_for_the_backward_pass(images, engine):
+    net = _net(engine=engine, C=8, K=4)
     plain = _saved_bytes(net, images)
     net.activation_checkpointing = True
     assert _saved_bytes(net, images) < plain / 2
@@ -73,14 +85,54 @@ def test_activation_checkpointing_keeps_less_for_the_backward_pass(images):
         net(images)
 
 
-def test_activation_checkpointing_compiles_to_one_graph_and_trains_as_eager(images):
-    net = _net()
+@pytest.mark.parametrize(("gate", "engine"), [("topk", "fused"), ("random", "reference")])
+@pytest.mark.parametrize("in_graph", [True, False])
+def test_activation_checkpointing_compiled_trains_as_eager(images, monkeypatch, in_graph, gate, engine):
+    # in the compiled graph where torch keeps the running statistics as eager training does (2.9 and later),
+    # else run eagerly between compiled pieces, with a warning
+    if in_graph and not compile_module._COMPILES_CHECKPOINTS:
+        pytest.skip(f"PyTorch {torch.__version__} runs checkpointed modules eagerly under torch.compile")
+    monkeypatch.setattr(compile_module, "_COMPILES_CHECKPOINTS", in_graph)
+    net = _net(gate, engine)
     net.activation_checkpointing = True
     eager = copy.deepcopy(net)
-    assert torch._dynamo.explain(copy.deepcopy(net))(images).graph_count == 1
     y = torch.arange(len(images)) % 10
-    compiled = torch.compile(net, backend="aot_eager")
-    losses = _step(compiled, images, y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphs = torch._dynamo.explain(copy.deepcopy(net))(images).graph_count
+        torch._dynamo.reset()
+        losses = _step(torch.compile(net, backend="aot_eager"), images, y)
+    assert graphs == 1 if in_graph else graphs > 1
+    assert any("runs each checkpointed module eagerly" in str(w.message) for w in caught) is not in_graph
+    _assert_same_training(eager, net, _step(eager, images, y), losses)
+
+
+class _BreakingBlock(BranchBlock):
+    """A block kind the compiler cannot trace whole: a graph break before its batch norm."""
+
+    params = ("width",)
+
+    def __init__(self, in_ch, out_ch, stride, branches, *, width):
+        super().__init__(in_ch, out_ch, stride, branches, width=width)
+        self.conv = torch.nn.Conv2d(branches * in_ch, branches * out_ch, 3, stride, 1, groups=branches, bias=False)
+        self.bn = torch.nn.BatchNorm2d(branches * out_ch)
+
+    def forward(self, x):
+        h = self.conv(x)
+        torch._dynamo.graph_break()
+        return self.bn(h)
+
+
+def test_a_compiled_module_that_breaks_the_graph_is_checkpointed_eagerly_and_counts_each_batch_once(
+        images, clean_registries):
+    connlearn.register_block("breaking", _BreakingBlock)
+    net = _net(block="breaking")
+    net.activation_checkpointing = True
+    eager = copy.deepcopy(net)
+    y = torch.arange(len(images)) % 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph breaks, and before PyTorch 2.9 the eager checkpoints
+        losses = _step(torch.compile(net, backend="aot_eager"), images, y)
     _assert_same_training(eager, net, _step(eager, images, y), losses)
 
 
@@ -90,6 +142,13 @@ def test_checkpointing_the_whole_network_is_refused_unless_the_draw_is_held(imag
     net = _net()
     with pytest.raises(ConfigError, match="hold_draw"):
         checkpoint(net, images.clone().requires_grad_(reentrant), use_reentrant=reentrant).sum().backward()
+
+
+def test_a_hold_opened_after_the_forward_pass_does_not_let_the_recomputation_draw_anew(images):
+    net = _net()
+    out = checkpoint(net, images, use_reentrant=False)  # drawn outside any hold
+    with net.hold_draw(), pytest.raises(ConfigError, match="hold_draw"):
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

@@ -477,10 +477,18 @@ def test_a_resume_names_another_engine_or_architecture_and_tells_of_another_numb
     assert "in 2 processes and goes on in 1: each batch norm now normalises over 1/1" in capsys.readouterr().out
 
 
-def test_a_run_with_activation_checkpointing_trains_as_one_without(offline, tmp_path):
+def test_a_run_with_activation_checkpointing_trains_as_one_without(offline, tmp_path, monkeypatch):
+    trainer, settings = experiment.Trainer, []
+
+    def recording(net, *args, **kwargs):  # what the trainer is given
+        settings.append(net.activation_checkpointing)
+        return trainer(net, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "Trainer", recording)
     args = ["--epochs", "2", "--train-subset", "200", "--test-subset", "100", *TINY]
     for name, extra in (("plain", []), ("checkpointed", ["--activation-checkpointing"])):
         assert train_script("cifar10", None, [*args, "--out", str(tmp_path / name), *extra]) == 0
+    assert settings == [False, True]
     plain, checkpointed = (json.loads((tmp_path / name / "summary.json").read_text())
                            for name in ("plain", "checkpointed"))
     assert checkpointed["run"]["activation_checkpointing"] and not plain["run"]["activation_checkpointing"]
