@@ -5,7 +5,8 @@
 #
 # MODE
 #   measure   epoch.py per arm (eager, median of 2 epochs), epoch.py for topk4 under torch.compile (default,
-#             then reduce-overhead; median of 3), then speed.py's step times (contiguous) with what time is left
+#             then reduce-overhead; median of 3), then speed.py's step times (contiguous) and memory.py's
+#             activation memory with and without activation checkpointing, with what time is left
 #   rules     the gate rules (plain, centered, renormalized) over 5 epochs of phase 1 on a 5,000-image
 #             validation split, then the drawn / undrawn split of their raw gate gradients
 #   choose    the gate rules' payoff, to choose one: 30-epoch runs of random4, topk4-plain, topk4-centered and
@@ -93,6 +94,8 @@ measure)
   step 180 epoch.log python3 benchmarks/epoch.py --device "$device" --data "$data" --archs cifar-20-4-8 --arms topk4 \
     --paths resident --repeats 3 --compile reduce-overhead --json "$results/epoch_compile_ro.json"
   step 120 speed.log python3 benchmarks/speed.py --device "$device" --json "$results/speed.json"
+  step 90 memory.log python3 benchmarks/memory.py --device "$device" --archs cifar-20-4-8 cifar-29-8-8 --batch 128 \
+    --json "$results/memory.json"
   ;;
 rules)
   step $(($(left) - 60)) gates.log python3 benchmarks/gate_dynamics.py --data "$data" --net K=4 --train-subset 45000 \

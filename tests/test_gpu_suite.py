@@ -123,8 +123,9 @@ def test_measure_times_the_epochs_first_and_compile_before_the_step_times(tmp_pa
     done, calls = _suite(tmp_path, "measure", "data.npz", "out", "600")
     assert done.returncode == 0, done.stderr
     timed = [c for c in calls if "benchmarks/" in c]
-    assert [c.split()[0] for c in timed] == ["benchmarks/epoch.py"] * 3 + ["benchmarks/speed.py"]
-    eager, default, overhead, _ = timed
+    assert [c.split()[0] for c in timed] == ["benchmarks/epoch.py"] * 3 + ["benchmarks/speed.py",
+                                                                          "benchmarks/memory.py"]
+    eager, default, overhead, _, _ = timed
     assert "--arms full topk4 random4 real4 topk1" in eager and "--compile" not in eager
     assert default.endswith("--compile --json out/epoch_compile.json")
     assert all("--repeats" in c for c in (eager, default, overhead))
