@@ -688,7 +688,7 @@ class ConnectivityNet(nn.Module):
     def _draw(self) -> dict[int, torch.Tensor]:
         if self._hold:
             return self._hold[0]
-        if not self._hold and _in_backward():  # a first draw in a backward pass: a recomputation drawing anew
+        if _in_backward():  # a first draw in a backward pass: a recomputation drawing anew
             raise ConfigError(
                 "a training-mode forward pass ran during a backward pass (torch.utils.checkpoint recomputing the "
                 "whole network?): it would draw another connectivity than the forward pass did, and the gradients "
@@ -1009,8 +1009,8 @@ class _Recomputable:
                     buffer.copy_(value)
 
 
-#: Whether torch.compile keeps a checkpointed batch norm's running statistics as eager training does: before
-#: PyTorch 2.9 they came out otherwise (2.4-2.8: 2.5-2.8 counted the batch twice), or the backward pass
+#: Whether torch.compile keeps a checkpointed batch norm's running statistics as eager training does. Before
+#: PyTorch 2.9 they came out otherwise (2.4) or counted the batch twice (2.5-2.8), or the backward pass
 #: failed (2.3).
 _COMPILES_CHECKPOINTS = torch.__version__ >= "2.9"
 
