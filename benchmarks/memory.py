@@ -21,7 +21,7 @@ import platform
 from datetime import date
 
 import torch
-from speed import _autocast, _sync, time_train_step
+from speed import _sync, time_train_step, train_step
 
 import connlearn
 from connlearn.topologies import PRESETS
@@ -29,30 +29,23 @@ from connlearn.topologies import PRESETS
 ARMS = {"topk4": {"gate": "topk", "K": 4}, "full": {"gate": "full"}}
 
 
-def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
-    with _autocast(x.device):
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    _sync(x.device)
-
-
 def peak_step_bytes(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """The peak memory allocated during one training step of ``net`` above what was allocated before it."""
     net.train()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    _step(net, opt, x, y)  # makes the optimizer's state
+    train_step(net, opt, x, y)  # makes the optimizer's state
+    _sync(x.device)
     opt.zero_grad(set_to_none=True)
     if x.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(x.device)
         before = torch.cuda.memory_allocated(x.device)
-        _step(net, opt, x, y)
+        train_step(net, opt, x, y)
+        _sync(x.device)
         return torch.cuda.max_memory_allocated(x.device) - before
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _step(net, opt, x, y)
+        train_step(net, opt, x, y)
     changes = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
     held = peak = 0
     for _, change in changes:

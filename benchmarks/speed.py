@@ -55,6 +55,15 @@ def profile_train_step(model: torch.nn.Module, device: torch.device, batch: int,
     return prof.key_averages().table(sort_by=key, row_limit=16, max_name_column_width=60)
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step: forward (bf16 autocast on CUDA), backward, optimizer step; not synchronised."""
+    with _autocast(x.device):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, warmup: int, repeats: int,
                     memory: torch.memory_format = torch.contiguous_format) -> float:
     """Median seconds of a training step."""
@@ -66,11 +75,7 @@ def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, wa
     for i in range(warmup + repeats):
         _sync(device)
         t0 = time.perf_counter()
-        with _autocast(device):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)

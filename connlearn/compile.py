@@ -419,10 +419,16 @@ class ConnectivityNet(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """nn.Module's (without a compiled call), with the generator as its device, seed and state, so that a
         whole network pickles (``torch.save(net)``) on every torch this library supports, and loads on any."""
-        state = super().__getstate__()
-        state.pop("_hold", None)  # a held draw belongs to the block of code that holds it, not to a copy
+        state = self._module_state()
         if isinstance(state.get("generator"), torch.Generator):
             state["generator"] = _PickledGenerator.of(state["generator"])
+        return state
+
+    def _module_state(self) -> dict[str, Any]:
+        """nn.Module's state (without a compiled call), less a held draw: that belongs to the block of code that
+        holds it, not to a copy."""
+        state = super().__getstate__()
+        state.pop("_hold", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -613,9 +619,7 @@ class ConnectivityNet(nn.Module):
             return stage(inputs, mix)
         if torch.compiler.is_compiling() and not _COMPILES_CHECKPOINTS:
             return _checkpoint_eagerly(stage, inputs, mix)
-        # compiled, the recomputation is part of the graph; a module the compiler leaves to eager mode (a graph
-        # break) is checkpointed eagerly, where _Recomputable keeps its buffers
-        return torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
+        return _checkpointed(stage, inputs, mix)
 
     def _check_size(self, x: torch.Tensor) -> None:
         """Images with no pixels, or a training batch whose last feature map holds one value per channel
@@ -979,9 +983,7 @@ class ConnectivityNet(nn.Module):
             memo[id(self.generator)] = _PickledGenerator.of(self.generator).restore()
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        state = super().__getstate__()  # nn.Module's: without a compiled call
-        state.pop("_hold", None)
-        new.__setstate__(copy.deepcopy(state, memo))
+        new.__setstate__(copy.deepcopy(self._module_state(), memo))
         return new
 
 
@@ -1009,6 +1011,13 @@ class _Recomputable:
                     buffer.copy_(value)
 
 
+def _checkpointed(stage: nn.Module, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+    """``stage(inputs, mix)`` under a non-reentrant checkpoint. Compiled, the recomputation is part of the graph;
+    a module the compiler leaves to eager mode (a graph break) is checkpointed eagerly, where
+    :class:`_Recomputable` keeps its buffers."""
+    return torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
+
+
 #: Whether torch.compile keeps a checkpointed batch norm's running statistics as eager training does. Before
 #: PyTorch 2.9 they came out otherwise (2.4) or counted the batch twice (2.5-2.8), or the backward pass
 #: failed (2.3).
@@ -1022,7 +1031,7 @@ def _checkpoint_eagerly(stage: nn.Module, inputs: list[Any], mix: torch.Tensor |
     warnings.warn(f"activation checkpointing under torch.compile runs each checkpointed module eagerly on PyTorch "
                   f"{torch.__version__}: before 2.9, a compiled checkpoint counts a batch twice in the batch norms' "
                   "running statistics (or fails); PyTorch 2.9 or later compiles them", stacklevel=2)
-    return torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
+    return _checkpointed(stage, inputs, mix)
 
 
 def _in_backward() -> bool:
