@@ -191,10 +191,25 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | str |
     return {"test_loss": loss / n, "test_top1": 100 * top1 / n, "test_top5": 100 * top5 / n}
 
 
-def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+def _all_reduce(t: torch.Tensor, op: Any = None) -> torch.Tensor:
+    """``t`` summed (or reduced by ``op``) in place over the ranks under ``torch.distributed``."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, **({} if op is None else {"op": op}))
+        _let_go(t)
     return t
+
+
+def _let_go(t: torch.Tensor) -> None:
+    """Wait (at most a second) until gloo's worker thread has dropped its references to ``t``. The worker
+    drops them just after the collective completes, and dropping a tensor made in Python takes Python's
+    lock; a process that ends in between (at the end of a run) aborts with "terminate called without an
+    active exception". On a torch without ``Tensor._use_count`` there is nothing to wait on."""
+    count = getattr(t, "_use_count", None)
+    if count is None or dist.get_backend() != "gloo":
+        return
+    deadline = time.monotonic() + 1.0
+    while count() > 1 and time.monotonic() < deadline:
+        time.sleep(1e-4)  # releases Python's lock for the worker
 
 
 def _spread(value: int, device: torch.device) -> tuple[int, int]:
@@ -203,8 +218,8 @@ def _spread(value: int, device: torch.device) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         return value, value
     # NCCL reduces CUDA tensors only; gloo takes CPU ones
-    t = torch.tensor([-value, value], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = _all_reduce(torch.tensor([-value, value], device=device if dist.get_backend() == "nccl" else "cpu"),
+                    op=dist.ReduceOp.MAX)
     return -int(t[0]), int(t[1])
 
 

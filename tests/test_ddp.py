@@ -37,6 +37,26 @@ def _worker(rank, world, port, out):
         dist.destroy_process_group()
 
 
+def _let_go_worker(rank, world, port, out):
+    from connlearn.train import _all_reduce, _spread
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    counts = []
+    for step in range(200):
+        t = _all_reduce(torch.tensor([1.0, float(step)]))
+        counts.append(t._use_count())
+        _spread(step, torch.device("cpu"))
+    dist.destroy_process_group()
+    torch.save(counts, f"{out}/rank{rank}.counts")
+
+
+def test_a_reduction_returns_only_once_the_backend_has_let_go_of_its_tensor(tmp_path):
+    # else a process that ends just after its last reduction can abort in gloo's worker thread
+    mp.spawn(_let_go_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert set(torch.load(tmp_path / f"rank{rank}.counts")) == {1}
+
+
 @pytest.mark.slow
 def test_ddp_ranks_stay_identical_and_only_rank_zero_writes(tmp_path):
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
