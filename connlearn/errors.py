@@ -73,6 +73,11 @@ def state_dict_mismatch(exc: BaseException) -> str:
     return "; ".join(named) if named else (lines[0] if lines else type(exc).__name__)
 
 
+class DivergenceError(ConnlearnError, RuntimeError):
+    """Training made a weight infinite or NaN (a learning rate too high for the network, or float16 without
+    a gradient scaler): the epoch that did it is not logged or saved."""
+
+
 class DataError(ConnlearnError, ValueError):
     """A dataset file is missing, corrupt or of an unknown format."""
 

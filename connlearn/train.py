@@ -50,6 +50,7 @@ from connlearn.errors import (
     ConfigTypeError,
     ConnlearnError,
     DataError,
+    DivergenceError,
     check_bool,
     check_device,
     check_float,
@@ -367,6 +368,7 @@ class Trainer:
         self._last_connectivity: dict[int, torch.Tensor] | None = None
         self._snapshot_step: int | None = None  # the step of the last line of gates.jsonl
         self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
+        self._diverged: int | None = None  # the epoch whose weights stopped being finite
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -550,6 +552,9 @@ class Trainer:
             max_epochs = check_int("max_epochs", max_epochs, minimum=0)
         if time_limit is not None:
             time_limit = check_float("time_limit (seconds)", time_limit)  # passed already (< 0): no epoch starts
+        if self._diverged is not None:
+            raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
+                                  "(with a lower learning rate, in a new out_dir)")
         path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
@@ -590,6 +595,7 @@ class Trainer:
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, index))
+        self._check_finite(epoch, record)
         if self.test_loader is not None:
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
@@ -619,6 +625,24 @@ class Trainer:
                         self._tb.add_scalar(k, v, self.epoch)
         self._save(best)
         self._holds_last = True  # on every rank: rank 0 wrote it
+
+    def _check_finite(self, epoch: int, record: dict[str, Any]) -> None:
+        """A :class:`DivergenceError` (on every rank) if the epoch left a weight that is not finite. Only the
+        parameters are read: a block may keep an infinite buffer on purpose, such as a mask."""
+        named = list(self.net.named_parameters())
+        finite = torch.stack([torch.isfinite(p).all() for _, p in named]) if named else torch.ones(0, dtype=bool)
+        if _all_agree(bool(finite.all()), self.device):
+            return
+        self._holds_last, self._diverged = False, epoch + 1  # what is in memory is no checkpoint's state
+        bad = [name for (name, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
+        which = (f"{len(bad)} of the {len(named)} parameters are no longer finite (the first: {bad[0]})" if bad
+                 else "the weights of another rank are no longer finite")
+        kept = (f"{self.out_dir / 'last.pt'} holds epoch {self.epoch}" if self.epoch else "no checkpoint was written")
+        lrs = f"lr {record['lr']:g}" + (f", gate lr {record['gate_lr']:g}" if record.get("gate_lr") else "")
+        raise DivergenceError(
+            f"training diverged in epoch {epoch + 1} ({lrs}, train loss {record['train_loss']:.4g}): {which}. "
+            f"Nothing of this epoch was saved ({kept}). Train again with a lower "
+            "learning rate (in a new out_dir: a resumed run keeps its recipe)")
 
     def _draws_in(self, phase: Phase) -> bool:
         """Whether the network draws its connectivity in ``phase`` (a stochastic gate kind, not frozen)."""

@@ -10,7 +10,7 @@ from conftest import RandomLoader, tiny
 
 import connlearn
 from connlearn.checkpoint import load_checkpoint
-from connlearn.errors import CheckpointError
+from connlearn.errors import CheckpointError, DivergenceError
 from connlearn.gates import topk_mask
 from connlearn.recipe import Phase, Recipe, get_recipe
 from connlearn.train import TIMING_KEYS, Trainer, read_jsonl
@@ -435,3 +435,30 @@ def test_a_run_stopped_while_saving_a_new_best_ends_with_the_best_checkpoint_of_
     ours, theirs = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(uninterrupted.out_dir / "best.pt")
     assert (ours["epoch"], ours["best_top1"]) == (theirs["epoch"], theirs["best_top1"]) == (
         stop_at, uninterrupted.best_top1)
+
+
+def _diverging_in(phase):  # a learning rate no network survives, from the given phase on
+    return attrs.evolve(RECIPE, phases=tuple(attrs.evolve(p, lr=1e8) if i >= phase - 1 else p
+                                             for i, p in enumerate(RECIPE.phases)))
+
+
+def test_a_run_that_diverges_stops_there_and_keeps_the_last_finite_epoch(tmp_path):
+    t = _trainer(tmp_path, recipe=_diverging_in(2))
+    with pytest.raises(DivergenceError, match=r"diverged in epoch 2 \(lr 1e\+08\b.*parameters are no longer finite "
+                                              r"\(the first: stem\.conv\.weight\).*last\.pt holds epoch 1"):
+        t.fit()
+    assert [r["epoch"] for r in read_jsonl(tmp_path / "log.jsonl")] == [1]
+    for name in ("last.pt", "best.pt"):
+        assert load_checkpoint(tmp_path / name)["epoch"] == 1
+        assert all(torch.isfinite(v).all() for v in load_checkpoint(tmp_path / name)["model"].values()
+                   if torch.is_tensor(v) and v.is_floating_point())
+    with pytest.raises(DivergenceError, match="make a new Trainer"):  # what is in memory is not trained on
+        t.fit()
+    with pytest.raises(DivergenceError, match="diverged in epoch 2"):  # resumed from epoch 1, the same again
+        _trainer(tmp_path, recipe=_diverging_in(2)).fit()
+
+
+def test_a_run_that_diverges_in_its_first_epoch_writes_no_checkpoint(tmp_path):
+    with pytest.raises(DivergenceError, match=r"in epoch 1 .*no checkpoint was written"):
+        _trainer(tmp_path, recipe=_diverging_in(1)).fit()
+    assert not (tmp_path / "last.pt").exists() and not (tmp_path / "best.pt").exists()
