@@ -837,9 +837,12 @@ class _EpochLoader(ShardedBatches):
         positions = self._positions()
         return EpochPlan(order[positions], offsets[positions].contiguous(), flips[positions])
 
-    def _batch_bounds(self) -> Iterator[tuple[int, int]]:
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+    def _batch_bounds(self, first: int = 0) -> Iterator[tuple[int, int]]:
+        for start in range(first * self.batch_size, len(self) * self.batch_size, self.batch_size):
             yield start, min(start + self.batch_size, self.num_samples)
+
+    def _first_batch(self, start: int) -> int:
+        return check_int("start (the batch of the epoch to begin at)", start, minimum=0, maximum=len(self))
 
 
 class BatchLoader(_EpochLoader):
@@ -877,20 +880,23 @@ class BatchLoader(_EpochLoader):
         self._labels = torch.from_numpy(dataset.labels).to(self.device)
         self._mean = self.mean.to(self.device)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``.
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``; from its
+        batch number ``start`` on (a resume within the epoch), without making the ones before.
 
         The same ``epoch`` gives the same batches every time, whatever was iterated before.
         """
+        first = self._first_batch(start)
         plan = self.plan(epoch)
-        return self._batches(plan.indices.to(self.device), plan.offsets.to(self.device), plan.flips.to(self.device))
+        return self._batches(plan.indices.to(self.device), plan.offsets.to(self.device), plan.flips.to(self.device),
+                             first)
 
     def _batches(
-        self, indices: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor
+        self, indices: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, first: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         window = torch.arange(self.crop, device=self.device)
         channels = torch.arange(3, device=self.device)[None, :, None, None]
-        for start, stop in self._batch_bounds():
+        for start, stop in self._batch_bounds(first):
             rows = indices[start:stop]
             x = self._images[rows].permute(0, 3, 1, 2).to(torch.float32).div_(255.0).sub_(self._mean)
             if self.pad:
@@ -957,13 +963,15 @@ class DataLoaderPath(_EpochLoader):
         self.pin_memory = check_bool("pin_memory", pin_memory)
         self._samples = _AugmentedImages(self)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``."""
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``: ``(x float32 [B, 3, crop, crop], y int64 [B])`` on ``device``; from its
+        batch number ``start`` on, without reading the images of the ones before."""
+        first = self._first_batch(start)
         plan = self.plan(epoch)
         loader = torch.utils.data.DataLoader(
             self._samples,
             batch_size=self.batch_size,
-            sampler=[(epoch, index) for index in plan.indices.tolist()],
+            sampler=[(epoch, index) for index in plan.indices[first * self.batch_size:].tolist()],
             drop_last=self.drop_last,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,

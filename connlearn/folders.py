@@ -278,12 +278,14 @@ class FolderLoader(ShardedBatches):
         epoch = check_int("epoch", epoch, minimum=0)
         return self._order(len(self.files), epoch_generator(self.seed, epoch))[self._positions()]
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``epoch``; the same ``epoch`` gives the same batches every time."""
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch``, from its batch number ``start`` on (a resume within the epoch, which reads
+        no image of the batches before); the same ``epoch`` gives the same batches every time."""
+        first = check_int("start (the batch of the epoch to begin at)", start, minimum=0, maximum=len(self))
         loader = torch.utils.data.DataLoader(
             self._samples,
             batch_size=self.batch_size,
-            sampler=[(epoch, index) for index in self.order(epoch).tolist()],
+            sampler=[(epoch, index) for index in self.order(epoch)[first * self.batch_size:].tolist()],
             drop_last=self.drop_last,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,

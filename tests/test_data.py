@@ -2,6 +2,7 @@
 CIFAR-10 copy, class-balanced subsets, and loaders whose batches depend on (seed, epoch) only."""
 
 import contextlib
+import functools
 import io
 import os
 
@@ -288,6 +289,18 @@ def test_batch_loader_gives_identical_batches_for_the_same_seed_and_epoch_whatev
     all_batches(loader, 7)
     assert same_batches(first, all_batches(loader, 2))
     assert same_batches(first, all_batches(BatchLoader(indexed(50), 8, train=True, seed=5), 2))
+
+
+@pytest.mark.parametrize("path", ["batch", "dataloader"])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_an_epoch_begun_at_a_batch_gives_the_rest_of_that_epoch(path, drop_last):
+    make = BatchLoader if path == "batch" else functools.partial(DataLoaderPath, num_workers=0)
+    loader = make(indexed(37), 8, train=True, seed=5, drop_last=drop_last)
+    whole = all_batches(loader, 3)
+    for start in range(len(loader) + 1):
+        assert same_batches(list(loader.epoch(3, start=start)), whole[start:])
+    with pytest.raises(ConfigError, match=rf"start \(the batch of the epoch to begin at\) must be .*{len(loader)}"):
+        loader.epoch(3, start=len(loader) + 1)
 
 
 def test_batch_loader_epochs_differ():

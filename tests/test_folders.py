@@ -71,6 +71,15 @@ def test_an_epoch_is_the_same_read_again_with_any_number_of_workers_and_differs_
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(batches[0], other, strict=True))
 
 
+def test_an_epoch_begun_at_a_batch_gives_the_rest_of_that_epoch(imagenet):
+    loader = FolderLoader(image_files(imagenet / "train"), 4, train=True, size=16, resize=20, seed=3, num_workers=0)
+    whole = list(loader.epoch(1))
+    for start in range(len(loader) + 1):
+        rest = list(loader.epoch(1, start=start))
+        assert len(rest) == len(whole) - start
+        assert all(torch.equal(x, a) and torch.equal(y, b) for (x, y), (a, b) in zip(rest, whole[start:], strict=True))
+
+
 def test_ranks_share_one_order_and_split_it(imagenet):
     train = image_files(imagenet / "train")
     loaders = [FolderLoader(train, 2, train=True, rank=r, world_size=2, num_workers=0) for r in (0, 1)]
