@@ -127,6 +127,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     for name in ("C", "M", "width", "base-channels", "stem-channels"):
         a(f"--{name}", type=int, help="override the preset's value")
     a("--snapshot-every", type=int, help="steps between gate snapshots (default 100; 0: none)")
+    a("--checkpoint-every", type=int, metavar="STEPS",
+      help="also write last.pt within epochs, every this many steps (default 0: at each epoch's end only); "
+           "for long epochs, and jobs that may be stopped at any time")
     a("--tensorboard", action="store_true", default=None, help="also write TensorBoard scalars")
     a("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
     if dataset != "imagenet":

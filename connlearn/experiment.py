@@ -202,6 +202,7 @@ class CifarRun:
     base_channels: int | None = None
     stem_channels: int | None = None
     snapshot_every: int = 100
+    checkpoint_every: int = 0
     tensorboard: bool = attrs.field(default=False, validator=flag_check("tensorboard"))
     progress: bool = attrs.field(default=True, validator=flag_check("progress"))
     synthetic_fallback: bool = attrs.field(default=True, validator=flag_check("synthetic_fallback"))
@@ -449,7 +450,10 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
                           "started it to resume it, or give another --out")
     if record is not None:  # the weights come from the checkpoint, and with them the starts it was built with
         record.update(starts_of(built.graph))
-    _say(f"connlearn: resuming the run in {out} after epoch {ckpt.get('epoch')} of {recipe.total_epochs}")
+    within = ckpt.get("within_epoch")
+    where = (f"batch {within.get('batch')} of epoch {ckpt.get('epoch', 0) + 1}" if isinstance(within, dict)
+             and isinstance(ckpt.get("epoch"), int) else f"epoch {ckpt.get('epoch')}")
+    _say(f"connlearn: resuming the run in {out} after {where} of {recipe.total_epochs}")
     before = meta.get("world_size")  # runs of older versions: not recorded
     if isinstance(before, int) and before != world:
         _say(f"connlearn: this run trained its last epoch in {before} process{'es' * (before != 1)} and goes on in "
@@ -547,7 +551,8 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
     net.activation_checkpointing = run.activation_checkpointing
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
-        gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, tensorboard=run.tensorboard,
+        gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, checkpoint_every=run.checkpoint_every,
+        tensorboard=run.tensorboard,
         progress=run.progress,
         meta=(meta := {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test)),
                        "world_size": world}),

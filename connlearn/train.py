@@ -13,8 +13,14 @@ same weights, gates and log (timings aside) as an uninterrupted run, on the CPU;
 non-determinism of its kernels. The checkpoint holds the model (with the gate generator), the IR, the
 optimizer, the epoch, every RNG state and the log; the data order comes from (seed, epoch).
 
+With ``checkpoint_every`` it also writes ``last.pt`` within epochs, every that many steps, and a resume
+goes on from the step it holds, exactly as from an epoch's end (for long epochs, and jobs that may be
+stopped at any time).
+
 Loaders are objects with ``len()`` (batches per epoch) and ``epoch(e)`` yielding ``(images, labels)`` on
-the device, such as :class:`connlearn.data.BatchLoader`. Under ``torch.distributed`` the trainer wraps the
+the device, such as :class:`connlearn.data.BatchLoader`; a resume within an epoch calls ``epoch(e,
+start=b)`` where it takes a ``start`` (as connlearn's loaders do: batches ``b, b+1, ...`` of that epoch),
+and otherwise reads and drops the epoch's first ``b`` batches. Under ``torch.distributed`` the trainer wraps the
 network in DistributedDataParallel, reduces metrics over ranks and writes files from rank 0 only; give
 each rank its shard of the data (``rank``/``world_size`` of the loaders).
 """
@@ -22,6 +28,8 @@ each rank its shard of the data (``rank``/``world_size`` of the loaders).
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
 import json
 import os
 import time
@@ -74,6 +82,37 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+def _batches_from(loader: Loader, epoch: int, start: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of ``epoch`` from its batch number ``start`` on."""
+    if not start:
+        return loader.epoch(epoch)
+    try:
+        takes_start = "start" in inspect.signature(loader.epoch).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        takes_start = False
+    if takes_start:
+        return loader.epoch(epoch, start=start)  # type: ignore[call-arg]
+    return itertools.islice(loader.epoch(epoch), start, None)  # the batches already trained on, read and dropped
+
+
+def _checked_within(within: object) -> dict[str, Any] | None:
+    """A checkpoint's ``within_epoch`` entry (what :meth:`Trainer._save_within` writes), or a ``TypeError``
+    /``ValueError`` naming what is wrong with it."""
+    if within is None:
+        return None
+    if not isinstance(within, dict):
+        raise TypeError("within_epoch is not a dict")
+    batch = check_int("within_epoch's batch", within["batch"], minimum=1)
+    sums, draws, connectivity = within["sums"], within["draws"], within["last_connectivity"]
+    if not torch.is_tensor(sums) or sums.shape != (3,):
+        raise TypeError("within_epoch's sums are not a tensor of 3 numbers")
+    if draws is not None and not isinstance(draws, list):
+        raise TypeError("within_epoch's draws are not a list")
+    if not isinstance(connectivity, dict) or not all(torch.is_tensor(v) for v in connectivity.values()):
+        raise TypeError("within_epoch's last_connectivity is not a dict of tensors")
+    return {**within, "batch": batch, "elapsed": check_float("within_epoch's elapsed time", within["elapsed"])}
 
 
 def _is_loader(obj: object) -> bool:
@@ -286,6 +325,8 @@ class Trainer:
         gate_grad: the GateUpdater's gate rule: ``plain`` (the default: plain gradient, clip), ``centered``,
             ``normalized``, ``double-centered`` or ``renormalized`` (see :mod:`connlearn.updater`).
         snapshot_every: steps between gate snapshots (0: none).
+        checkpoint_every: steps between checkpoints within an epoch (``last.pt``; 0: at the end of each epoch
+            only), for epochs too long to lose to a stopped job; a resume goes on from the step it holds.
         tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: show a tqdm progress bar.
         verbose: print one summary line per epoch.
@@ -310,6 +351,7 @@ class Trainer:
         compile: bool | str = False,
         gate_grad: str = "plain",
         snapshot_every: int = 100,
+        checkpoint_every: int = 0,
         tensorboard: bool = False,
         progress: bool = True,
         verbose: bool = True,
@@ -345,6 +387,7 @@ class Trainer:
         self.compile = compile
         self.gate_grad = gate_grad
         self.snapshot_every = check_int("snapshot_every", snapshot_every, minimum=0)
+        self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=0)
         self.progress = check_bool("progress", progress)
         self.verbose = check_bool("verbose", verbose)
         self.tensorboard = check_bool("tensorboard", tensorboard)
@@ -369,6 +412,7 @@ class Trainer:
         self._snapshot_step: int | None = None  # the step of the last line of gates.jsonl
         self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
         self._diverged: int | None = None  # the epoch whose weights stopped being finite
+        self._within: dict[str, Any] | None = None  # the unfinished epoch's progress: saved, or to resume from
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -475,6 +519,7 @@ class Trainer:
             cuda_states = [] if cuda_states is None else cuda_states
             if not isinstance(cuda_states, (list, tuple)) or not all(torch.is_tensor(s) for s in cuda_states):
                 raise TypeError("rng['cuda'] is not a list of CUDA generator states")
+            within = _checked_within(ckpt.get("within_epoch"))
         except ConnlearnError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -482,6 +527,10 @@ class Trainer:
         if recipe != self.recipe:
             raise CheckpointError(f"{path} was trained with another recipe: "
                                   f"{_recipe_differences(recipe.to_dict(), self.recipe.to_dict())}")
+        if within is not None and within["batch"] >= len(self.train_loader):
+            raise CheckpointError(f"{path} was saved after batch {within['batch']} of epoch {epoch + 1}, but the "
+                                  f"training loader has {len(self.train_loader)} batches an epoch: give it the "
+                                  "loader of that run")
         self._set_net(net_from_checkpoint(ckpt))
         self.optimizer = self._make_optimizer()
         try:
@@ -496,7 +545,8 @@ class Trainer:
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
         self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
-        self._last_connectivity = self.net.connectivity()
+        self._within = within
+        self._last_connectivity = self.net.connectivity() if within is None else within["last_connectivity"]
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
             snaps = self.out_dir / "gates.jsonl"
@@ -514,6 +564,7 @@ class Trainer:
             scaler=self.scaler.state_dict() if self.scaler is not None else None,
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
             best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
+            within_epoch=self._within,
             rng={"torch": torch.get_rng_state(),
                  "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
         )
@@ -587,6 +638,7 @@ class Trainer:
         return self.history
 
     def _run_epoch(self, epoch: int) -> None:
+        self._holds_last = False  # from the first step on, what is in memory is no checkpoint's state
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen:
             self._freeze(epoch)
@@ -626,6 +678,21 @@ class Trainer:
         self._save(best)
         self._holds_last = True  # on every rank: rank 0 wrote it
 
+    def _save_within(self, batch: int, totals: torch.Tensor, seen: int, elapsed: float) -> None:
+        """Write ``last.pt`` after ``batch`` batches of the epoch: with what a resume needs to end the epoch
+        as if it had not stopped (its sums over every rank so far, the draws recorded, the connectivity it
+        began with)."""
+        sums = _all_reduce(torch.cat([totals, totals.new_tensor([seen])]))  # a copy: each rank goes on with its own
+        draws = self.net._draws
+        self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed,
+                        "draws": None if draws is None else [[(index, mask.cpu(), agree.cpu()) for index, mask, agree
+                                                              in step] for step in draws],
+                        "last_connectivity": self._last_connectivity}
+        try:
+            self._save(best=False)
+        finally:
+            self._within = None
+
     def _check_finite(self, epoch: int, record: dict[str, Any]) -> None:
         """A :class:`DivergenceError` (on every rank) if the epoch left a weight that is not finite. Only the
         parameters are read: a block may keep an infinite buffer on purpose, such as a mask."""
@@ -652,17 +719,24 @@ class Trainer:
         self.model.train()
         loader = self.train_loader
         n_batches = len(loader)
-        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {phase_index + 1})",
-                   disable=not (self.progress and self.is_main), leave=False, dynamic_ncols=True)
+        within, self._within = self._within, None
+        start = 0 if within is None else within["batch"]
+        bar = tqdm(total=n_batches, initial=start, disable=not (self.progress and self.is_main), leave=False,
+                   desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {phase_index + 1})", dynamic_ncols=True)
         totals, seen = torch.zeros(2, device=self.device), 0  # loss sum, correct (on the device); images (host)
+        if within is not None and self.is_main:  # the sums over every rank so far: the others add theirs to them
+            totals, seen = within["sums"][:2].to(self.device), int(within["sums"][2])
         lr = self.optimizer.param_groups[0]["lr"]
         phase = self.recipe.phases[phase_index]
         sampled = self._draws_in(phase)
         first = (epoch - sum(p.epochs for p in self.recipe.phases[:phase_index])) * n_batches  # its earlier steps
         last = max(phase.epochs * n_batches - 1, 1)
         self.net.record_draws(True)
-        t0 = time.perf_counter()
-        for i, (x, y) in enumerate(loader.epoch(epoch)):
+        if within is not None and within["draws"] and self.net._draws is not None:
+            self.net._draws.extend([(index, mask.to(self.device), agree.to(self.device)) for index, mask, agree in step]
+                                   for step in within["draws"])
+        t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
+        for i, (x, y) in enumerate(_batches_from(loader, epoch, start), start):
             if sampled:
                 self.net.sample_temperature = phase.temperature_at((first + i) / last)
             if self.channels_last:
@@ -683,6 +757,8 @@ class Trainer:
             seen += len(y)
             if self.snapshot_every and self.step % self.snapshot_every == 0:
                 self._snapshot(epoch + (i + 1) / n_batches)
+            if self.checkpoint_every and self.step % self.checkpoint_every == 0 and i + 1 < n_batches:
+                self._save_within(i + 1, totals, seen, time.perf_counter() - t0)
             if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
                 loss_sum, correct = totals.tolist()
                 bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,

@@ -20,18 +20,36 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, out):
+class _Stopping(BatchLoader):
+    """Stops the run (as a kill of the job would) when asked for its ``stop_at``-th batch of the run."""
+
+    stop_at = None
+
+    def epoch(self, epoch, start=0):
+        for batch in super().epoch(epoch, start):
+            if self.stop_at is not None:
+                self.stop_at -= 1
+                if self.stop_at < 0:
+                    raise KeyboardInterrupt
+            yield batch
+
+
+def _worker(rank, world, port, out, stop_at=None):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         train, test = synthetic(num_classes=10, n_train=160, n_test=40, seed=0)
-        loaders = [BatchLoader(d, 20, train=t, seed=0, rank=rank, world_size=world) for d, t in ((train, True),
-                                                                                                 (test, False))]
+        loaders = [_Stopping(d, 20, train=t, seed=0, rank=rank, world_size=world) for d, t in ((train, True),
+                                                                                               (test, False))]
+        loaders[0].stop_at = stop_at
         net = connlearn.build(M=3, C=4, K=2, width=1, num_classes=10, stem_channels=4, base_channels=4, seed=0)
         net.activation_checkpointing = True  # DDP's gradient hooks fire in the recomputed modules too
         trainer = Trainer(net, *loaders, get_recipe("cifar").scaled(2), out_dir=out, progress=False,
-                          verbose=False, snapshot_every=2)
-        trainer.fit()
+                          verbose=False, snapshot_every=2, checkpoint_every=3)  # 4 steps an epoch
+        try:
+            trainer.fit()
+        except KeyboardInterrupt:
+            return
         torch.save({"state": trainer.net.state_dict(), "history": trainer.history}, f"{out}/rank{rank}.state")
     finally:
         dist.destroy_process_group()
@@ -68,6 +86,24 @@ def test_ddp_ranks_stay_identical_and_only_rank_zero_writes(tmp_path):
     assert a["history"][-1]["test_top1"] == b["history"][-1]["test_top1"]  # metrics reduced over ranks
     assert a["state"]["stages.1.gate.mask"].sum() == 4 * 2  # frozen after phase 1: K inputs per block
     assert (tmp_path / "last.pt").exists() and (tmp_path / "log.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_stopped_within_an_epoch_resume_to_the_run_that_was_not_stopped(tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir(), parts.mkdir()
+    mp.spawn(_worker, args=(2, _free_port(), str(whole)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), str(parts), 7), nprocs=2, join=True)  # stopped in epoch 2, step 7
+    assert torch.load(parts / "last.pt", weights_only=False)["within_epoch"]["batch"] == 2
+    mp.spawn(_worker, args=(2, _free_port(), str(parts)), nprocs=2, join=True)
+    for rank in (0, 1):
+        a, b = (torch.load(d / f"rank{rank}.state", weights_only=False) for d in (whole, parts))
+        for key, value in a["state"].items():
+            if torch.is_tensor(value):
+                assert torch.equal(value, b["state"][key]), key
+        for x, y in zip(a["history"], b["history"], strict=True):  # sums over the ranks, added in another order
+            assert x["train_top1"] == y["train_top1"] and x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-6)
+            assert x["test_top1"] == y["test_top1"] and x["drawn_distinct"] == y["drawn_distinct"]
 
 
 def _protocol_worker(rank, world, port, out, limits, outs=None, torchrun=True):

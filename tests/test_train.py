@@ -462,3 +462,39 @@ def test_a_run_that_diverges_in_its_first_epoch_writes_no_checkpoint(tmp_path):
     with pytest.raises(DivergenceError, match=r"in epoch 1 .*no checkpoint was written"):
         _trainer(tmp_path, recipe=_diverging_in(1)).fit()
     assert not (tmp_path / "last.pt").exists() and not (tmp_path / "best.pt").exists()
+
+
+class _StoppingLoader(RandomLoader):
+    """Stops the run (as a kill would) when it is asked for its ``stop_at``-th batch of the whole run."""
+
+    def __init__(self, stop_at):
+        super().__init__()
+        self.left = stop_at
+
+    def epoch(self, epoch):
+        for batch in super().epoch(epoch):
+            self.left -= 1
+            if self.left < 0:
+                raise KeyboardInterrupt
+            yield batch
+
+
+# 4 batches an epoch, a checkpoint every 3 steps: the last written within epoch 2, 3 or 4, after its batch 2, 1 or 3
+@pytest.mark.parametrize(("stop_at", "step", "batch"), [(7, 6, 2), (10, 9, 1), (15, 15, 3)])
+def test_a_run_stopped_within_an_epoch_resumes_from_its_last_step_checkpoint_and_ends_bit_identical(
+        uninterrupted, tmp_path, stop_at, step, batch):
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    first = Trainer(net, _StoppingLoader(stop_at), RandomLoader(n=32, seed=1), RECIPE, out_dir=tmp_path,
+                    progress=False, snapshot_every=2, checkpoint_every=3)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    saved = load_checkpoint(tmp_path / "last.pt")
+    assert (saved["step"], saved["epoch"], saved["within_epoch"]["batch"]) == (step, (step - batch) // 4, batch)
+    shutil.copytree(tmp_path, tmp_path / "copy")
+    first.train_loader = RandomLoader()  # the trainer that stopped goes on from last.pt, not from its memory
+    for resumed in (first, _trainer(tmp_path / "copy", checkpoint_every=3)):  # and so does a new one
+        resumed.fit()
+        _assert_same_state(resumed.net, uninterrupted.net)
+        assert _without_timings(resumed.history) == _without_timings(uninterrupted.history)
+        assert _without_timings(read_jsonl(resumed.out_dir / "log.jsonl")) == _without_timings(uninterrupted.history)
+        assert read_jsonl(resumed.out_dir / "gates.jsonl") == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
