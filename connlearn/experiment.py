@@ -202,7 +202,8 @@ class CifarRun:
     base_channels: int | None = None
     stem_channels: int | None = None
     snapshot_every: int = 100
-    checkpoint_every: int = 0
+    checkpoint_every: int = attrs.field(default=0, validator=_optional_int("checkpoint_every", minimum=0),
+                                        converter=lambda v: 0 if v is None else v)
     tensorboard: bool = attrs.field(default=False, validator=flag_check("tensorboard"))
     progress: bool = attrs.field(default=True, validator=flag_check("progress"))
     synthetic_fallback: bool = attrs.field(default=True, validator=flag_check("synthetic_fallback"))

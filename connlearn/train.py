@@ -34,13 +34,14 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
 from connlearn.checkpoint import (
@@ -84,17 +85,72 @@ class Loader(Protocol):
     def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
-def _batches_from(loader: Loader, epoch: int, start: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches of ``epoch`` from its batch number ``start`` on."""
+def _batches_from(loader: Loader, epoch: int, start: int,
+                  rng_at_start: dict[str, Any] | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of ``epoch`` from its batch number ``start`` on. A loader that takes no ``start`` is read
+    from the beginning of the epoch and its first ``start`` batches are dropped, with torch's random state
+    of the epoch's beginning (``rng_at_start``), as a loader that shuffles or augments from it read them;
+    then the state is put back."""
     if not start:
-        return loader.epoch(epoch)
+        return iter(loader.epoch(epoch))
     try:
         takes_start = "start" in inspect.signature(loader.epoch).parameters
     except (TypeError, ValueError):  # a callable without a signature Python can read
         takes_start = False
     if takes_start:
-        return loader.epoch(epoch, start=start)  # type: ignore[call-arg]
-    return itertools.islice(loader.epoch(epoch), start, None)  # the batches already trained on, read and dropped
+        return iter(loader.epoch(epoch, start=start))  # type: ignore[call-arg]
+    now = _rng_state()
+    if rng_at_start is not None:
+        _set_rng_state(rng_at_start)
+    batches = iter(loader.epoch(epoch))
+    for _ in itertools.islice(batches, start):  # the batches already trained on
+        pass
+    _set_rng_state(now)
+    return batches
+
+
+def _lr_text(lr: float, gate_lr: float | None) -> str:
+    return f"lr {lr:g}" + (f", gate lr {gate_lr:g}" if gate_lr else "")
+
+
+def _packed(draws: Iterable[list[tuple[int, torch.Tensor, torch.Tensor]]] | None) -> Any:
+    """The draws a network recorded (a list per step of ``(gate index, mask, agreement)``), for a checkpoint:
+    on the CPU, and stacked over the steps, one pair of tensors per gate, where every step drew the same
+    gates (as in an epoch): not thousands of small tensors."""
+    if draws is None:
+        return None
+    steps = list(draws)
+    order = [index for index, _, _ in steps[0]] if steps else []
+    if any([index for index, _, _ in step] != order for step in steps):
+        return [[(index, mask.cpu(), agree.cpu()) for index, mask, agree in step] for step in steps]
+    return {"order": order, "masks": [torch.stack([step[j][1] for step in steps]).cpu() for j in range(len(order))],
+            "agree": [torch.stack([step[j][2] for step in steps]).cpu() for j in range(len(order))],
+            "steps": len(steps)}
+
+
+def _unpacked(draws: Any, device: torch.device) -> list[list[tuple[int, torch.Tensor, torch.Tensor]]]:
+    """What :func:`_packed` gave, as the network records it, on ``device``."""
+    if draws is None:
+        return []
+    if isinstance(draws, list):
+        return [[(index, mask.to(device), agree.to(device)) for index, mask, agree in step] for step in draws]
+    masks = [m.to(device) for m in draws["masks"]]
+    agree = [a.to(device) for a in draws["agree"]]
+    return [[(index, masks[j][s], agree[j][s]) for j, index in enumerate(draws["order"])]
+            for s in range(draws["steps"])]
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch's global random states: the CPU's and every GPU's."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available():  # as many states as both machines have GPUs
+        for index, state in enumerate((rng.get("cuda") or [])[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)
 
 
 def _checked_within(within: object) -> dict[str, Any] | None:
@@ -108,8 +164,17 @@ def _checked_within(within: object) -> dict[str, Any] | None:
     sums, draws, connectivity = within["sums"], within["draws"], within["last_connectivity"]
     if not torch.is_tensor(sums) or sums.shape != (3,):
         raise TypeError("within_epoch's sums are not a tensor of 3 numbers")
-    if draws is not None and not isinstance(draws, list):
-        raise TypeError("within_epoch's draws are not a list")
+    if isinstance(draws, dict):
+        steps, order, masks, agree = draws["steps"], draws["order"], draws["masks"], draws["agree"]
+        if not (isinstance(steps, int) and isinstance(order, list) and len(order) == len(masks) == len(agree)
+                and all(torch.is_tensor(t) and len(t) == steps for t in [*masks, *agree])):
+            raise TypeError("within_epoch's draws are not the stacked draws of every gate")
+    elif draws is not None and not (isinstance(draws, list) and all(
+            isinstance(step, list) and all(isinstance(d, tuple) and len(d) == 3 for d in step) for step in draws)):
+        raise TypeError("within_epoch's draws are not a list of steps")
+    rng = within.get("rng_at_start")
+    if rng is not None and not (isinstance(rng, dict) and torch.is_tensor(rng.get("torch"))):
+        raise TypeError("within_epoch's rng_at_start is not torch's random state")
     if not isinstance(connectivity, dict) or not all(torch.is_tensor(v) for v in connectivity.values()):
         raise TypeError("within_epoch's last_connectivity is not a dict of tensors")
     return {**within, "batch": batch, "elapsed": check_float("within_epoch's elapsed time", within["elapsed"])}
@@ -243,9 +308,10 @@ def _let_go(t: torch.Tensor) -> None:
     """Wait (at most a second) until gloo's worker thread has dropped its references to ``t``. The worker
     drops them just after the collective completes, and dropping a tensor made in Python takes Python's
     lock; a process that ends in between (at the end of a run) aborts with "terminate called without an
-    active exception". On a torch without ``Tensor._use_count`` there is nothing to wait on."""
+    active exception". CPU tensors are gloo's in any group (NCCL takes CUDA ones only). On a torch without
+    ``Tensor._use_count`` there is nothing to wait on."""
     count = getattr(t, "_use_count", None)
-    if count is None or dist.get_backend() != "gloo":
+    if count is None or t.device.type != "cpu":
         return
     deadline = time.monotonic() + 1.0
     while count() > 1 and time.monotonic() < deadline:
@@ -413,6 +479,9 @@ class Trainer:
         self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
         self._diverged: int | None = None  # the epoch whose weights stopped being finite
         self._within: dict[str, Any] | None = None  # the unfinished epoch's progress: saved, or to resume from
+        self._midway = False  # an epoch began and did not end (an exception stopped it)
+        self._saved: tuple[int, int] | None = None  # (epochs, batches of the next) that out_dir/last.pt holds
+        self._rng_at_epoch_start: dict[str, Any] | None = None
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -537,15 +606,13 @@ class Trainer:
             self.optimizer.load_state_dict(optimizer)
             if self.scaler is not None and ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])
-            torch.set_rng_state(rng["torch"])
-            if torch.cuda.is_available():  # as many states as both machines have GPUs
-                for index, state in enumerate(cuda_states[:torch.cuda.device_count()]):
-                    torch.cuda.set_rng_state(state, index)
+            _set_rng_state(rng)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
         self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
-        self._within = within
+        self._within, self._midway = within, False
+        self._saved = (epoch, 0 if within is None else within["batch"]) if self._holds_last else None
         self._last_connectivity = self.net.connectivity() if within is None else within["last_connectivity"]
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
@@ -565,11 +632,11 @@ class Trainer:
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
             best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
             within_epoch=self._within,
-            rng={"torch": torch.get_rng_state(),
-                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            rng=_rng_state(),
         )
 
     def _save(self, best: bool) -> None:
+        self._saved = (self.epoch, 0 if self._within is None else self._within["batch"])  # on every rank
         if not self.is_main:
             return
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
@@ -591,7 +658,9 @@ class Trainer:
         epoch once this much time has passed (each epoch ends with a checkpoint, so a later call resumes);
         under ``torch.distributed`` no rank starts one once any rank's time has passed. A later call on the
         same trainer goes on from the state in memory, which its ``last.pt`` holds: ``net``, ``optimizer`` and
-        ``model`` stay the objects they were (the freeze of phase 2 replaces them, and ``load`` does).
+        ``model`` stay the objects they were (the freeze of phase 2 replaces them, and ``load`` does). After an
+        exception stopped an epoch (an interrupt), a later call resumes from ``last.pt`` instead (which with
+        ``checkpoint_every`` may lie within that epoch), and refuses to go on where there is none.
         """
         started = time.perf_counter()
         if not isinstance(resume, bool) and resume != "auto":
@@ -607,11 +676,14 @@ class Trainer:
             raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
                                   "(with a lower learning rate, in a new out_dir)")
         path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
+        if path is None and self._midway:
+            raise CheckpointError(f"this trainer stopped within epoch {self.epoch + 1} before it wrote a checkpoint "
+                                  "to resume from: its network is part-trained; make a new Trainer (and network)")
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
         if path is not None:
             self.load(path)
-            _same_on_every_rank(self.epoch, self.device, "the epoch to resume from")
+            _same_on_every_rank(self.step, self.device, "the step to resume from")
         if self.tensorboard and self.is_main and self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -638,7 +710,7 @@ class Trainer:
         return self.history
 
     def _run_epoch(self, epoch: int) -> None:
-        self._holds_last = False  # from the first step on, what is in memory is no checkpoint's state
+        self._holds_last, self._midway = False, True  # from the first step on, memory is no checkpoint's state
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen:
             self._freeze(epoch)
@@ -647,7 +719,7 @@ class Trainer:
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, index))
-        self._check_finite(epoch, record)
+        self._check_finite(epoch, _lr_text(record["lr"], record["gate_lr"]), record["train_loss"])
         if self.test_loader is not None:
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
@@ -676,40 +748,50 @@ class Trainer:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         self._tb.add_scalar(k, v, self.epoch)
         self._save(best)
-        self._holds_last = True  # on every rank: rank 0 wrote it
+        self._holds_last, self._midway = True, False  # on every rank: rank 0 wrote it
 
-    def _save_within(self, batch: int, totals: torch.Tensor, seen: int, elapsed: float) -> None:
-        """Write ``last.pt`` after ``batch`` batches of the epoch: with what a resume needs to end the epoch
-        as if it had not stopped (its sums over every rank so far, the draws recorded, the connectivity it
-        began with)."""
+    def _save_within(self, epoch: int, batch: int, totals: torch.Tensor, seen: int, elapsed: float,
+                     lrs: str) -> None:
+        """Write ``last.pt`` after ``batch`` batches of ``epoch``: with what a resume needs to end the epoch
+        as if it had not stopped (its sums over every rank so far, the draws recorded, the connectivity and
+        torch's random state it began with). Weights that are no longer finite are not saved: a
+        :class:`DivergenceError` instead."""
         sums = _all_reduce(torch.cat([totals, totals.new_tensor([seen])]))  # a copy: each rank goes on with its own
-        draws = self.net._draws
-        self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed,
-                        "draws": None if draws is None else [[(index, mask.cpu(), agree.cpu()) for index, mask, agree
-                                                              in step] for step in draws],
-                        "last_connectivity": self._last_connectivity}
+        self._check_finite(epoch, lrs, (sums[0] / sums[2]).item(), batch)
+        self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed, "draws": _packed(self.net._draws),
+                        "last_connectivity": self._last_connectivity, "rng_at_start": self._rng_at_epoch_start}
         try:
             self._save(best=False)
         finally:
             self._within = None
 
-    def _check_finite(self, epoch: int, record: dict[str, Any]) -> None:
-        """A :class:`DivergenceError` (on every rank) if the epoch left a weight that is not finite. Only the
-        parameters are read: a block may keep an infinite buffer on purpose, such as a mask."""
-        named = list(self.net.named_parameters())
-        finite = torch.stack([torch.isfinite(p).all() for _, p in named]) if named else torch.ones(0, dtype=bool)
+    def _check_finite(self, epoch: int, lrs: str, loss: float, batch: int | None = None) -> None:
+        """A :class:`DivergenceError` (on every rank) if a trained weight or a batch norm's running statistic
+        is no longer finite, at the end of ``epoch`` or after its ``batch``. Other buffers are not read: a
+        block may keep an infinite one on purpose, such as a mask."""
+        named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
+        named += [(f"{name}.{stat}", getattr(m, stat)) for name, m in self.net.named_modules()
+                  if isinstance(m, _BatchNorm) for stat in ("running_mean", "running_var")
+                  if getattr(m, stat, None) is not None]
+        finite = torch.stack([torch.isfinite(t).all() for _, t in named]) if named else torch.ones(0, dtype=bool)
         if _all_agree(bool(finite.all()), self.device):
             return
         self._holds_last, self._diverged = False, epoch + 1  # what is in memory is no checkpoint's state
         bad = [name for (name, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
-        which = (f"{len(bad)} of the {len(named)} parameters are no longer finite (the first: {bad[0]})" if bad
-                 else "the weights of another rank are no longer finite")
-        kept = (f"{self.out_dir / 'last.pt'} holds epoch {self.epoch}" if self.epoch else "no checkpoint was written")
-        lrs = f"lr {record['lr']:g}" + (f", gate lr {record['gate_lr']:g}" if record.get("gate_lr") else "")
+        which = (f"{len(bad)} of its {len(named)} weights and running statistics are no longer finite (the first: "
+                 f"{bad[0]})" if bad else "the weights of another rank are no longer finite")
+        last = self.out_dir / "last.pt"
+        if self._saved is None:
+            kept = f"{self.out_dir} holds no checkpoint of this trainer"
+        elif self._saved[1]:
+            kept = f"{last} holds epoch {self._saved[0]} and {self._saved[1]} batches of epoch {self._saved[0] + 1}"
+        else:
+            kept = f"{last} holds epoch {self._saved[0]}"
+        where = f"epoch {epoch + 1}" + (f" (by its batch {batch})" if batch else "")
         raise DivergenceError(
-            f"training diverged in epoch {epoch + 1} ({lrs}, train loss {record['train_loss']:.4g}): {which}. "
-            f"Nothing of this epoch was saved ({kept}). Train again with a lower "
-            "learning rate (in a new out_dir: a resumed run keeps its recipe)")
+            f"training diverged in {where} ({lrs}, train loss {loss:.4g}): {which}. Nothing of this epoch after "
+            f"that was saved ({kept}). Train again with a lower learning rate (in a new out_dir: a resumed run "
+            "keeps its recipe)")
 
     def _draws_in(self, phase: Phase) -> bool:
         """Whether the network draws its connectivity in ``phase`` (a stochastic gate kind, not frozen)."""
@@ -732,11 +814,11 @@ class Trainer:
         first = (epoch - sum(p.epochs for p in self.recipe.phases[:phase_index])) * n_batches  # its earlier steps
         last = max(phase.epochs * n_batches - 1, 1)
         self.net.record_draws(True)
-        if within is not None and within["draws"] and self.net._draws is not None:
-            self.net._draws.extend([(index, mask.to(self.device), agree.to(self.device)) for index, mask, agree in step]
-                                   for step in within["draws"])
+        if within is not None and self.net._draws is not None:
+            self.net._draws.extend(_unpacked(within["draws"], self.device))
+        self._rng_at_epoch_start = _rng_state() if within is None else within.get("rng_at_start")
         t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
-        for i, (x, y) in enumerate(_batches_from(loader, epoch, start), start):
+        for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start), start):
             if sampled:
                 self.net.sample_temperature = phase.temperature_at((first + i) / last)
             if self.channels_last:
@@ -758,7 +840,8 @@ class Trainer:
             if self.snapshot_every and self.step % self.snapshot_every == 0:
                 self._snapshot(epoch + (i + 1) / n_batches)
             if self.checkpoint_every and self.step % self.checkpoint_every == 0 and i + 1 < n_batches:
-                self._save_within(i + 1, totals, seen, time.perf_counter() - t0)
+                self._save_within(epoch, i + 1, totals, seen, time.perf_counter() - t0,
+                                  _lr_text(phase.lr, phase.gate_lr if self.net.gate_parameters() else None))
             if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
                 loss_sum, correct = totals.tolist()
                 bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,

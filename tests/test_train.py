@@ -444,8 +444,8 @@ def _diverging_in(phase):  # a learning rate no network survives, from the given
 
 def test_a_run_that_diverges_stops_there_and_keeps_the_last_finite_epoch(tmp_path):
     t = _trainer(tmp_path, recipe=_diverging_in(2))
-    with pytest.raises(DivergenceError, match=r"diverged in epoch 2 \(lr 1e\+08\b.*parameters are no longer finite "
-                                              r"\(the first: stem\.conv\.weight\).*last\.pt holds epoch 1"):
+    with pytest.raises(DivergenceError, match=r"diverged in epoch 2 \(lr 1e\+08\b.*running statistics are no longer "
+                                              r"finite \(the first: stem\.conv\.weight\).*last\.pt holds epoch 1\)"):
         t.fit()
     assert [r["epoch"] for r in read_jsonl(tmp_path / "log.jsonl")] == [1]
     for name in ("last.pt", "best.pt"):
@@ -459,20 +459,23 @@ def test_a_run_that_diverges_stops_there_and_keeps_the_last_finite_epoch(tmp_pat
 
 
 def test_a_run_that_diverges_in_its_first_epoch_writes_no_checkpoint(tmp_path):
-    with pytest.raises(DivergenceError, match=r"in epoch 1 .*no checkpoint was written"):
+    with pytest.raises(DivergenceError, match=r"in epoch 1 .*holds no checkpoint of this trainer"):
         _trainer(tmp_path, recipe=_diverging_in(1)).fit()
     assert not (tmp_path / "last.pt").exists() and not (tmp_path / "best.pt").exists()
 
 
-class _StoppingLoader(RandomLoader):
-    """Stops the run (as a kill would) when it is asked for its ``stop_at``-th batch of the whole run."""
+class _StoppingLoader:
+    """``loader`` that stops the run (as a kill would) when it is asked for its ``stop_at``-th batch of the run."""
 
-    def __init__(self, stop_at):
-        super().__init__()
+    def __init__(self, stop_at, loader=None):
+        self.loader = RandomLoader() if loader is None else loader
         self.left = stop_at
 
+    def __len__(self):
+        return len(self.loader)
+
     def epoch(self, epoch):
-        for batch in super().epoch(epoch):
+        for batch in self.loader.epoch(epoch):
             self.left -= 1
             if self.left < 0:
                 raise KeyboardInterrupt
@@ -498,3 +501,46 @@ def test_a_run_stopped_within_an_epoch_resumes_from_its_last_step_checkpoint_and
         assert _without_timings(resumed.history) == _without_timings(uninterrupted.history)
         assert _without_timings(read_jsonl(resumed.out_dir / "log.jsonl")) == _without_timings(uninterrupted.history)
         assert read_jsonl(resumed.out_dir / "gates.jsonl") == read_jsonl(uninterrupted.out_dir / "gates.jsonl")
+
+
+def test_a_run_that_diverges_between_checkpoints_within_an_epoch_keeps_the_last_finite_one(tmp_path):
+    with pytest.raises(DivergenceError, match=r"diverged in epoch 2 \(by its batch [1-3]\)"):
+        _trainer(tmp_path, recipe=_diverging_in(2), checkpoint_every=1).fit()
+    saved = load_checkpoint(tmp_path / "last.pt")
+    assert saved["epoch"] == 1 and all(torch.isfinite(v).all() for v in saved["model"].values()
+                                       if torch.is_tensor(v) and v.is_floating_point())
+
+
+def test_a_trainer_stopped_within_its_first_epoch_before_any_checkpoint_refuses_to_go_on(tmp_path):
+    t = Trainer(connlearn.build(**tiny()), _StoppingLoader(2), None, RECIPE, out_dir=tmp_path, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    with pytest.raises(CheckpointError, match="stopped within epoch 1 before it wrote a checkpoint"):
+        t.fit()
+
+
+class _GlobalRandomLoader(RandomLoader):
+    """Shuffles from torch's global random state, as a DataLoader(shuffle=True) without a generator does."""
+
+    def epoch(self, epoch):
+        order = torch.randperm(len(self.x))
+        for i in range(len(self)):
+            yield self.x[order[i * self.batch:(i + 1) * self.batch]], self.y[order[i * self.batch:(i + 1) * self.batch]]
+
+
+def test_a_loader_without_a_start_that_shuffles_from_the_global_random_state_resumes_exactly_within_an_epoch(
+        tmp_path):
+    def trainer(out, loader):
+        torch.manual_seed(0)
+        return Trainer(connlearn.build(**tiny(gate_init="uniform")), loader, None, RECIPE, out_dir=out,
+                       progress=False, checkpoint_every=3)
+
+    whole = trainer(tmp_path / "whole", _GlobalRandomLoader())
+    whole.fit()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path / "parts", _StoppingLoader(7, _GlobalRandomLoader())).fit()  # within epoch 2
+    torch.manual_seed(123)  # whatever the state the resuming process starts with
+    resumed = trainer(tmp_path / "parts", _GlobalRandomLoader())
+    resumed.fit()
+    _assert_same_state(resumed.net, whole.net)
+    assert _without_timings(resumed.history) == _without_timings(whole.history)
