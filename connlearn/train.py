@@ -482,6 +482,7 @@ class Trainer:
         self._midway = False  # an epoch began and did not end (an exception stopped it)
         self._saved: tuple[int, int] | None = None  # (epochs, batches of the next) that out_dir/last.pt holds
         self._rng_at_epoch_start: dict[str, Any] | None = None
+        self._froze_from: str | None = None  # the gate kind of the network this trainer froze (it may load its own)
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -524,6 +525,8 @@ class Trainer:
         gates = self.net.gate_parameters()
         if gates and self.snapshot_every and self._snapshot_step != self.step:
             self._snapshot(float(epoch), freeze=True)
+        if not self.net.fixed_connectivity:
+            self._froze_from = self.net.gate_kind
         self.net.freeze()
         drop_gate_group(self.optimizer)
         self._wrap()
@@ -560,10 +563,10 @@ class Trainer:
         if architecture(saved) != architecture(given):
             raise CheckpointError(f"{path} is a checkpoint of another architecture than the network given")
         # training may have frozen the given kind of gates since; any other change of gate kind or K is another run
-        kind = saved.gate_kind
-        if kind == "frozen" and not self.net.fixed_connectivity:
-            kind = saved.graph.get("frozen_from", given.gate_kind)  # checkpoints before it was recorded: trusted
-        if saved.K != given.K or kind != given.gate_kind:
+        kind, given_kind = saved.gate_kind, self._froze_from or given.gate_kind  # as before this trainer froze it
+        if kind == "frozen" and (not self.net.fixed_connectivity or self._froze_from):
+            kind = saved.graph.get("frozen_from", given_kind)  # checkpoints before it was recorded: trusted
+        if saved.K != given.K or kind != given_kind:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
             raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
                                   f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
@@ -611,7 +614,7 @@ class Trainer:
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
         self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
-        self._within, self._midway = within, False
+        self._within, self._midway, self._froze_from = within, False, None
         self._saved = (epoch, 0 if within is None else within["batch"]) if self._holds_last else None
         self._last_connectivity = self.net.connectivity() if within is None else within["last_connectivity"]
         if self.is_main:

@@ -544,3 +544,16 @@ def test_a_loader_without_a_start_that_shuffles_from_the_global_random_state_res
     resumed.fit()
     _assert_same_state(resumed.net, whole.net)
     assert _without_timings(resumed.history) == _without_timings(whole.history)
+
+
+def test_a_trainer_stopped_in_the_epoch_it_froze_goes_on_from_the_checkpoint_before_the_freeze(uninterrupted,
+                                                                                                 tmp_path):
+    t = _trainer(tmp_path)
+    t.train_loader = _StoppingLoader(5)  # within epoch 2, which froze the connectivity at its start
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    assert t.net.fixed_connectivity and load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+    t.train_loader = RandomLoader()
+    t.fit()
+    _assert_same_state(t.net, uninterrupted.net)
+    assert _without_timings(t.history) == _without_timings(uninterrupted.history)
