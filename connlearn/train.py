@@ -85,8 +85,8 @@ class Loader(Protocol):
     def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
-def _batches_from(loader: Loader, epoch: int, start: int,
-                  rng_at_start: dict[str, Any] | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches_from(loader: Loader, epoch: int, start: int, rng_at_start: dict[str, Any] | None,
+                  device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The batches of ``epoch`` from its batch number ``start`` on. A loader that takes no ``start`` is read
     from the beginning of the epoch and its first ``start`` batches are dropped, with torch's random state
     of the epoch's beginning (``rng_at_start``), as a loader that shuffles or augments from it read them;
@@ -99,13 +99,15 @@ def _batches_from(loader: Loader, epoch: int, start: int,
         takes_start = False
     if takes_start:
         return iter(loader.epoch(epoch, start=start))  # type: ignore[call-arg]
-    now = _rng_state()
-    if rng_at_start is not None:
-        _set_rng_state(rng_at_start)
-    batches = iter(loader.epoch(epoch))
-    for _ in itertools.islice(batches, start):  # the batches already trained on
-        pass
-    _set_rng_state(now)
+    now = _rng_state(device)
+    try:
+        if rng_at_start is not None:
+            _set_rng_state(rng_at_start, device)
+        batches = iter(loader.epoch(epoch))
+        for _ in itertools.islice(batches, start):  # the batches already trained on
+            pass
+    finally:
+        _set_rng_state(now, device)
     return batches
 
 
@@ -140,17 +142,21 @@ def _unpacked(draws: Any, device: torch.device) -> list[list[tuple[int, torch.Te
             for s in range(draws["steps"])]
 
 
-def _rng_state() -> dict[str, Any]:
-    """torch's global random states: the CPU's and every GPU's."""
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """torch's global random states: the CPU's and, training on a GPU, that GPU's (only: reading another
+    GPU's would make a CUDA context on it, in every process)."""
     return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else None}
 
 
-def _set_rng_state(rng: dict[str, Any]) -> None:
+def _set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available():  # as many states as both machines have GPUs
-        for index, state in enumerate((rng.get("cuda") or [])[:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(state, index)
+    states = rng.get("cuda")
+    if device.type == "cuda" and states:  # one state, the training GPU's; checkpoints of older versions: every GPU's
+        index = torch.cuda.current_device() if device.index is None else device.index
+        state = states[0] if len(states) == 1 else states[index] if index < len(states) else None
+        if state is not None:
+            torch.cuda.set_rng_state(state, device)
 
 
 def _checked_within(within: object) -> dict[str, Any] | None:
@@ -173,7 +179,8 @@ def _checked_within(within: object) -> dict[str, Any] | None:
             isinstance(step, list) and all(isinstance(d, tuple) and len(d) == 3 for d in step) for step in draws)):
         raise TypeError("within_epoch's draws are not a list of steps")
     rng = within.get("rng_at_start")
-    if rng is not None and not (isinstance(rng, dict) and torch.is_tensor(rng.get("torch"))):
+    if rng is not None and not (isinstance(rng, dict) and torch.is_tensor(rng.get("torch")) and rng["torch"].dtype
+                                == torch.uint8 and isinstance(rng.get("cuda"), (list, type(None)))):
         raise TypeError("within_epoch's rng_at_start is not torch's random state")
     if not isinstance(connectivity, dict) or not all(torch.is_tensor(v) for v in connectivity.values()):
         raise TypeError("within_epoch's last_connectivity is not a dict of tensors")
@@ -308,14 +315,23 @@ def _let_go(t: torch.Tensor) -> None:
     """Wait (at most a second) until gloo's worker thread has dropped its references to ``t``. The worker
     drops them just after the collective completes, and dropping a tensor made in Python takes Python's
     lock; a process that ends in between (at the end of a run) aborts with "terminate called without an
-    active exception". CPU tensors are gloo's in any group (NCCL takes CUDA ones only). On a torch without
-    ``Tensor._use_count`` there is nothing to wait on."""
+    active exception". On a torch without ``Tensor._use_count`` there is nothing to wait on."""
     count = getattr(t, "_use_count", None)
-    if count is None or t.device.type != "cpu":
+    if count is None or not _reduced_by_gloo(t):
         return
     deadline = time.monotonic() + 1.0
     while count() > 1 and time.monotonic() < deadline:
         time.sleep(1e-4)  # releases Python's lock for the worker
+
+
+def _reduced_by_gloo(t: torch.Tensor) -> bool:
+    """Whether the default group reduces ``t`` with gloo: its backend config (``"cpu:gloo,cuda:nccl"``) maps
+    ``t``'s device type to gloo."""
+    for part in str(dist.get_backend_config()).split(","):
+        device, _, backend = part.strip().rpartition(":")
+        if device in ("", t.device.type):
+            return backend == "gloo"
+    return False
 
 
 def _spread(value: int, device: torch.device) -> tuple[int, int]:
@@ -568,7 +584,7 @@ class Trainer:
             kind = saved.graph.get("frozen_from", given_kind)  # checkpoints before it was recorded: trusted
         if saved.K != given.K or kind != given_kind:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
-            raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
+            raise CheckpointError(f"{loaded} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
                                   f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
         def damaged(exc: Exception) -> CheckpointError:
             return CheckpointError(f"the training state in {path} is damaged or of another version, so it cannot be "
@@ -609,12 +625,13 @@ class Trainer:
             self.optimizer.load_state_dict(optimizer)
             if self.scaler is not None and ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])
-            _set_rng_state(rng)
+            _set_rng_state(rng, self.device)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
         self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
-        self._within, self._midway, self._froze_from = within, False, None
+        self._within, self._midway = within, False
+        self._froze_from = saved.graph.get("frozen_from") if saved.gate_kind == "frozen" else None
         self._saved = (epoch, 0 if within is None else within["batch"]) if self._holds_last else None
         self._last_connectivity = self.net.connectivity() if within is None else within["last_connectivity"]
         if self.is_main:
@@ -635,12 +652,13 @@ class Trainer:
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
             best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
             within_epoch=self._within,
-            rng=_rng_state(),
+            rng=_rng_state(self.device),
         )
 
     def _save(self, best: bool) -> None:
-        self._saved = (self.epoch, 0 if self._within is None else self._within["batch"])  # on every rank
+        saved = (self.epoch, 0 if self._within is None else self._within["batch"])
         if not self.is_main:
+            self._saved = saved  # on every rank: rank 0 writes it
             return
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
         state = self.state()
@@ -650,6 +668,7 @@ class Trainer:
         if last.exists():
             os.replace(last, previous)
         os.replace(tmp, last)
+        self._saved = saved
 
     # ------------------------------------------------------------------ training
     def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,
@@ -679,11 +698,12 @@ class Trainer:
             raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
                                   "(with a lower learning rate, in a new out_dir)")
         path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
-        if path is None and self._midway:
-            raise CheckpointError(f"this trainer stopped within epoch {self.epoch + 1} before it wrote a checkpoint "
-                                  "to resume from: its network is part-trained; make a new Trainer (and network)")
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
+        if path is None and self._midway:
+            why = "resume=False" if resume is False else "no checkpoint of it to resume from"
+            raise CheckpointError(f"this trainer was stopped within epoch {self.epoch + 1} and its network is "
+                                  f"part-trained, so it cannot go on ({why}): make a new Trainer (and network)")
         if path is not None:
             self.load(path)
             _same_on_every_rank(self.step, self.device, "the step to resume from")
@@ -713,7 +733,7 @@ class Trainer:
         return self.history
 
     def _run_epoch(self, epoch: int) -> None:
-        self._holds_last, self._midway = False, True  # from the first step on, memory is no checkpoint's state
+        self._holds_last = False  # from here on, what is in memory is no checkpoint's state
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen:
             self._freeze(epoch)
@@ -761,7 +781,8 @@ class Trainer:
         :class:`DivergenceError` instead."""
         sums = _all_reduce(torch.cat([totals, totals.new_tensor([seen])]))  # a copy: each rank goes on with its own
         self._check_finite(epoch, lrs, (sums[0] / sums[2]).item(), batch)
-        self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed, "draws": _packed(self.net._draws),
+        self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed,
+                        "draws": _packed(self.net._draws) if self.is_main else None,  # rank 0 writes the file
                         "last_connectivity": self._last_connectivity, "rng_at_start": self._rng_at_epoch_start}
         try:
             self._save(best=False)
@@ -785,9 +806,10 @@ class Trainer:
                  f"{bad[0]})" if bad else "the weights of another rank are no longer finite")
         last = self.out_dir / "last.pt"
         if self._saved is None:
-            kept = f"{self.out_dir} holds no checkpoint of this trainer"
+            kept = "this trainer has written no checkpoint"
         elif self._saved[1]:
-            kept = f"{last} holds epoch {self._saved[0]} and {self._saved[1]} batches of epoch {self._saved[0] + 1}"
+            kept = (f"{last} holds epoch {self._saved[0]} and {self._saved[1]} batch{'es' * (self._saved[1] > 1)} "
+                    f"of epoch {self._saved[0] + 1}")
         else:
             kept = f"{last} holds epoch {self._saved[0]}"
         where = f"epoch {epoch + 1}" + (f" (by its batch {batch})" if batch else "")
@@ -819,9 +841,10 @@ class Trainer:
         self.net.record_draws(True)
         if within is not None and self.net._draws is not None:
             self.net._draws.extend(_unpacked(within["draws"], self.device))
-        self._rng_at_epoch_start = _rng_state() if within is None else within.get("rng_at_start")
+        self._rng_at_epoch_start = _rng_state(self.device) if within is None else within.get("rng_at_start")
         t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
-        for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start), start):
+        for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start, self.device), start):
+            self._midway = True  # the network trains from here on
             if sampled:
                 self.net.sample_temperature = phase.temperature_at((first + i) / last)
             if self.channels_last:

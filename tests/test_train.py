@@ -459,7 +459,7 @@ def test_a_run_that_diverges_stops_there_and_keeps_the_last_finite_epoch(tmp_pat
 
 
 def test_a_run_that_diverges_in_its_first_epoch_writes_no_checkpoint(tmp_path):
-    with pytest.raises(DivergenceError, match=r"in epoch 1 .*holds no checkpoint of this trainer"):
+    with pytest.raises(DivergenceError, match=r"in epoch 1 .*this trainer has written no checkpoint"):
         _trainer(tmp_path, recipe=_diverging_in(1)).fit()
     assert not (tmp_path / "last.pt").exists() and not (tmp_path / "best.pt").exists()
 
@@ -515,8 +515,31 @@ def test_a_trainer_stopped_within_its_first_epoch_before_any_checkpoint_refuses_
     t = Trainer(connlearn.build(**tiny()), _StoppingLoader(2), None, RECIPE, out_dir=tmp_path, progress=False)
     with pytest.raises(KeyboardInterrupt):
         t.fit()
-    with pytest.raises(CheckpointError, match="stopped within epoch 1 before it wrote a checkpoint"):
+    with pytest.raises(CheckpointError, match=r"stopped within epoch 1 .*part-trained.*no checkpoint of it to"):
         t.fit()
+    with pytest.raises(CheckpointError, match=r"stopped within epoch 1 .*\(resume=False\)"):
+        t.fit(resume=False)
+
+
+class _Unready(RandomLoader):
+    """Fails before its first batch, once."""
+
+    failed = False
+
+    def epoch(self, epoch):
+        if not self.failed:
+            self.failed = True
+            raise OSError("not mounted yet")
+        yield from super().epoch(epoch)
+
+
+def test_a_trainer_whose_loader_failed_before_any_step_can_fit_again(uninterrupted, tmp_path):
+    t = _trainer(tmp_path)
+    t.train_loader = _Unready()
+    with pytest.raises(OSError, match="not mounted yet"):
+        t.fit()
+    t.fit()
+    _assert_same_state(t.net, uninterrupted.net)
 
 
 class _GlobalRandomLoader(RandomLoader):
@@ -557,3 +580,16 @@ def test_a_trainer_stopped_in_the_epoch_it_froze_goes_on_from_the_checkpoint_bef
     t.fit()
     _assert_same_state(t.net, uninterrupted.net)
     assert _without_timings(t.history) == _without_timings(uninterrupted.history)
+
+
+def test_a_trainer_resumed_after_the_freeze_may_go_back_to_a_checkpoint_from_before_it(uninterrupted, tmp_path):
+    first = _trainer(tmp_path, checkpoint_every=3)
+    first.train_loader = _StoppingLoader(7)  # last.pt: within epoch 2 (frozen); previous.pt: epoch 1 (not yet)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    shutil.copy(tmp_path / "previous.pt", tmp_path / "before.pt")
+    t = _trainer(tmp_path, checkpoint_every=3)
+    t.fit(max_epochs=0)  # resumes the frozen network, trains nothing
+    assert t.net.fixed_connectivity
+    t.fit(resume=tmp_path / "before.pt")
+    _assert_same_state(t.net, uninterrupted.net)
