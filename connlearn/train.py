@@ -495,10 +495,10 @@ class Trainer:
         self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
         self._diverged: int | None = None  # the epoch whose weights stopped being finite
         self._within: dict[str, Any] | None = None  # the unfinished epoch's progress: saved, or to resume from
-        self._midway = False  # an epoch began and did not end (an exception stopped it)
+        self._midway = False  # a batch reached the network in an epoch that did not end (an exception stopped it)
         self._saved: tuple[int, int] | None = None  # (epochs, batches of the next) that out_dir/last.pt holds
         self._rng_at_epoch_start: dict[str, Any] | None = None
-        self._froze_from: str | None = None  # the gate kind of the network this trainer froze (it may load its own)
+        self._froze_from: str | None = None  # the kind its frozen network learned as (those checkpoints are its run's)
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
