@@ -757,6 +757,10 @@ class ShardedBatches:
         """This rank's ``num_samples`` positions in an epoch's order: ``rank, rank + world_size, ...``."""
         return torch.arange(self.rank, self.count, self.world_size)[: self.num_samples]
 
+    def _first_batch(self, start: int) -> int:
+        """``start``, the batch an epoch begins at (a resume within it), checked: ``0 .. len(self)``."""
+        return check_int("start (the batch of the epoch to begin at)", start, minimum=0, maximum=len(self))
+
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
@@ -840,9 +844,6 @@ class _EpochLoader(ShardedBatches):
     def _batch_bounds(self, first: int = 0) -> Iterator[tuple[int, int]]:
         for start in range(first * self.batch_size, len(self) * self.batch_size, self.batch_size):
             yield start, min(start + self.batch_size, self.num_samples)
-
-    def _first_batch(self, start: int) -> int:
-        return check_int("start (the batch of the epoch to begin at)", start, minimum=0, maximum=len(self))
 
 
 class BatchLoader(_EpochLoader):

@@ -281,7 +281,7 @@ class FolderLoader(ShardedBatches):
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch``, from its batch number ``start`` on (a resume within the epoch, which reads
         no image of the batches before); the same ``epoch`` gives the same batches every time."""
-        first = check_int("start (the batch of the epoch to begin at)", start, minimum=0, maximum=len(self))
+        first = self._first_batch(start)
         loader = torch.utils.data.DataLoader(
             self._samples,
             batch_size=self.batch_size,
