@@ -111,10 +111,6 @@ def _batches_from(loader: Loader, epoch: int, start: int, rng_at_start: dict[str
     return batches
 
 
-def _lr_text(lr: float, gate_lr: float | None) -> str:
-    return f"lr {lr:g}" + (f", gate lr {gate_lr:g}" if gate_lr else "")
-
-
 def _packed(draws: Iterable[list[tuple[int, torch.Tensor, torch.Tensor]]] | None) -> Any:
     """The draws a network recorded (a list per step of ``(gate index, mask, agreement)``), for a checkpoint:
     on the CPU, and stacked over the steps, one pair of tensors per gate, where every step drew the same
@@ -742,7 +738,7 @@ class Trainer:
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, index))
-        self._check_finite(epoch, _lr_text(record["lr"], record["gate_lr"]), record["train_loss"])
+        self._check_finite(epoch, phase, record["train_loss"])
         if self.test_loader is not None:
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
@@ -773,14 +769,14 @@ class Trainer:
         self._save(best)
         self._holds_last, self._midway = True, False  # on every rank: rank 0 wrote it
 
-    def _save_within(self, epoch: int, batch: int, totals: torch.Tensor, seen: int, elapsed: float,
-                     lrs: str) -> None:
+    def _save_within(self, epoch: int, phase: Phase, batch: int, totals: torch.Tensor, seen: int,
+                     elapsed: float) -> None:
         """Write ``last.pt`` after ``batch`` batches of ``epoch``: with what a resume needs to end the epoch
         as if it had not stopped (its sums over every rank so far, the draws recorded, the connectivity and
         torch's random state it began with). Weights that are no longer finite are not saved: a
         :class:`DivergenceError` instead."""
         sums = _all_reduce(torch.cat([totals, totals.new_tensor([seen])]))  # a copy: each rank goes on with its own
-        self._check_finite(epoch, lrs, (sums[0] / sums[2]).item(), batch)
+        self._check_finite(epoch, phase, (sums[0] / sums[2]).item(), batch)
         self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed,
                         "draws": _packed(self.net._draws) if self.is_main else None,  # rank 0 writes the file
                         "last_connectivity": self._last_connectivity, "rng_at_start": self._rng_at_epoch_start}
@@ -789,7 +785,7 @@ class Trainer:
         finally:
             self._within = None
 
-    def _check_finite(self, epoch: int, lrs: str, loss: float, batch: int | None = None) -> None:
+    def _check_finite(self, epoch: int, phase: Phase, loss: float, batch: int | None = None) -> None:
         """A :class:`DivergenceError` (on every rank) if a trained weight or a batch norm's running statistic
         is no longer finite, at the end of ``epoch`` or after its ``batch``. Other buffers are not read: a
         block may keep an infinite one on purpose, such as a mask."""
@@ -813,6 +809,8 @@ class Trainer:
         else:
             kept = f"{last} holds epoch {self._saved[0]}"
         where = f"epoch {epoch + 1}" + (f" (by its batch {batch})" if batch else "")
+        lrs = f"lr {phase.lr:g}" + (f", gate lr {phase.gate_lr:g}" if phase.gate_lr and self.net.gate_parameters()
+                                    else "")
         raise DivergenceError(
             f"training diverged in {where} ({lrs}, train loss {loss:.4g}): {which}. Nothing of this epoch after "
             f"that was saved ({kept}). Train again with a lower learning rate (in a new out_dir: a resumed run "
@@ -866,8 +864,7 @@ class Trainer:
             if self.snapshot_every and self.step % self.snapshot_every == 0:
                 self._snapshot(epoch + (i + 1) / n_batches)
             if self.checkpoint_every and self.step % self.checkpoint_every == 0 and i + 1 < n_batches:
-                self._save_within(epoch, i + 1, totals, seen, time.perf_counter() - t0,
-                                  _lr_text(phase.lr, phase.gate_lr if self.net.gate_parameters() else None))
+                self._save_within(epoch, phase, i + 1, totals, seen, time.perf_counter() - t0)
             if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
                 loss_sum, correct = totals.tolist()
                 bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
