@@ -112,30 +112,24 @@ def _batches_from(loader: Loader, epoch: int, start: int, rng_at_start: dict[str
 
 
 def _packed(draws: Iterable[list[tuple[int, torch.Tensor, torch.Tensor]]] | None) -> Any:
-    """The draws a network recorded (a list per step of ``(gate index, mask, agreement)``), for a checkpoint:
-    on the CPU, and stacked over the steps, one pair of tensors per gate, where every step drew the same
-    gates (as in an epoch): not thousands of small tensors."""
+    """The draws a network recorded (per step, ``(gate index, mask, agreement)`` of each of its stochastic
+    gates, in order), for a checkpoint: stacked over the steps, one pair of tensors per gate, on the CPU;
+    not thousands of small tensors."""
     if draws is None:
         return None
     steps = list(draws)
-    order = [index for index, _, _ in steps[0]] if steps else []
-    if any([index for index, _, _ in step] != order for step in steps):
-        return [[(index, mask.cpu(), agree.cpu()) for index, mask, agree in step] for step in steps]
-    return {"order": order, "masks": [torch.stack([step[j][1] for step in steps]).cpu() for j in range(len(order))],
-            "agree": [torch.stack([step[j][2] for step in steps]).cpu() for j in range(len(order))],
-            "steps": len(steps)}
+    gates = range(len(steps[0]) if steps else 0)
+    return {"masks": [torch.stack([step[j][1] for step in steps]).cpu() for j in gates],
+            "agree": [torch.stack([step[j][2] for step in steps]).cpu() for j in gates]}
 
 
 def _unpacked(draws: Any, device: torch.device) -> list[list[tuple[int, torch.Tensor, torch.Tensor]]]:
     """What :func:`_packed` gave, as the network records it, on ``device``."""
     if draws is None:
         return []
-    if isinstance(draws, list):
-        return [[(index, mask.to(device), agree.to(device)) for index, mask, agree in step] for step in draws]
     masks = [m.to(device) for m in draws["masks"]]
     agree = [a.to(device) for a in draws["agree"]]
-    return [[(index, masks[j][s], agree[j][s]) for j, index in enumerate(draws["order"])]
-            for s in range(draws["steps"])]
+    return [[(j, masks[j][s], agree[j][s]) for j in range(len(masks))] for s in range(len(masks[0]) if masks else 0)]
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
@@ -166,14 +160,11 @@ def _checked_within(within: object) -> dict[str, Any] | None:
     sums, draws, connectivity = within["sums"], within["draws"], within["last_connectivity"]
     if not torch.is_tensor(sums) or sums.shape != (3,):
         raise TypeError("within_epoch's sums are not a tensor of 3 numbers")
-    if isinstance(draws, dict):
-        steps, order, masks, agree = draws["steps"], draws["order"], draws["masks"], draws["agree"]
-        if not (isinstance(steps, int) and isinstance(order, list) and len(order) == len(masks) == len(agree)
-                and all(torch.is_tensor(t) and len(t) == steps for t in [*masks, *agree])):
+    if draws is not None:
+        masks, agree = draws["masks"], draws["agree"]
+        if not (isinstance(masks, list) and isinstance(agree, list) and len(masks) == len(agree)
+                and all(torch.is_tensor(t) for t in [*masks, *agree]) and len({len(t) for t in [*masks, *agree]}) < 2):
             raise TypeError("within_epoch's draws are not the stacked draws of every gate")
-    elif draws is not None and not (isinstance(draws, list) and all(
-            isinstance(step, list) and all(isinstance(d, tuple) and len(d) == 3 for d in step) for step in draws)):
-        raise TypeError("within_epoch's draws are not a list of steps")
     rng = within.get("rng_at_start")
     if rng is not None and not (isinstance(rng, dict) and torch.is_tensor(rng.get("torch")) and rng["torch"].dtype
                                 == torch.uint8 and isinstance(rng.get("cuda"), (list, type(None)))):
