@@ -126,11 +126,19 @@ def test_integer_images_are_refused_by_name():
         connlearn.build(**tiny())(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
 
 
-def test_a_negative_snapshot_interval_is_refused(tmp_path):
+@pytest.mark.parametrize("interval", ["snapshot_every", "checkpoint_every"])
+def test_a_negative_snapshot_or_checkpoint_interval_is_refused(tmp_path, interval):
     recipe = Recipe("r", [Phase(1, 0.1, gate_lr=0.2)], batch_size=4)
-    with pytest.raises(ConfigError, match="snapshot_every must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match=f"{interval} must be >= 0, got -1"):
         Trainer(connlearn.build(**tiny()), RandomLoader(), None, recipe, out_dir=tmp_path, progress=False,
-                snapshot_every=-1)
+                **{interval: -1})
+
+
+def test_a_negative_checkpoint_interval_of_a_run_is_refused_before_any_data_is_read():
+    from connlearn.experiment import CifarRun
+
+    with pytest.raises(ConfigError, match="checkpoint_every must be >= 0, got -1"):
+        CifarRun(dataset="cifar10", checkpoint_every=-1)
 
 
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=True, allow_infinity=True),
