@@ -14,9 +14,10 @@ import hashlib
 import json
 import numbers
 import os
+import signal
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from connlearn.prune import (
     random_overlap,
 )
 from connlearn.recipe import Recipe, check_gate_momentum, flag_check, get_recipe
+from connlearn.signals import STOP_SIGNALS, check_signals
 from connlearn.topologies import PRESETS
 from connlearn.train import Trainer
 
@@ -473,11 +475,14 @@ def make_recipe(run: CifarRun):
     return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]), gate_momentum=run.gate_momentum)
 
 
-def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] | None:
+def run_cifar(run: CifarRun, time_limit: float | None = None,
+              stop_signals: Iterable[Any] | None = STOP_SIGNALS) -> dict[str, Any] | None:
     """Train, prune and draw one run; returns (and writes to ``out/summary.json``) its results.
 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
-    is not finished; calling it again resumes.
+    is not finished; calling it again resumes. On one of ``stop_signals`` (Ctrl-C, ``SIGTERM``, ``SIGUSR1``)
+    training stops at the next step with a checkpoint and :class:`~connlearn.signals.TrainingStopped` ends
+    the program (see :meth:`Trainer.fit`); give ``stop_signals=()`` when calling it outside the main thread.
 
     Launched by ``torchrun --nproc_per_node N`` (a script of ``examples/`` or ``connlearn train``), it
     trains with DistributedDataParallel: every process joins the group and takes the GPU of its
@@ -491,7 +496,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None) -> dict[str, Any] 
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
     try:
-        return _run(run, time_limit, started, device, rank, world)
+        return _run(run, time_limit, check_signals(stop_signals), started, device, rank, world)
     finally:
         if joined:
             _leave_group()
@@ -507,8 +512,8 @@ def _leave_group() -> None:
     dist.destroy_process_group()
 
 
-def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.device, rank: int,
-         world: int) -> dict[str, Any] | None:
+def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Signals, ...], started: float,
+         device: torch.device, rank: int, world: int) -> dict[str, Any] | None:
     recipe = make_recipe(run)  # what _as_built changes below (gate, K, architecture) does not reach it
     if recipe.batch_size % world:  # before any rank reads the data
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
@@ -561,7 +566,8 @@ def _run(run: CifarRun, time_limit: float | None, started: float, device: torch.
                                        record=meta["run"], facts=facts, world=world),
     )
     # the time limit counts from this call: loading the data is part of it
-    history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started))
+    history = trainer.fit(time_limit=None if time_limit is None else time_limit - (time.perf_counter() - started),
+                          stop_signals=stop_signals)
     if trainer.epoch < recipe.total_epochs:
         _say(f"connlearn: stopped after epoch {trainer.epoch} of {recipe.total_epochs} (time limit); "
              "run again to resume")

@@ -36,6 +36,7 @@ from PIL import Image
 
 from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, data_location, epoch_generator
 from connlearn.errors import ConfigTypeError, DataError, check_bool, check_int, check_path
+from connlearn.signals import ignore_stop_signals, start_workers
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -288,15 +289,16 @@ class FolderLoader(ShardedBatches):
             sampler=[(epoch, index) for index in self.order(epoch)[first * self.batch_size:].tolist()],
             drop_last=self.drop_last,
             num_workers=self.num_workers,
+            worker_init_fn=ignore_stop_signals,  # the training process stops on them, with a checkpoint
             pin_memory=self.pin_memory,
             persistent_workers=False,
             generator=epoch_generator(self.seed, epoch),  # not the global RNG
         )
-        return self._batches(loader)
+        return self._batches(start_workers(loader))
 
-    def _batches(self, loader: torch.utils.data.DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         try:
-            for x, y in loader:
+            for x, y in batches:
                 yield self._finish(x.to(self.device, non_blocking=True)), y.to(self.device)
         except DataError as exc:  # from a worker, its message is the worker's traceback: keep the error's line
             lines = str(exc).strip().splitlines()

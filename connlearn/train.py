@@ -15,7 +15,8 @@ optimizer, the epoch, every RNG state and the log; the data order comes from (se
 
 With ``checkpoint_every`` it also writes ``last.pt`` within epochs, every that many steps, and a resume
 goes on from the step it holds, exactly as from an epoch's end (for long epochs, and jobs that may be
-stopped at any time).
+stopped at any time). With ``fit(stop_signals=...)`` a signal (Ctrl-C, a scheduler's ``SIGTERM``) stops
+training at the next step with such a checkpoint (:mod:`connlearn.signals`).
 
 Loaders are objects with ``len()`` (batches per epoch) and ``epoch(e)`` yielding ``(images, labels)`` on
 the device, such as :class:`connlearn.data.BatchLoader`; a resume within an epoch calls ``epoch(e,
@@ -32,6 +33,7 @@ import inspect
 import itertools
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -71,12 +73,15 @@ from connlearn.errors import (
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
+from connlearn.signals import StopSignals, TrainingStopped, check_signals
 from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 AMP_MODES = ("auto", "bf16", "fp16", "none")
 #: ``torch.compile`` modes the Trainer accepts (``compile=True`` is ``"default"``).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: Steps between the ranks' checks for a stop signal under ``torch.distributed`` (one small reduction each).
+STOP_CHECK_EVERY = 10
 
 
 class Loader(Protocol):
@@ -486,6 +491,7 @@ class Trainer:
         self._saved: tuple[int, int] | None = None  # (epochs, batches of the next) that out_dir/last.pt holds
         self._rng_at_epoch_start: dict[str, Any] | None = None
         self._froze_from: str | None = None  # the kind its frozen network learned as (those checkpoints are its run's)
+        self._signals: StopSignals | None = None  # while fit() stops on signals
         self._set_net(net)
         for phase in recipe.phases:  # a gate kind that cannot draw at the recipe's temperatures says so now
             if self._draws_in(phase):
@@ -659,7 +665,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,
-            time_limit: float | None = None) -> list[dict[str, Any]]:
+            time_limit: float | None = None, stop_signals: Iterable[Any] | None = ()) -> list[dict[str, Any]]:
         """Train to the end of the recipe (or ``max_epochs`` more epochs); returns the epoch log.
 
         ``resume``: ``"auto"`` continues from ``out_dir/last.pt`` when it exists, ``True`` requires it,
@@ -670,8 +676,16 @@ class Trainer:
         ``model`` stay the objects they were (the freeze of phase 2 replaces them, and ``load`` does). After an
         exception stopped an epoch (an interrupt), a later call resumes from ``last.pt`` instead (which with
         ``checkpoint_every`` may lie within that epoch), and refuses to go on where there is none.
+
+        ``stop_signals`` (e.g. :data:`connlearn.signals.STOP_SIGNALS`: Ctrl-C, ``SIGTERM``, ``SIGUSR1``): on
+        the first of them, training stops at the next step (or after an evaluation under way, and its
+        epoch's checkpoint), writes ``last.pt`` there and raises :class:`~connlearn.signals.TrainingStopped`,
+        which ends the program with that signal's exit code unless caught; a second signal acts as it would
+        have. Under ``torch.distributed`` the ranks check every ``STOP_CHECK_EVERY`` steps whether any of them
+        got one, and stop together: give every rank the same ``stop_signals``.
         """
         started = time.perf_counter()
+        signals = check_signals(stop_signals)
         if not isinstance(resume, bool) and resume != "auto":
             check_path("resume (True, False, 'auto' or a checkpoint's path)", resume)
             if isinstance(resume, str) and not Path(resume).exists() and closest(resume, ("auto",)):
@@ -694,6 +708,7 @@ class Trainer:
         if path is not None:
             self.load(path)
             _same_on_every_rank(self.step, self.device, "the step to resume from")
+        _same_on_every_rank(len(signals), self.device, "how many stop_signals to stop on")
         if self.tensorboard and self.is_main and self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -712,12 +727,36 @@ class Trainer:
                 self.net.sample_temperature = first.temperature_at(0.0)  # the step-0 snapshot records it
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
-        while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
-                                              self.device):
-            self._run_epoch(self.epoch)
-        if self._tb is not None:
-            self._tb.flush()
+        with StopSignals(signals, say=self.is_main) as self._signals:
+            try:
+                while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
+                                                      self.device):
+                    if signals and (signum := self._stop_signal(every=1)):
+                        self._stop(signum, self.epoch, 0)
+                    self._run_epoch(self.epoch)
+            finally:
+                self._signals = None
+                if self._tb is not None:
+                    self._tb.flush()
         return self.history
+
+    def _stop_signal(self, every: int | None = None) -> int:
+        """The stop signal received (its number; 0: none): by any rank under ``torch.distributed``, where the
+        ranks compare theirs at each step that is a multiple of ``every`` (default ``STOP_CHECK_EVERY``) and
+        say 0 at the others."""
+        if self._signals is None or not self._signals.signals:
+            return 0
+        if not (dist.is_available() and dist.is_initialized()):
+            return self._signals.received
+        return 0 if self.step % (every or STOP_CHECK_EVERY) else _spread(self._signals.received, self.device)[1]
+
+    def _stop(self, signum: int, epoch: int, batch: int) -> None:
+        """Raise :class:`TrainingStopped` (on every rank), ``last.pt`` holding ``epoch`` and ``batch`` batches
+        of the next."""
+        stopped = TrainingStopped(signum, epoch, batch, None if self._saved is None else str(self.out_dir / "last.pt"))
+        if self.is_main and self.verbose:
+            tqdm.write(f"connlearn: {stopped}", file=sys.stderr)
+        raise stopped
 
     def _run_epoch(self, epoch: int) -> None:
         self._holds_last = False  # from here on, what is in memory is no checkpoint's state
@@ -832,36 +871,46 @@ class Trainer:
             self.net._draws.extend(_unpacked(within["draws"], self.device))
         self._rng_at_epoch_start = _rng_state(self.device) if within is None else within.get("rng_at_start")
         t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
-        for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start, self.device), start):
-            self._midway = True  # the network trains from here on
-            if sampled:
-                self.net.sample_temperature = phase.temperature_at((first + i) / last)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with _autocast(self.device, self.amp):
-                out = self.model(x)
-                loss = F.cross_entropy(out, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                loss.backward()
-                self.optimizer.step()
-            self.step += 1
-            totals += torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float()])
-            seen += len(y)
-            if self.snapshot_every and self.step % self.snapshot_every == 0:
-                self._snapshot(epoch + (i + 1) / n_batches)
-            if self.checkpoint_every and self.step % self.checkpoint_every == 0 and i + 1 < n_batches:
-                self._save_within(epoch, phase, i + 1, totals, seen, time.perf_counter() - t0)
-            if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
-                loss_sum, correct = totals.tolist()
-                bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
-                                img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
-            bar.update(1)
-        bar.close()
+        try:  # the batches are no local: one that a stop left alive with its DataLoader workers hangs the exit
+            for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start, self.device),
+                                       start):
+                self._midway = True  # the network trains from here on
+                if sampled:
+                    self.net.sample_temperature = phase.temperature_at((first + i) / last)
+                if self.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with _autocast(self.device, self.amp):
+                    out = self.model(x)
+                    loss = F.cross_entropy(out, y)
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    loss.backward()
+                    self.optimizer.step()
+                self.step += 1
+                totals += torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float()])
+                seen += len(y)
+                if self.snapshot_every and self.step % self.snapshot_every == 0:
+                    self._snapshot(epoch + (i + 1) / n_batches)
+                if i + 1 < n_batches:
+                    signum = self._stop_signal()
+                    if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
+                        self._save_within(epoch, phase, i + 1, totals, seen, time.perf_counter() - t0)
+                    if signum:
+                        self._stop(signum, epoch, i + 1)
+                if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
+                    loss_sum, correct = totals.tolist()
+                    bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
+                                    img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
+                bar.update(1)
+        except BaseException:  # an interrupt, a stop signal, a diverged network: no epoch end to record
+            self.net.record_draws(False)
+            raise
+        finally:
+            bar.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0

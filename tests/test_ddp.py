@@ -1,5 +1,8 @@
 """DistributedDataParallel: two CPU processes (gloo) train one net and stay identical, gates included."""
 
+import json
+import os
+import signal
 import socket
 import time
 
@@ -11,6 +14,7 @@ import torch.multiprocessing as mp
 import connlearn
 from connlearn.data import BatchLoader, synthetic
 from connlearn.recipe import get_recipe
+from connlearn.signals import TrainingStopped
 from connlearn.train import Trainer
 
 
@@ -24,6 +28,7 @@ class _Stopping(BatchLoader):
     """Stops the run (as a kill of the job would) when asked for its ``stop_at``-th batch of the run."""
 
     stop_at = None
+    signal_at = None  # or: this rank sends itself SIGTERM when asked for this batch of the run
 
     def epoch(self, epoch, start=0):
         for batch in super().epoch(epoch, start):
@@ -31,10 +36,14 @@ class _Stopping(BatchLoader):
                 self.stop_at -= 1
                 if self.stop_at < 0:
                     raise KeyboardInterrupt
+            if self.signal_at is not None:
+                self.signal_at -= 1
+                if self.signal_at == 0:
+                    os.kill(os.getpid(), signal.SIGTERM)
             yield batch
 
 
-def _worker(rank, world, port, out, stop_at=None):
+def _worker(rank, world, port, out, stop_at=None, signal_at=None):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
@@ -42,13 +51,19 @@ def _worker(rank, world, port, out, stop_at=None):
         loaders = [_Stopping(d, 20, train=t, seed=0, rank=rank, world_size=world) for d, t in ((train, True),
                                                                                                (test, False))]
         loaders[0].stop_at = stop_at
+        loaders[0].signal_at = (signal_at or {}).get(rank)
+        connlearn.train.STOP_CHECK_EVERY = 3  # the ranks compare their signals at steps 3, 6, ...
         net = connlearn.build(M=3, C=4, K=2, width=1, num_classes=10, stem_channels=4, base_channels=4, seed=0)
         net.activation_checkpointing = True  # DDP's gradient hooks fire in the recomputed modules too
         trainer = Trainer(net, *loaders, get_recipe("cifar").scaled(2), out_dir=out, progress=False,
                           verbose=False, snapshot_every=2, checkpoint_every=3)  # 4 steps an epoch
         try:
-            trainer.fit()
+            trainer.fit(stop_signals=[signal.SIGTERM])
         except KeyboardInterrupt:
+            return
+        except TrainingStopped as stopped:
+            with open(f"{out}/stopped{rank}.json", "w") as f:
+                json.dump([stopped.signal.name, stopped.epoch, stopped.batch, stopped.code], f)
             return
         torch.save({"state": trainer.net.state_dict(), "history": trainer.history}, f"{out}/rank{rank}.state")
     finally:
@@ -88,12 +103,24 @@ def test_ddp_ranks_stay_identical_and_only_rank_zero_writes(tmp_path):
     assert (tmp_path / "last.pt").exists() and (tmp_path / "log.jsonl").exists()
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The run of :func:`_worker` that was not stopped."""
+    out = tmp_path_factory.mktemp("whole")
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    return out
+
+
 @pytest.mark.slow
-def test_ddp_ranks_stopped_within_an_epoch_resume_to_the_run_that_was_not_stopped(tmp_path):
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    whole.mkdir(), parts.mkdir()
-    mp.spawn(_worker, args=(2, _free_port(), str(whole)), nprocs=2, join=True)
-    mp.spawn(_worker, args=(2, _free_port(), str(parts), 7), nprocs=2, join=True)  # stopped in epoch 2, step 7
+@pytest.mark.parametrize("how", ["killed", "signalled"])
+def test_ddp_ranks_stopped_within_an_epoch_resume_to_the_run_that_was_not_stopped(whole, tmp_path, how):
+    parts = tmp_path
+    if how == "killed":  # stopped in epoch 2, step 7: the last checkpoint is of step 6
+        mp.spawn(_worker, args=(2, _free_port(), str(parts), 7), nprocs=2, join=True)
+    else:  # a SIGTERM to rank 1 only, at its step 5: every rank stops at the next check, step 6, and saves there
+        mp.spawn(_worker, args=(2, _free_port(), str(parts), None, {1: 5}), nprocs=2, join=True)
+        for rank in (0, 1):
+            assert json.loads((parts / f"stopped{rank}.json").read_text()) == ["SIGTERM", 1, 2, 128 + signal.SIGTERM]
     assert torch.load(parts / "last.pt", weights_only=False)["within_epoch"]["batch"] == 2
     mp.spawn(_worker, args=(2, _free_port(), str(parts)), nprocs=2, join=True)
     for rank in (0, 1):
