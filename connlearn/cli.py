@@ -443,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="the paper's CIFAR / Mini-ImageNet / ImageNet protocol",
                        description="Train, prune and draw a run of the paper's CIFAR, Mini-ImageNet or ImageNet "
-                                   "protocol.")
+                                   "protocol. Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with a "
+                                   "checkpoint; the same command resumes.")
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
