@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
 from connlearn.prune import random_overlap
 from connlearn.recipe import get_recipe
+from connlearn.signals import STOP_SIGNALS
 from connlearn.topologies import PRESETS, resnext
 from connlearn.train import COMPILE_MODES, read_jsonl
 from connlearn.updater import GRAD_MODES
@@ -257,7 +259,10 @@ def run_parallel(args: argparse.Namespace, argv: list[str], todo: list[tuple[str
                 continue
             log.close()
             del running[name]
-            if proc.returncode:
+            if proc.returncode in {128 + s for s in STOP_SIGNALS}:  # it stopped at a signal, with a checkpoint
+                print(f"{name} stopped by {signal.Signals(proc.returncode - 128).name}; run the same command again "
+                      "to resume it", flush=True)
+            elif proc.returncode:
                 failed.append(name)
                 print(f"{name} failed (exit {proc.returncode}); see {Path(args.out) / name / 'output.log'}", flush=True)
             elif (Path(args.out) / name / "summary.json").exists():
