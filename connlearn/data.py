@@ -51,7 +51,7 @@ from connlearn.errors import (
     check_name,
     check_path,
 )
-from connlearn.signals import ignore_stop_signals, start_workers
+from connlearn.signals import start_workers, worker_init
 
 DATA_ENV = "CONNLEARN_DATA"
 #: The datasets :func:`load_dataset` reads into memory (ImageNet is read from its folders by
@@ -976,7 +976,7 @@ class DataLoaderPath(_EpochLoader):
             sampler=[(epoch, index) for index in plan.indices[first * self.batch_size:].tolist()],
             drop_last=self.drop_last,
             num_workers=self.num_workers,
-            worker_init_fn=ignore_stop_signals,  # the training process stops on them, with a checkpoint
+            worker_init_fn=worker_init(),  # its workers ignore the signals a training run stops on
             pin_memory=self.pin_memory,
             # the loader draws its worker base seed from this generator, not from (and advancing) the global RNG
             generator=epoch_generator(self.seed, epoch),

@@ -15,6 +15,7 @@ import json
 import numbers
 import os
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -476,13 +477,14 @@ def make_recipe(run: CifarRun):
 
 
 def run_cifar(run: CifarRun, time_limit: float | None = None,
-              stop_signals: Iterable[Any] | None = STOP_SIGNALS) -> dict[str, Any] | None:
+              stop_signals: Iterable[Any] | str | None = "auto") -> dict[str, Any] | None:
     """Train, prune and draw one run; returns (and writes to ``out/summary.json``) its results.
 
     With ``time_limit`` (seconds) it starts no new epoch after that time and returns ``None`` if the run
-    is not finished; calling it again resumes. On one of ``stop_signals`` (Ctrl-C, ``SIGTERM``, ``SIGUSR1``)
-    training stops at the next step with a checkpoint and :class:`~connlearn.signals.TrainingStopped` ends
-    the program (see :meth:`Trainer.fit`); give ``stop_signals=()`` when calling it outside the main thread.
+    is not finished; calling it again resumes. On one of ``stop_signals`` training stops at the next step
+    with a checkpoint and :class:`~connlearn.signals.TrainingStopped` ends the program (see
+    :meth:`Trainer.fit`); ``"auto"``: :data:`~connlearn.signals.STOP_SIGNALS` (Ctrl-C, ``SIGTERM``,
+    ``SIGUSR1``) in the main thread, none in another (where Python cannot catch signals).
 
     Launched by ``torchrun --nproc_per_node N`` (a script of ``examples/`` or ``connlearn train``), it
     trains with DistributedDataParallel: every process joins the group and takes the GPU of its
@@ -496,6 +498,8 @@ def run_cifar(run: CifarRun, time_limit: float | None = None,
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
     try:
+        if isinstance(stop_signals, str) and stop_signals == "auto":
+            stop_signals = STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
         return _run(run, time_limit, check_signals(stop_signals), started, device, rank, world)
     finally:
         if joined:

@@ -36,7 +36,7 @@ from PIL import Image
 
 from connlearn.data import DATA_ENV, ClassBalanced, ShardedBatches, data_location, epoch_generator
 from connlearn.errors import ConfigTypeError, DataError, check_bool, check_int, check_path
-from connlearn.signals import ignore_stop_signals, start_workers
+from connlearn.signals import start_workers, worker_init
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -289,7 +289,7 @@ class FolderLoader(ShardedBatches):
             sampler=[(epoch, index) for index in self.order(epoch)[first * self.batch_size:].tolist()],
             drop_last=self.drop_last,
             num_workers=self.num_workers,
-            worker_init_fn=ignore_stop_signals,  # the training process stops on them, with a checkpoint
+            worker_init_fn=worker_init(),  # its workers ignore the signals a training run stops on
             pin_memory=self.pin_memory,
             persistent_workers=False,
             generator=epoch_generator(self.seed, epoch),  # not the global RNG

@@ -5,15 +5,26 @@ A job scheduler that preempts a job sends it a signal first (``SIGTERM``; Slurm'
 ``Trainer.fit(stop_signals=...)`` the first of them is noted and training stops at the next step: it writes
 ``last.pt`` there and raises :class:`TrainingStopped`, which ends the process, unless caught, with the code
 that signal gives (128 + its number). Running the same command again resumes from that step. A second
-signal acts as it would have without connlearn (a second Ctrl-C interrupts at once).
+Ctrl-C interrupts at once; a second ``SIGTERM`` or ``SIGUSR1`` is taken as the same request (a scheduler
+and ``torchrun`` may both send one; a scheduler that will not wait sends ``SIGKILL``). A signal that the
+process ignores (``SIG_IGN``, as a shell leaves Ctrl-C for a command started with ``&``) stays ignored,
+and one whose handler was set outside Python before it started (``signal.getsignal`` gives ``None``) is
+left to that handler, with a warning. A handler set in C later (``faulthandler.register``) is not seen,
+and is replaced by Python's earlier one after ``fit``.
+
+The DataLoader workers of connlearn's loaders ignore the stop signals while ``fit`` stops on them (a
+scheduler signals every process of a job, and ``torchrun`` its processes' groups; a worker ended by one
+would make the loader raise before the training process could stop).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -25,6 +36,11 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
 
 _UNCATCHABLE = {getattr(signal, name) for name in ("SIGKILL", "SIGSTOP") if hasattr(signal, name)}
+#: Signals of faults and of child processes: a Python handler of a real fault runs again forever, and
+#: ``SIGCHLD`` comes whenever a DataLoader worker ends.
+_NOT_STOPS = {getattr(signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGCHLD")
+              if hasattr(signal, name)}
+_active: tuple[signal.Signals, ...] = ()  # the signals a StopSignals block stops on now (its workers ignore them)
 
 
 class TrainingStopped(SystemExit):
@@ -83,6 +99,9 @@ def check_signals(signals: Iterable[object] | None) -> tuple[signal.Signals, ...
         if s in _UNCATCHABLE:
             raise ConfigError(f"stop signal {s.name} cannot be caught by any process; give signals such as "
                               "SIGTERM, SIGINT or SIGUSR1")
+        if s in _NOT_STOPS:
+            raise ConfigError(f"stop signal {s.name} reports a fault or a child process, not a request to stop; "
+                              "give signals such as SIGTERM, SIGINT or SIGUSR1")
         if s not in out:
             out.append(s)
     if out and threading.current_thread() is not threading.main_thread():
@@ -92,83 +111,108 @@ def check_signals(signals: Iterable[object] | None) -> tuple[signal.Signals, ...
 
 
 class StopSignals:
-    """For a ``with`` block: notes the first of ``signals`` received (``received``: its number, else 0),
-    after which each of them gets its earlier handler back, so a second one acts as it would have.
-    ``say``: print that it was received (to stderr, with a raw write: a handler may run in the middle of
-    another write to the stream)."""
+    """For a ``with`` block: notes the first of ``signals`` received (``received``: its number, else 0).
+    After it, Ctrl-C (``SIGINT``) gets its earlier handler back, so a second one interrupts at once; the
+    others stay noted. A signal the process ignores, or whose handler was set outside Python, is left as
+    it is. ``say``: print that it was received (to stderr, with a raw write: a handler may run in the middle
+    of another write to the stream)."""
 
     def __init__(self, signals: Iterable[signal.Signals], *, say: bool = True) -> None:
         self.signals = tuple(signals)
         self.say = say
         self.received = 0
-        self._earlier: dict[signal.Signals, object] = {}
+        self._earlier: dict[signal.Signals, Any] = {}
+        self._outer: tuple[signal.Signals, ...] = ()
 
     def __enter__(self) -> StopSignals:
+        global _active
         for s in self.signals:
+            earlier = signal.getsignal(s)
+            if earlier is signal.SIG_IGN:
+                continue
+            if earlier is None:
+                warnings.warn(f"stop signal {s.name} has a handler set outside Python; it is left to that handler, "
+                              "and does not stop training", RuntimeWarning, stacklevel=3)
+                continue
             self._earlier[s] = signal.signal(s, self._note)
+        self._outer, _active = _active, tuple(self._earlier)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._restore()
+        global _active
+        for s in list(self._earlier):
+            self._restore(s)
+        _active = self._outer
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if not self.received:
+        first = not self.received
+        if first:
             self.received = signum
-        self._restore()
-        if self.say:
-            again = "Ctrl-C again" if signum == signal.SIGINT else "another signal"
+        if signum == signal.SIGINT:
+            self._restore(signal.SIGINT)
+        if self.say and first:
+            again = "Ctrl-C again stops at once" if signal.SIGINT in self._earlier else "Ctrl-C stops at once"
             os.write(2, f"\nconnlearn: {signal.Signals(signum).name} received: stopping after this step, with a "
-                        f"checkpoint ({again} stops at once)\n".encode())
+                        f"checkpoint ({again})\n".encode())
 
-    def _restore(self) -> None:
-        for s, handler in self._earlier.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
-        self._earlier.clear()
+    def _restore(self, s: signal.Signals) -> None:
+        if s in self._earlier:
+            signal.signal(s, self._earlier.pop(s))
 
 
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """A DataLoader's ``worker_init_fn``: its worker process ignores the stop signals that do not come from
-    the process that started it. A scheduler signals every process of a job, and ``torchrun`` its
-    processes' groups; a worker ended by one would make the loader raise before the training process could
-    stop at its next step. ``SIGTERM`` from the training process still ends the worker, as it ends its
-    workers (``Process.terminate``) when it exits with a loader alive: a thread of the worker waits for
-    ``SIGTERM`` and tells its sender (where Python can, as on Linux; elsewhere ``SIGTERM`` acts as before).
-    A worker started by :func:`start_workers` had the signals blocked until now: one sent in between is
-    dropped here."""
-    parent = os.getppid()
-    held = signal.SIGTERM in STOP_SIGNALS and hasattr(signal, "sigwaitinfo")
-    for s in STOP_SIGNALS:
-        if not (held and s == signal.SIGTERM):
+def worker_init() -> Callable[[int], None] | None:
+    """A ``worker_init_fn`` for a DataLoader made now: :func:`ignore_stop_signals` of the signals a training
+    run stops on now (``None`` when it stops on none)."""
+    if not _active:
+        return None
+    return functools.partial(ignore_stop_signals, parent=os.getpid(), signals=_active)
+
+
+def ignore_stop_signals(worker_id: int = 0, *, parent: int | None = None,
+                        signals: Iterable[signal.Signals] = STOP_SIGNALS) -> None:
+    """A DataLoader's ``worker_init_fn`` (:func:`worker_init` makes it): the worker process ignores
+    ``signals``, except ``SIGTERM`` from ``parent`` (the training process, by default the worker's parent),
+    which ends it as before: the training process ends its workers with ``SIGTERM`` (``Process.terminate``)
+    when it exits with a loader alive. A thread of the worker waits for ``SIGTERM`` and reads who sent it;
+    where Python cannot (no ``sigwaitinfo``, as on macOS), ``SIGTERM`` acts as before. The worker's other
+    threads, and processes it starts, have ``SIGTERM`` blocked. A worker started by :func:`start_workers`
+    had the signals blocked until now: one sent in between is dropped here."""
+    signals = tuple(signals)
+    parent = os.getppid() if parent is None else parent
+    waits = signal.SIGTERM in signals and hasattr(signal, "sigwaitinfo")
+    for s in signals:
+        if s != signal.SIGTERM:
             signal.signal(s, signal.SIG_IGN)
-    if held:  # blocked in every thread, SIGTERM reaches only the thread that waits for it
+    if waits:  # blocked in every thread, SIGTERM reaches only the thread that waits for it
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-        threading.Thread(target=_end_at_parents_sigterm, args=(parent,), daemon=True,
+        threading.Thread(target=_end_at_sigterm_from, args=(parent, os.getppid()), daemon=True,
                          name="connlearn-sigterm").start()
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in STOP_SIGNALS if not (held and s == signal.SIGTERM)])
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in signals if s != signal.SIGTERM or not waits])
 
 
-def _end_at_parents_sigterm(parent: int) -> None:
-    """End this process at a ``SIGTERM`` from ``parent`` (or once it has no parent), as torch's own handler
-    of a worker's ``SIGTERM`` does; ignore any other."""
+def _end_at_sigterm_from(parent: int, ppid: int) -> None:
+    """End this process at a ``SIGTERM`` from ``parent``, or once its parent process (``ppid``) is gone, as
+    torch's own handler of a worker's ``SIGTERM`` does; ignore any other."""
     while True:
         sender = signal.sigwaitinfo([signal.SIGTERM]).si_pid
-        if sender == parent or os.getppid() != parent:
+        if sender == parent or os.getppid() != ppid:
             os._exit(0)
 
 
 def start_workers(loader: Iterable[Any]) -> Iterator[Any]:
-    """``iter(loader)`` of a DataLoader whose workers run :func:`ignore_stop_signals`, with the stop signals
-    blocked while it starts them: a worker inherits the block, so a signal to the process group in the
-    moment before a worker ignores them does not end it. This process gets such a signal when the block
-    ends."""
-    if not hasattr(signal, "pthread_sigmask"):
+    """``iter(loader)`` of a DataLoader made with :func:`worker_init`, with the stop signals blocked while it
+    starts its workers: a worker inherits the block (when it is forked or spawned, not from a forkserver),
+    so a signal to the process group in the moment before the worker ignores them does not end it. This
+    process gets such a signal when the block ends."""
+    if not _active or not hasattr(signal, "pthread_sigmask"):
         return iter(loader)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _active)
     try:
         return iter(loader)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-__all__ = ["STOP_SIGNALS", "StopSignals", "TrainingStopped", "check_signals", "ignore_stop_signals", "start_workers"]
+__all__ = ["STOP_SIGNALS", "StopSignals", "TrainingStopped", "check_signals", "ignore_stop_signals", "start_workers",
+           "worker_init"]

@@ -33,6 +33,7 @@ import inspect
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -344,12 +345,12 @@ def _all_agree(flag: bool, device: torch.device) -> bool:
     return bool(_spread(int(flag), device)[0])
 
 
-def _same_on_every_rank(value: int, device: torch.device, what: str) -> None:
+def _same_on_every_rank(value: int, device: torch.device, what: str,
+                        fix: str = "give every rank the same out_dir, a folder they share") -> None:
     """A :class:`CheckpointError` on every rank unless ``value`` is the same on all of them."""
     low, high = _spread(value, device)
     if low != high:
-        raise CheckpointError(f"the ranks disagree on {what} ({low} on one, {high} on another): give every rank the "
-                              "same out_dir, a folder they share")
+        raise CheckpointError(f"the ranks disagree on {what} ({low} on one, {high} on another): {fix}")
 
 
 def _amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
@@ -680,9 +681,10 @@ class Trainer:
         ``stop_signals`` (e.g. :data:`connlearn.signals.STOP_SIGNALS`: Ctrl-C, ``SIGTERM``, ``SIGUSR1``): on
         the first of them, training stops at the next step (or after an evaluation under way, and its
         epoch's checkpoint), writes ``last.pt`` there and raises :class:`~connlearn.signals.TrainingStopped`,
-        which ends the program with that signal's exit code unless caught; a second signal acts as it would
-        have. Under ``torch.distributed`` the ranks check every ``STOP_CHECK_EVERY`` steps whether any of them
-        got one, and stop together: give every rank the same ``stop_signals``.
+        which ends the program with that signal's exit code unless caught; so it does when the signal came in
+        the last epoch of this call. A second Ctrl-C interrupts at once (:mod:`connlearn.signals`). Under
+        ``torch.distributed`` the ranks check every ``STOP_CHECK_EVERY`` steps whether any of them got one,
+        and stop together: give every rank the same ``stop_signals``.
         """
         started = time.perf_counter()
         signals = check_signals(stop_signals)
@@ -698,6 +700,16 @@ class Trainer:
         if self._diverged is not None:
             raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
                                   "(with a lower learning rate, in a new out_dir)")
+        with StopSignals(signals, say=self.is_main) as self._signals:  # from here on, a signal is a request to stop
+            try:
+                return self._fit(resume, max_epochs, time_limit, started, signals)
+            finally:
+                self._signals = None
+                if self._tb is not None:
+                    self._tb.flush()
+
+    def _fit(self, resume: bool | str | os.PathLike, max_epochs: int | None, time_limit: float | None,
+             started: float, signals: tuple[signal.Signals, ...]) -> list[dict[str, Any]]:
         path = None if resume in (True, "auto") and self._holds_last else self._resume_path(resume)
         # every rank must resume alike: loading wraps the network in DDP again, a collective
         _same_on_every_rank(int(path is not None), self.device, "whether there is a checkpoint to resume from")
@@ -708,7 +720,8 @@ class Trainer:
         if path is not None:
             self.load(path)
             _same_on_every_rank(self.step, self.device, "the step to resume from")
-        _same_on_every_rank(len(signals), self.device, "how many stop_signals to stop on")
+        _same_on_every_rank(sum(1 << (s % 62) for s in signals), self.device, "the stop_signals (as a bit mask)",
+                            "give every rank the same stop_signals")
         if self.tensorboard and self.is_main and self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -727,17 +740,13 @@ class Trainer:
                 self.net.sample_temperature = first.temperature_at(0.0)  # the step-0 snapshot records it
             self._snapshot(0.0)
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
-        with StopSignals(signals, say=self.is_main) as self._signals:
-            try:
-                while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
-                                                      self.device):
-                    if signals and (signum := self._stop_signal(every=1)):
-                        self._stop(signum, self.epoch, 0)
-                    self._run_epoch(self.epoch)
-            finally:
-                self._signals = None
-                if self._tb is not None:
-                    self._tb.flush()
+        while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
+                                              self.device):
+            if signals and (signum := self._stop_signal(every=1)):
+                self._stop(signum)
+            self._run_epoch(self.epoch)
+        if signals and (signum := self._stop_signal(every=1)):  # in the last epoch: it ends here all the same
+            self._stop(signum)
         return self.history
 
     def _stop_signal(self, every: int | None = None) -> int:
@@ -750,9 +759,9 @@ class Trainer:
             return self._signals.received
         return 0 if self.step % (every or STOP_CHECK_EVERY) else _spread(self._signals.received, self.device)[1]
 
-    def _stop(self, signum: int, epoch: int, batch: int) -> None:
-        """Raise :class:`TrainingStopped` (on every rank), ``last.pt`` holding ``epoch`` and ``batch`` batches
-        of the next."""
+    def _stop(self, signum: int) -> None:
+        """Raise :class:`TrainingStopped` (on every rank), naming what ``last.pt`` holds."""
+        epoch, batch = self._saved or (self.epoch, 0)
         stopped = TrainingStopped(signum, epoch, batch, None if self._saved is None else str(self.out_dir / "last.pt"))
         if self.is_main and self.verbose:
             tqdm.write(f"connlearn: {stopped}", file=sys.stderr)
@@ -900,7 +909,7 @@ class Trainer:
                     if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
                         self._save_within(epoch, phase, i + 1, totals, seen, time.perf_counter() - t0)
                     if signum:
-                        self._stop(signum, epoch, i + 1)
+                        self._stop(signum)
                 if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
                     loss_sum, correct = totals.tolist()
                     bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,

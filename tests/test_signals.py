@@ -20,7 +20,7 @@ from connlearn.checkpoint import load_checkpoint
 from connlearn.data import DataLoaderPath, synthetic
 from connlearn.errors import ConfigError, ConfigTypeError
 from connlearn.folders import FolderLoader, image_files
-from connlearn.signals import STOP_SIGNALS, TrainingStopped, check_signals
+from connlearn.signals import STOP_SIGNALS, StopSignals, TrainingStopped, check_signals
 from connlearn.train import Trainer, read_jsonl
 
 
@@ -85,12 +85,54 @@ def test_a_signal_stops_training_at_the_next_step_with_a_checkpoint_and_a_resume
         _assert_same_run(resumed, uninterrupted)
 
 
-def test_a_second_signal_acts_as_it_would_have_and_the_handlers_are_put_back(tmp_path):
+def test_a_second_ctrl_c_interrupts_at_once_and_the_handlers_are_put_back(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):  # Python's own handler of the second Ctrl-C
         _trainer(tmp_path, _Signalling(2, signal.SIGINT, signal.SIGINT)).fit(stop_signals=STOP_SIGNALS)
     assert signal.getsignal(signal.SIGINT) is before
     assert not (tmp_path / "last.pt").exists()  # stopped at once, within the first epoch, with no checkpoint
+
+
+def test_a_second_sigterm_is_the_same_request_as_the_first(tmp_path):
+    """A scheduler and torchrun may both send one, moments apart: the second must not kill the process."""
+    with pytest.raises(TrainingStopped) as stopped:
+        _trainer(tmp_path, _Signalling(6, signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM)).fit(
+            stop_signals=STOP_SIGNALS)
+    assert (stopped.value.signal, stopped.value.epoch, stopped.value.batch) == (signal.SIGTERM, 1, 2)
+    assert load_checkpoint(tmp_path / "last.pt")["within_epoch"]["batch"] == 2
+
+
+@pytest.mark.parametrize(("at", "max_epochs", "epochs"), [(16, None, 4), (4, 1, 1)])
+def test_a_signal_in_the_last_epoch_of_a_fit_still_stops_the_program(tmp_path, at, max_epochs, epochs):
+    t = _trainer(tmp_path, _Signalling(at, signal.SIGTERM))
+    with pytest.raises(TrainingStopped, match=rf"stopped after epoch {epochs};"):
+        t.fit(max_epochs=max_epochs, stop_signals=STOP_SIGNALS)
+    assert t.epoch == epochs and load_checkpoint(tmp_path / "last.pt")["epoch"] == epochs
+
+
+def test_a_signal_before_the_first_step_of_a_resume_names_what_last_pt_holds(tmp_path):
+    with pytest.raises(TrainingStopped):
+        _trainer(tmp_path, _Signalling(6, signal.SIGTERM)).fit(stop_signals=STOP_SIGNALS)
+    again = _trainer(tmp_path)
+    again.resume_check = lambda checkpoint: os.kill(os.getpid(), signal.SIGTERM)  # while it loads
+    with pytest.raises(TrainingStopped, match=r"within epoch 2, after its batch 2;") as stopped:
+        again.fit(stop_signals=STOP_SIGNALS)
+    assert (stopped.value.epoch, stopped.value.batch, again.step) == (1, 2, 6)
+
+
+def test_an_ignored_signal_stays_ignored_and_one_handled_outside_python_is_left_to_its_handler(tmp_path,
+                                                                                             monkeypatch):
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a command with &
+    getsignal = signal.getsignal  # None: a handler that was there, set in C, when Python started
+    monkeypatch.setattr(signal, "getsignal", lambda s: None if s == signal.SIGUSR1 else getsignal(s))
+    try:
+        t = _trainer(tmp_path, _Signalling(2, signal.SIGINT))
+        with pytest.warns(RuntimeWarning, match=r"SIGUSR1 has a handler set outside Python"):
+            t.fit(max_epochs=1, stop_signals=STOP_SIGNALS)
+        assert t.epoch == 1
+        assert getsignal(signal.SIGINT) is signal.SIG_IGN and getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, ignored)
 
 
 def test_without_stop_signals_the_handlers_are_left_alone(tmp_path):
@@ -111,6 +153,9 @@ def test_stop_signals_are_checked_and_named():
         check_signals(["SIGTREM"])
     with pytest.raises(ConfigError, match=r"SIGKILL cannot be caught"):
         check_signals([signal.SIGKILL])
+    for fault in ("SIGSEGV", "SIGCHLD"):
+        with pytest.raises(ConfigError, match=rf"{fault} reports a fault or a child process"):
+            check_signals([fault])
     with pytest.raises(ConfigError, match=r"no signal number"):
         check_signals([10_000])
     with pytest.raises(ConfigTypeError, match=r"a stop signal is a number.*got 1.5"):
@@ -142,7 +187,8 @@ def test_a_bad_stop_signal_is_named_before_anything_trains(tmp_path):
 @pytest.mark.parametrize("kind", ["dataloader", "folders"])
 def test_a_dataloader_worker_signalled_while_it_starts_lives_on(monkeypatch, tmp_path, sig, kind):
     """A worker sets its own ``SIGTERM`` handler (and has Python's ``SIGINT`` one) before it runs the loader's
-    ``worker_init_fn``: a signal to the process group in between ended it, and the loader raised."""
+    ``worker_init_fn``: a signal to the process group in between ended it, and the loader raised. While
+    training stops on them, the workers start with them blocked."""
     parent, set_num_threads = os.getpid(), torch.set_num_threads
 
     def signalled_while_starting(n):  # torch's worker loop calls it between the two
@@ -158,7 +204,8 @@ def test_a_dataloader_worker_signalled_while_it_starts_lives_on(monkeypatch, tmp
             (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
             Image.new("RGB", (24, 20), (30 * i, 0, 0)).save(tmp_path / f"c{i % 2}" / f"{i}.png")
         loader = FolderLoader(image_files(tmp_path), 2, train=True, size=16, resize=20, num_workers=1)
-    assert len(list(loader.epoch(0))) == len(loader) == 4
+    with StopSignals(STOP_SIGNALS, say=False):
+        assert len(list(loader.epoch(0))) == len(loader) == 4
 
 
 def test_a_program_that_ends_with_a_loaders_workers_alive_ends(tmp_path):
@@ -167,9 +214,11 @@ def test_a_program_that_ends_with_a_loaders_workers_alive_ends(tmp_path):
     script = tmp_path / "ends.py"
     script.write_text(
         "from connlearn.data import DataLoaderPath, synthetic\n"
+        "from connlearn.signals import STOP_SIGNALS, StopSignals\n"
         "loader = DataLoaderPath(synthetic(num_classes=10, n_train=40, n_test=10)[0], 10, train=True, num_workers=1)\n"
-        "batches = loader.epoch(0)\n"
-        "next(batches)\n")
+        "with StopSignals(STOP_SIGNALS):\n"
+        "    batches = loader.epoch(0)\n"
+        "    next(batches)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
