@@ -4,8 +4,8 @@ A job scheduler that preempts a job sends it a signal first (``SIGTERM``; Slurm'
 ``SIGUSR1`` a chosen time before the end), and a person stops a run with Ctrl-C (``SIGINT``). With
 ``Trainer.fit(stop_signals=...)`` the first of them is noted and training stops at the next step: it writes
 ``last.pt`` there and raises :class:`TrainingStopped`, which ends the process, unless caught, with the code
-that signal gives (128 + its number). Running the same command again resumes from that step. A second
-Ctrl-C interrupts at once; a second ``SIGTERM`` or ``SIGUSR1`` is taken as the same request (a scheduler
+that signal gives (128 + its number). Running the same command again resumes from that step. After the
+first, Ctrl-C interrupts at once; a second ``SIGTERM`` or ``SIGUSR1`` is taken as the same request (a scheduler
 and ``torchrun`` may both send one; a scheduler that will not wait sends ``SIGKILL``). A signal that the
 process ignores (``SIG_IGN``, as a shell leaves Ctrl-C for a command started with ``&``) stays ignored,
 and one whose handler was set outside Python before it started (``signal.getsignal`` gives ``None``) is
@@ -112,10 +112,10 @@ def check_signals(signals: Iterable[object] | None) -> tuple[signal.Signals, ...
 
 class StopSignals:
     """For a ``with`` block: notes the first of ``signals`` received (``received``: its number, else 0).
-    After it, Ctrl-C (``SIGINT``) gets its earlier handler back, so a second one interrupts at once; the
-    others stay noted. A signal the process ignores, or whose handler was set outside Python, is left as
-    it is. ``say``: print that it was received (to stderr, with a raw write: a handler may run in the middle
-    of another write to the stream)."""
+    After it, Ctrl-C (``SIGINT``) gets its earlier handler back, so that Ctrl-C then interrupts at once; the
+    others are taken as the same request. A signal the process ignores, or whose handler was set outside
+    Python, is left as it is. ``say``: print that it was received (to stderr, with a raw write: a handler
+    may run in the middle of another write to the stream)."""
 
     def __init__(self, signals: Iterable[signal.Signals], *, say: bool = True) -> None:
         self.signals = tuple(signals)
@@ -145,15 +145,16 @@ class StopSignals:
         _active = self._outer
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        first = not self.received
-        if first:
-            self.received = signum
-        if signum == signal.SIGINT:
+        if self.received:
+            return
+        self.received = signum
+        hint = ""
+        if signal.SIGINT in self._earlier:  # from now on Ctrl-C acts as it did before
+            hint = " (Ctrl-C again stops at once)" if signum == signal.SIGINT else " (Ctrl-C stops at once)"
             self._restore(signal.SIGINT)
-        if self.say and first:
-            again = "Ctrl-C again stops at once" if signal.SIGINT in self._earlier else "Ctrl-C stops at once"
+        if self.say:
             os.write(2, f"\nconnlearn: {signal.Signals(signum).name} received: stopping after this step, with a "
-                        f"checkpoint ({again})\n".encode())
+                        f"checkpoint{hint}\n".encode())
 
     def _restore(self, s: signal.Signals) -> None:
         if s in self._earlier:

@@ -102,6 +102,12 @@ def test_a_second_sigterm_is_the_same_request_as_the_first(tmp_path):
     assert load_checkpoint(tmp_path / "last.pt")["within_epoch"]["batch"] == 2
 
 
+def test_after_another_stop_signal_ctrl_c_interrupts_at_once(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(tmp_path, _Signalling(2, signal.SIGTERM, signal.SIGINT)).fit(stop_signals=STOP_SIGNALS)
+    assert not (tmp_path / "last.pt").exists()
+
+
 @pytest.mark.parametrize(("at", "max_epochs", "epochs"), [(16, None, 4), (4, 1, 1)])
 def test_a_signal_in_the_last_epoch_of_a_fit_still_stops_the_program(tmp_path, at, max_epochs, epochs):
     t = _trainer(tmp_path, _Signalling(at, signal.SIGTERM))
