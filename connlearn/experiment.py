@@ -498,7 +498,7 @@ def run_cifar(run: CifarRun, time_limit: float | None = None,
     device = check_device(run.device)  # a device this machine lacks is named before any data is read
     rank, world, device, joined = _join_torchrun(device)
     try:
-        if isinstance(stop_signals, str) and stop_signals == "auto":
+        if stop_signals == "auto":
             stop_signals = STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
         return _run(run, time_limit, check_signals(stop_signals), started, device, rank, world)
     finally:

@@ -742,10 +742,10 @@ class Trainer:
         end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs, self.epoch + max_epochs)
         while self.epoch < end and _all_agree(time_limit is None or time.perf_counter() - started < time_limit,
                                               self.device):
-            if signals and (signum := self._stop_signal(every=1)):
+            if signum := self._stop_signal(every=1):
                 self._stop(signum)
             self._run_epoch(self.epoch)
-        if signals and (signum := self._stop_signal(every=1)):  # in the last epoch: it ends here all the same
+        if signum := self._stop_signal(every=1):  # in the last epoch: it ends here all the same
             self._stop(signum)
         return self.history
 
