@@ -2,8 +2,8 @@
 
 A checkpoint is a ``torch.save`` dict (loadable with ``weights_only=True``) holding ``format``,
 ``version``, ``graph`` (the IR as JSON, with the connectivity at save time), ``model`` (state dict,
-including the gate generator), and, from the trainer, the optimizer, recipe position, RNG states and the
-epoch log.
+including the gate generator), and, from the trainer, the optimizer, recipe position, RNG states (of every rank under
+``torch.distributed``) and the epoch log.
 """
 
 from __future__ import annotations

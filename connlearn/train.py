@@ -155,6 +155,46 @@ def _set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
             torch.cuda.set_rng_state(state, device)
 
 
+def _every_rank(rng: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``rng`` (this process's random states, as :func:`_rng_state` gives them) for a checkpoint: under
+    ``torch.distributed``, with every rank's in ``"ranks"`` (gathered: call it on every rank), as each
+    rank's augmentation or dropout may draw from its own. Rank 0 writes the checkpoint: its own states
+    stay at the top, where a checkpoint of one process has them."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rng
+    # one uint8 tensor: the CPU's state, then the GPU's; every rank runs the same torch, so the sizes agree
+    flat = torch.cat([rng["torch"], *(rng["cuda"] or [])])
+    flat = flat.to(device if dist.get_backend() == "nccl" else "cpu")  # as in _spread
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, flat)
+    for t in (flat, *parts):
+        _let_go(t)
+    n = len(rng["torch"])
+    ranks = [{"torch": part[:n].cpu(), "cuda": [part[n:].cpu()] if rng["cuda"] else None} for part in parts]
+    return {**rng, "ranks": ranks}
+
+
+def _own(rng: dict[str, Any]) -> dict[str, Any]:
+    """This rank's random states in a checkpoint's ``rng`` (see :func:`_every_rank`): its own where the
+    checkpoint was written by as many ranks, else the top ones (rank 0's, as checkpoints of older
+    versions had only: a resume on another number of ranks reads other shards anyway)."""
+    ranks = rng.get("ranks")
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return ranks[_rank()] if ranks is not None and len(ranks) == world else rng
+
+
+def _check_rng(rng: object, what: str) -> None:
+    """A ``TypeError`` unless ``rng`` is random states as :func:`_every_rank` gives them."""
+    def states(r: object) -> bool:
+        cuda = r.get("cuda") if isinstance(r, dict) else None
+        return (isinstance(r, dict) and torch.is_tensor(r.get("torch")) and r["torch"].dtype == torch.uint8
+                and (cuda is None or (isinstance(cuda, (list, tuple)) and all(torch.is_tensor(c) for c in cuda))))
+
+    ranks = rng.get("ranks") if isinstance(rng, dict) else None
+    if not states(rng) or not (ranks is None or (isinstance(ranks, list) and ranks and all(map(states, ranks)))):
+        raise TypeError(f"{what} is not torch's random state (of every rank)")
+
+
 def _checked_within(within: object) -> dict[str, Any] | None:
     """A checkpoint's ``within_epoch`` entry (what :meth:`Trainer._save_within` writes), or a ``TypeError``
     /``ValueError`` naming what is wrong with it."""
@@ -171,10 +211,8 @@ def _checked_within(within: object) -> dict[str, Any] | None:
         if not (isinstance(masks, list) and isinstance(agree, list) and len(masks) == len(agree)
                 and all(torch.is_tensor(t) for t in [*masks, *agree]) and len({len(t) for t in [*masks, *agree]}) < 2):
             raise TypeError("within_epoch's draws are not the stacked draws of every gate")
-    rng = within.get("rng_at_start")
-    if rng is not None and not (isinstance(rng, dict) and torch.is_tensor(rng.get("torch")) and rng["torch"].dtype
-                                == torch.uint8 and isinstance(rng.get("cuda"), (list, type(None)))):
-        raise TypeError("within_epoch's rng_at_start is not torch's random state")
+    if within.get("rng_at_start") is not None:
+        _check_rng(within["rng_at_start"], "within_epoch's rng_at_start")
     if not isinstance(connectivity, dict) or not all(torch.is_tensor(v) for v in connectivity.values()):
         raise TypeError("within_epoch's last_connectivity is not a dict of tensors")
     return {**within, "batch": batch, "elapsed": check_float("within_epoch's elapsed time", within["elapsed"])}
@@ -595,12 +633,9 @@ class Trainer:
             best = ckpt.get("best_top1")
             best = None if best is None else check_float("the checkpoint's best_top1", best)
             rng, optimizer = ckpt["rng"], ckpt["optimizer"]
-            if not isinstance(rng, dict) or not torch.is_tensor(rng["torch"]) or not isinstance(optimizer, dict):
-                raise TypeError("rng or optimizer is not the state this trainer writes")
-            cuda_states = rng.get("cuda")
-            cuda_states = [] if cuda_states is None else cuda_states
-            if not isinstance(cuda_states, (list, tuple)) or not all(torch.is_tensor(s) for s in cuda_states):
-                raise TypeError("rng['cuda'] is not a list of CUDA generator states")
+            _check_rng(rng, "rng")
+            if not isinstance(optimizer, dict):
+                raise TypeError("optimizer is not the state this trainer writes")
             within = _checked_within(ckpt.get("within_epoch"))
         except ConnlearnError:
             raise
@@ -619,7 +654,7 @@ class Trainer:
             self.optimizer.load_state_dict(optimizer)
             if self.scaler is not None and ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])
-            _set_rng_state(rng, self.device)
+            _set_rng_state(_own(rng), self.device)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
@@ -638,7 +673,10 @@ class Trainer:
                 self._snapshot_step = kept[-1]["step"] if kept else None
 
     def state(self) -> dict[str, Any]:
-        """The checkpoint dict of the current training state."""
+        """The checkpoint dict of the current training state (with this process's random states)."""
+        return self._state(_rng_state(self.device))
+
+    def _state(self, rng: dict[str, Any]) -> dict[str, Any]:
         return make_checkpoint(
             self.net,
             optimizer=self.optimizer.state_dict(),
@@ -646,16 +684,17 @@ class Trainer:
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
             best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
             within_epoch=self._within,
-            rng=_rng_state(self.device),
+            rng=rng,
         )
 
     def _save(self, best: bool) -> None:
         saved = (self.epoch, 0 if self._within is None else self._within["batch"])
+        rng = _every_rank(_rng_state(self.device), self.device)
         if not self.is_main:
             self._saved = saved  # on every rank: rank 0 writes it
             return
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
-        state = self.state()
+        state = self._state(rng)
         tmp = save_atomic(state, self.out_dir / ".next.pt")
         if best:  # before last.pt moves on: a run stopped in between redoes this epoch, and writes it again
             save_atomic(state, self.out_dir / "best.pt")
@@ -818,7 +857,9 @@ class Trainer:
         self._check_finite(epoch, phase, (sums[0] / sums[2]).item(), batch)
         self._within = {"batch": batch, "sums": sums.cpu(), "elapsed": elapsed,
                         "draws": _packed(self.net._draws) if self.is_main else None,  # rank 0 writes the file
-                        "last_connectivity": self._last_connectivity, "rng_at_start": self._rng_at_epoch_start}
+                        "last_connectivity": self._last_connectivity,
+                        "rng_at_start": None if self._rng_at_epoch_start is None  # a checkpoint of an older version's
+                        else _every_rank(self._rng_at_epoch_start, self.device)}
         try:
             self._save(best=False)
         finally:
@@ -878,7 +919,9 @@ class Trainer:
         self.net.record_draws(True)
         if within is not None and self.net._draws is not None:
             self.net._draws.extend(_unpacked(within["draws"], self.device))
-        self._rng_at_epoch_start = _rng_state(self.device) if within is None else within.get("rng_at_start")
+        at_start = None if within is None else within.get("rng_at_start")
+        self._rng_at_epoch_start = (_rng_state(self.device) if within is None else None if at_start is None
+                                    else _own(at_start))
         t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
         try:  # the batches are no local: one that a stop left alive with its DataLoader workers hangs the exit
             for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start, self.device),

@@ -25,7 +25,9 @@ def _free_port():
 
 
 class _Stopping(BatchLoader):
-    """Stops the run (as a kill of the job would) when asked for its ``stop_at``-th batch of the run."""
+    """Stops the run (as a kill of the job would) when asked for its ``stop_at``-th batch of the run. Its
+    training batches take noise from torch's global random state, which differs between the ranks (as a
+    user's augmentation may): a resume gives each rank its own back."""
 
     stop_at = None
     signal_at = None  # or: this rank sends itself SIGTERM when asked for this batch of the run
@@ -40,12 +42,14 @@ class _Stopping(BatchLoader):
                 self.signal_at -= 1
                 if self.signal_at == 0:
                     os.kill(os.getpid(), signal.SIGTERM)
-            yield batch
+            x, y = batch
+            yield (x + 0.1 * torch.randn_like(x), y) if self.train else batch
 
 
 def _worker(rank, world, port, out, stop_at=None, signal_at=None):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    torch.manual_seed(rank)
     try:
         train, test = synthetic(num_classes=10, n_train=160, n_test=40, seed=0)
         loaders = [_Stopping(d, 20, train=t, seed=0, rank=rank, world_size=world) for d, t in ((train, True),

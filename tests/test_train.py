@@ -380,6 +380,8 @@ def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_re
                 trainer(out).fit()
     for name, edit in (("cuda", lambda c: c["rng"].update(cuda=torch.zeros(8, dtype=torch.uint8))),
                        ("cuda-list", lambda c: c["rng"].update(cuda=["x"])),
+                       ("ranks", lambda c: c["rng"].update(ranks=[{"torch": "x"}])),
+                       ("ranks-empty", lambda c: c["rng"].update(ranks=[])),
                        ("state", lambda c: c["optimizer"].update(state=[]))):
         damaged = torch.load(tmp_path / "base" / "last.pt", weights_only=False)
         edit(damaged)
