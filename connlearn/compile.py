@@ -715,6 +715,11 @@ class ConnectivityNet(nn.Module):
                                  "it returns a list of one [rows, cols] tensor per gate, in order")
             for g, d in zip(group, draws, strict=True):
                 check_gate_shape(g, "draw()", d, module_of[id(g)])
+                if d.requires_grad:  # it would be used again in the backward passes of a held draw, and fail there
+                    raise ConfigTypeError(
+                        f"gate kind {cls.kind!r} in module {module_of[id(g)]}: draw() gave a tensor with autograd "
+                        "history; draws are values (detach them), and matrix(drawn) carries the gradient to the "
+                        "real gates")
             drawn.update(zip((id(g) for g in group), draws, strict=True))
         if self._hold is not None:
             self._hold.append(drawn)

@@ -207,6 +207,22 @@ def test_gate_matrices_and_draws_of_the_wrong_shape_are_named():
         connlearn.build(**tiny(gate="few-draws"))(x)
 
 
+class Attached(TopKGate):
+    @classmethod
+    def draw(cls, gates, generator, temperature=1.0):
+        return [d + 0 * g.real for d, g in zip(super().draw(gates, generator, temperature), gates, strict=True)]
+
+
+def test_a_draw_with_autograd_history_is_named_not_failed_on_in_a_second_backward_pass():
+    connlearn.register_gate("attached", Attached)
+    net = connlearn.build(**tiny(gate="attached"))
+    held = pytest.raises(ConfigTypeError, match=r"gate kind 'attached' in module 2: draw\(\) gave a tensor with "
+                                                r"autograd history; draws are values \(detach them\)")
+    with held, net.hold_draw():
+        for _ in range(2):  # micro-batches: the second backward pass would go through the first's draw
+            net(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
 class Constant(Gate):
     """The least a gate kind defines: its values (zeros) and its active inputs (all)."""
 
