@@ -652,12 +652,12 @@ class ConnectivityNet(nn.Module):
 
     def _scaled(self, drawn: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
         mixes: list[torch.Tensor | None] = []
-        for module, stage in zip(self.module_ids, self.stages, strict=True):
+        for index, (module, stage) in enumerate(zip(self.module_ids, self.stages, strict=True)):
             g = stage.gate
             if g is None:
                 mixes.append(None)
                 continue
-            matrix = g.matrix(drawn.get(id(g)))
+            matrix = g.matrix(drawn.get(index))
             check_gate_shape(g, "matrix()", matrix, module)
             mixes.append(matrix / self.K)
         return mixes
@@ -698,11 +698,14 @@ class ConnectivityNet(nn.Module):
                 "whole network?): it would draw another connectivity than the forward pass did, and the gradients "
                 "would be wrong. Set net.activation_checkpointing = True (it checkpoints each module, with the "
                 "forward pass's draw), or run the forward and backward passes inside `with net.hold_draw():`")
-        gates = [s.gate for s in self.stages if s.gate is not None and s.gate.stochastic]
-        module_of = {id(s.gate): m for m, s in zip(self.module_ids, self.stages, strict=True)}
+        # keyed by the stage's position, not by the gate's id(): torch.compile would guard on the gate object
+        # itself, and compile again for every network, up to its limit of recompilations, then run eagerly
+        at = {i: s.gate for i, s in enumerate(self.stages) if s.gate is not None and s.gate.stochastic}
+        gates = list(at.values())
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in gates):
-            group = [g for g in gates if type(g) is cls]
+            indices = [i for i, g in at.items() if type(g) is cls]
+            group = [at[i] for i in indices]
             # the default temperature is not passed: gate kinds without one keep working
             draws = cls.draw(group, self.generator, **({"temperature": t} if (t := self._temperature) != 1.0 else {}))
             try:
@@ -713,20 +716,20 @@ class ConnectivityNet(nn.Module):
             if len(draws) != len(group):
                 raise ShapeError(f"gate kind {cls.kind!r}: draw() gave {len(draws)} draws for {len(group)} gates; "
                                  "it returns a list of one [rows, cols] tensor per gate, in order")
-            for g, d in zip(group, draws, strict=True):
-                check_gate_shape(g, "draw()", d, module_of[id(g)])
+            for i, g, d in zip(indices, group, draws, strict=True):
+                check_gate_shape(g, "draw()", d, self.module_ids[i])
                 if d.requires_grad:  # it would be used again in the backward passes of a held draw, and fail there
                     raise ConfigTypeError(
-                        f"gate kind {cls.kind!r} in module {module_of[id(g)]}: draw() gave a tensor with autograd "
+                        f"gate kind {cls.kind!r} in module {self.module_ids[i]}: draw() gave a tensor with autograd "
                         "history; draws are values (detach them), and matrix(drawn) carries the gradient to the "
                         "real gates")
-            drawn.update(zip((id(g) for g in group), draws, strict=True))
+            drawn.update(zip(indices, draws, strict=True))
         if self._hold is not None:
             self._hold.append(drawn)
         if self._draws is not None and gates:
             step = []
-            for index, g in enumerate(gates):
-                mask = drawn[id(g)].detach().bool()
+            for index, (i, g) in enumerate(at.items()):
+                mask = drawn[i].detach().bool()
                 step.append((index, mask, (mask == g.active()).all(dim=1)))
             self._draws.append(step)
         return drawn

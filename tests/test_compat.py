@@ -185,6 +185,21 @@ def test_annealing_the_temperature_and_new_draws_never_recompile(images):
             compiled(images).sum().backward()
 
 
+@pytest.mark.parametrize("gate", ["topk", "random"])
+def test_networks_of_one_architecture_share_their_compiled_forward_passes(images, gate):
+    # A seed sweep or a notebook compiles many networks in one process. Were the compiled code guarded on
+    # each network's own gates, every network would compile anew, and after torch's recompile limit (8)
+    # the rest would run eagerly.
+    torch._dynamo.reset()
+    for seed in range(3):
+        net = connlearn.build(**tiny(gate=gate, seed=seed))
+        compiled = torch.compile(net, backend="eager")
+        with torch._dynamo.config.patch(error_on_recompile=seed > 0):
+            compiled(images).sum().backward()
+            with torch.no_grad():
+                compiled.eval()(images)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_a_checkpoint_rebuilds_the_network_in_its_dtype_bit_for_bit(dtype):
     from connlearn.checkpoint import make_checkpoint, net_from_checkpoint
