@@ -211,7 +211,11 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         return None if args.time_limit is None else args.time_limit - (time.perf_counter() - started)
 
     failed: list[str] = []
-    if args.parallel > 1 and len(todo) > 1:
+    # compiled runs each in a process of its own, also one at a time: torch.compile keeps at most
+    # torch._dynamo.config.recompile_limit versions of the forward pass per process, and each arm's
+    # networks (other gate kinds, the frozen network) need versions of their own, so that later runs would
+    # train uncompiled
+    if len(todo) > 1 and (args.parallel > 1 or args.compile):
         failed = run_parallel(args, argv, todo, left)
         collect(out, state)
     else:
@@ -232,7 +236,8 @@ def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def run_parallel(args: argparse.Namespace, argv: list[str], todo: list[tuple[str, int]], left) -> list[str]:
     """Run ``todo`` as up to ``args.parallel`` child processes at once (small CIFAR networks leave most of a
-    large GPU idle); each child trains one run and writes its ``summary.json``. Returns the failed runs."""
+    large GPU idle; compiled runs, one each); each child trains one run and writes its ``summary.json``.
+    Returns the failed runs."""
     queue, running, failed = list(todo), {}, []
     while queue or running:
         while queue and len(running) < args.parallel:

@@ -111,6 +111,17 @@ def test_parallel_runs_train_in_child_processes_and_land_in_one_table(tmp_path, 
     assert again["runs"].keys() == state["runs"].keys()
 
 
+def test_compiled_runs_train_one_at_a_time_each_in_a_process_of_its_own(tmp_path, data, monkeypatch):
+    # one process keeps a bounded number of compiled versions of the forward pass: later arms would run eagerly
+    import accuracy
+
+    asked = []
+    monkeypatch.setattr(accuracy, "run_parallel", lambda args, argv, todo, left: asked.append((args.parallel, todo)))
+    monkeypatch.setattr(accuracy, "run_one", lambda *a: pytest.fail("a compiled run trained in the sweep's process"))
+    main(_args(tmp_path, data, "--compile"))
+    assert asked == [(1, [("full", 0), ("topk4", 0)])]
+
+
 def test_arms_with_a_rule_train_with_that_rule_and_get_their_own_rows(tmp_path, data):
     state = main(_args(tmp_path, data, "--arms", "topk4", "topk4-centered", "--gate-grad", "plain"))
     assert set(state["runs"]) == {"topk4-s0", "topk4-centered-s0"}
