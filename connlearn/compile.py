@@ -568,10 +568,13 @@ class ConnectivityNet(nn.Module):
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight = getattr(getattr(self.stem, "conv", None), "weight", None)
         checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
-        if checked and x.dtype != weight.dtype and not _autocast_enabled(x.device.type):
-            raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
-                                  f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
-                                  "under torch.autocast")
+        if checked and not _autocast_enabled(x.device.type):
+            if x.dtype != weight.dtype:
+                raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
+                                      f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run "
+                                      "it under torch.autocast")
+        elif checked and not torch.compiler.is_compiling():
+            _check_autocast(x.dtype, weight.dtype, _autocast_dtype(x.device.type))
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
@@ -1090,6 +1093,26 @@ def _autocast_enabled(device_type: str) -> bool:
     if _AUTOCAST_TAKES_DEVICE_TYPE:
         return torch.is_autocast_enabled(device_type)
     return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast runs in on ``device_type`` (when it is on)."""
+    if hasattr(torch, "get_autocast_dtype"):  # PyTorch 2.4
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
+
+
+def _check_autocast(images: torch.dtype, weights: torch.dtype, autocast: torch.dtype) -> None:
+    """A :class:`ConfigTypeError` for images and weights of dtypes that autocast (running in ``autocast``)
+    leaves apart, which fail deep inside a layer: it never casts float64, and the normalisation layers
+    take their float32 weights, or weights of its own dtype, only."""
+    if images == torch.float64:
+        raise ConfigTypeError(f"the images are torch.float64, which torch.autocast does not cast: cast them to "
+                              f"float32 (x.float()) under autocast ({autocast})")
+    if weights not in (torch.float32, autocast):
+        raise ConfigTypeError(f"the network's weights are {weights}, and torch.autocast runs in {autocast}: under "
+                              "autocast keep the network in float32 (net.float()), or run autocast in "
+                              f"{weights}" + (" or without it" if weights == torch.float64 else ""))
 
 
 def check_net(obj: object, what: str = "net") -> ConnectivityNet:

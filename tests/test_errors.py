@@ -284,6 +284,22 @@ def test_images_of_another_dtype_than_the_weights_are_named_unless_autocast_cast
     assert net.to(dtype)(x.to(dtype)).dtype == dtype
 
 
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weights", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_under_autocast_images_and_weights_it_cannot_reconcile_are_named_and_the_others_run(weights, autocast):
+    # autocast never casts float64, and the batch norms take weights of float32 or of autocast's dtype only
+    net = connlearn.build(**tiny()).to(weights).eval()
+    for images in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        x = torch.randn(2, 3, 32, 32, dtype=images)
+        with torch.autocast("cpu", dtype=autocast):
+            if images == torch.float64 or weights not in (torch.float32, autocast):
+                with pytest.raises(ConfigTypeError, match=r"float64, which torch.autocast does not cast|under "
+                                                          r"autocast keep the network in float32 \(net.float\(\)\)"):
+                    net(x)
+            else:
+                assert net(x).dtype == autocast
+
+
 @pytest.mark.parametrize("engine", ["fused", "reference"])
 @pytest.mark.parametrize("gate", ["topk", "real", "random", "full"])
 def test_an_empty_batch_gives_empty_logits(engine, gate):
