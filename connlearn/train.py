@@ -472,6 +472,11 @@ class Trainer:
         resume_check: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         check_net(net)
+        other = sorted({str(p.dtype) for p in net.parameters() if p.is_floating_point() and p.dtype != torch.float32})
+        if other:  # its images would be float32, and a step of the gates in half precision rounds away
+            raise ConfigTypeError(f"the Trainer trains float32 networks; this one has {' and '.join(other)} weights: "
+                                  "give it net.float(), and amp='bf16' or 'fp16' for half-precision compute (the "
+                                  "weights and gates stay float32)")
         for name, loader in (("train_loader", train_loader), ("test_loader", test_loader)):
             if (loader is not None or name == "train_loader") and not _is_loader(loader):
                 raise ConfigTypeError(f"{name} must be a loader: an object with len() (batches per epoch) and "

@@ -286,6 +286,15 @@ def test_an_unknown_amp_mode_names_the_allowed_ones(tmp_path):
         _trainer(tmp_path, amp="bf61")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_a_network_not_in_float32_is_named_when_the_trainer_is_made(tmp_path, dtype):
+    # its loaders give float32 images, and the gates' steps need float32: amp computes in half precision
+    net = connlearn.build(**tiny()).to(dtype)
+    with pytest.raises(connlearn.ConnlearnError, match=rf"the Trainer trains float32 networks; this one has {dtype} "
+                                                       r"weights: give it net.float\(\), and amp='bf16'"):
+        Trainer(net, RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
+
+
 def test_an_unknown_compile_mode_names_the_allowed_ones(tmp_path):
     with pytest.raises(connlearn.ConnlearnError, match="did you mean 'reduce-overhead'"):
         _trainer(tmp_path, compile="reduce-overhed")
