@@ -981,7 +981,7 @@ class DataLoaderPath(_EpochLoader):
             # the loader draws its worker base seed from this generator, not from (and advancing) the global RNG
             generator=epoch_generator(self.seed, epoch),
         )
-        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device))
+        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True))
                 for x, y in start_workers(loader))
 
 

@@ -299,7 +299,7 @@ class FolderLoader(ShardedBatches):
     def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         try:
             for x, y in batches:
-                yield self._finish(x.to(self.device, non_blocking=True)), y.to(self.device)
+                yield self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
         except DataError as exc:  # from a worker, its message is the worker's traceback: keep the error's line
             lines = str(exc).strip().splitlines()
             raise DataError(lines[-1].split("DataError: ", 1)[-1] if lines else "") from None
