@@ -67,6 +67,7 @@ from connlearn.gates import (
     GATES,
     FrozenGate,
     Gate,
+    active_masks,
     check_active_rows,
     check_gate_shape,
     random_tie_order,
@@ -730,11 +731,15 @@ class ConnectivityNet(nn.Module):
         if self._hold is not None:
             self._hold.append(drawn)
         if self._draws is not None and gates:
-            step = []
-            for index, (i, g) in enumerate(at.items()):
-                mask = drawn[i].detach().bool()
-                step.append((index, mask, (mask == g.active()).all(dim=1)))
-            self._draws.append(step)
+            actives = active_masks(gates)
+            if len({drawn[i].shape for i in at}) == 1:  # alike (ResNeXt's): in one stack
+                stacked = torch.stack([drawn[i] for i in at]).detach().bool()
+                masks = stacked.unbind(0)
+                agree = (stacked == torch.stack(actives)).all(dim=-1).unbind(0)
+            else:
+                masks = tuple(drawn[i].detach().bool() for i in at)
+                agree = tuple((m == a).all(dim=1) for m, a in zip(masks, actives, strict=True))
+            self._draws.append(list(zip(range(len(masks)), masks, agree, strict=True)))
         return drawn
 
     # ------------------------------------------------------------------ draw statistics

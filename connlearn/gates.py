@@ -77,6 +77,17 @@ def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -
         -1, idx, torch.ones(idx.shape, dtype=torch.bool, device=values.device))
 
 
+def active_masks(gates: Sequence[Gate]) -> list[torch.Tensor]:
+    """Every gate's :meth:`Gate.active`; those of learned gates alike in shape and K in one batched top-K
+    (the same masks, with a few kernels instead of a few per gate)."""
+    if len(gates) > 1 and len({(g.shape, g.K) for g in gates}) == 1 and all(
+            type(g).active is _LearnableGate.active for g in gates):
+        learned: list[_LearnableGate] = gates  # type: ignore[assignment]  # checked just above
+        real = torch.stack([g.real for g in learned])
+        return list(topk_mask(real, learned[0].K, torch.stack([g.tie_order for g in learned])).unbind(0))
+    return [g.active() for g in gates]
+
+
 def index_order(rows: int, cols: int) -> torch.Tensor:
     """The tie order of ``topk_mask``'s default, as ranks (``int64``, the larger wins): the lower column
     index first."""
@@ -107,15 +118,20 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
     device = probs[0].device
     rows = [p.shape[0] for p in probs]
     width = max(p.shape[1] for p in probs)
-    weights = torch.zeros(sum(rows), width, device=device, dtype=torch.float32)
-    valid = torch.zeros(sum(rows), width, device=device, dtype=torch.bool)
-    r = 0
-    for p in probs:
-        weights[r : r + p.shape[0], : p.shape[1]] = p.detach().float().clamp(min=0)
-        valid[r : r + p.shape[0], : p.shape[1]] = True
-        r += p.shape[0]
+    alike = len({(p.shape, p.dtype) for p in probs}) == 1  # as in ResNeXt: one stack, no padding, few kernels
+    valid: torch.Tensor | None = None
+    if alike:
+        weights = torch.stack([p.detach() for p in probs]).float().clamp(min=0).reshape(-1, width)
+    else:
+        weights = torch.zeros(sum(rows), width, device=device, dtype=torch.float32)
+        valid = torch.zeros(sum(rows), width, device=device, dtype=torch.bool)
+        r = 0
+        for p in probs:
+            weights[r : r + p.shape[0], : p.shape[1]] = p.detach().float().clamp(min=0)
+            valid[r : r + p.shape[0], : p.shape[1]] = True
+            r += p.shape[0]
     empty = weights.sum(dim=1, keepdim=True) <= 0
-    weights = torch.where(empty & valid, torch.ones_like(weights), weights)
+    weights = torch.where(empty if valid is None else empty & valid, torch.ones_like(weights), weights)
     zero_key = _ZERO_KEY
     if temperature == 1.0:
         logw = weights.clamp(min=1e-30).log()
@@ -129,9 +145,13 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
         noise = noise.pin_memory()  # an asynchronous copy: no host-device synchronisation per step
     noise = noise.to(device, non_blocking=True)
     gumbel = -(-noise.clamp(1e-20, 1.0 - 1e-7).log()).log()
-    keys = torch.where(valid, logw + gumbel, torch.full_like(weights, float("-inf")))
+    keys = logw + gumbel
+    if valid is not None:  # the padding is never drawn
+        keys = torch.where(valid, keys, torch.full_like(weights, float("-inf")))
     idx = keys.topk(K, dim=1).indices
     hard = torch.zeros_like(weights).scatter_(1, idx, 1.0)
+    if alike:
+        return list(hard.to(probs[0].dtype).view(len(probs), *probs[0].shape).unbind(0))
     out, r = [], 0
     for p in probs:
         out.append(hard[r : r + p.shape[0], : p.shape[1]].to(p.dtype))

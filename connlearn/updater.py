@@ -105,8 +105,10 @@ class GateUpdater:
     @torch.no_grad()
     def clamp(self) -> None:
         """Clip every real gate to [low, high] in place."""
-        for gate in self.gates():
-            gate.clamp_(self.low, self.high)
+        gates = self.gates()
+        if gates:  # two kernels for all of them, as torch's optimizers update their parameters
+            torch._foreach_clamp_min_(gates, self.low)
+            torch._foreach_clamp_max_(gates, self.high)
 
     @torch.no_grad()
     def renormalize(self) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import connlearn
 from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
-from connlearn.gates import gumbel_topk, topk_mask
+from connlearn.gates import active_masks, gumbel_topk, topk_mask
 from connlearn.topologies.resnext import resnext
 
 
@@ -29,6 +29,28 @@ def test_every_sampled_row_has_exactly_k_distinct_ones(rows, cols, data, seed, z
     hard = gumbel_topk([weights], K, g)[0]
     assert set(hard.unique().tolist()) <= {0.0, 1.0}
     assert (hard.sum(dim=1) == K).all()
+
+
+@given(count=st.integers(2, 5), rows=st.integers(1, 6), cols=st.integers(1, 6), data=st.data(),
+       seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([1.0, 0.5, 3.0]))
+def test_matrices_alike_are_drawn_in_one_stack_as_in_the_padded_batch(count, rows, cols, data, seed, temperature):
+    # gates of one shape (ResNeXt's) skip the padding of a batch of several shapes: the same draws, bit for bit
+    K = data.draw(st.integers(1, cols))
+    g = torch.Generator().manual_seed(seed)
+    probs = [torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) > 0.4) for _ in range(count)]
+    probs[0][0] = 0  # an all-zero row
+    stacked = gumbel_topk(probs, K, torch.Generator().manual_seed(seed), temperature)
+    padded = gumbel_topk([probs[0].double(), *probs[1:]], K, torch.Generator().manual_seed(seed), temperature)
+    assert all(torch.equal(a.double(), b.double()) for a, b in zip(stacked, padded, strict=True))
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_the_active_inputs_of_gates_alike_taken_together_are_each_gates_own(saturated):
+    net = _saturated(5) if saturated else connlearn.build(**tiny(C=8, K=2, seed=5, gate_init="uniform"))
+    gates = [gate for _, gate in net.gates()]
+    together = active_masks(gates)
+    assert len(together) == len(gates) > 1
+    assert all(torch.equal(a, g.active()) for a, g in zip(together, gates, strict=True))
 
 
 def _inclusion_probabilities(p, K):
