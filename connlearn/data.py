@@ -32,7 +32,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -95,6 +95,16 @@ class ClassBalanced:
     made by its ``_take(keep)`` (a boolean mask over its samples)."""
 
     labels: np.ndarray
+    class_names: tuple[str, ...]
+
+    if TYPE_CHECKING:  # what a subclass provides
+
+        @property
+        def num_classes(self) -> int: ...
+
+        def __len__(self) -> int: ...
+
+        def _take(self, keep: np.ndarray) -> Any: ...
 
     def subset(self, n: int, *, name: str = "n") -> Any:
         """A class-balanced subset: the first ``n // num_classes`` images of each class, in their original order.
@@ -442,7 +452,7 @@ def read_image_folder(folder: str | os.PathLike[str], size: int | None = None) -
         DataError: ``folder`` is not a folder of class folders holding images, an image cannot be read, or
             (without ``size``) the images differ in size.
     """
-    from connlearn.folders import header_size, image_files, open_rgb
+    from connlearn.folders import _BILINEAR, header_size, image_files, open_rgb
 
     files = image_files(folder)
     size = None if size is None else check_int("size", size, minimum=1)
@@ -455,7 +465,7 @@ def read_image_folder(folder: str | os.PathLike[str], size: int | None = None) -
 
     def decode(path: str) -> np.ndarray:
         image = open_rgb(path)
-        return np.asarray(image if size is None else image.resize((size, size), Image.BILINEAR))
+        return np.asarray(image if size is None else image.resize((size, size), _BILINEAR))
 
     with ThreadPoolExecutor(_worker_count()) as pool:  # decoding and resizing release the GIL
         arrays = list(pool.map(decode, files.paths))
@@ -509,7 +519,7 @@ def pack(
             "pass class_names=[...] to use one list for both"
         )
     test = as_image_dataset(test, train.class_names)
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}  # Any: np.savez(out, **arrays) also takes allow_pickle as a keyword
     for split, dataset in (("train", train), ("test", test)):
         arrays[f"{split}_jpeg"], arrays[f"{split}_offsets"] = _encode_split(dataset.images, format, quality)
         arrays[f"{split}_labels"] = dataset.labels

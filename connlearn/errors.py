@@ -201,8 +201,8 @@ def check_device(value: object, name: str = "device") -> Any:
         device = torch.device(int(value) if isinstance(value, numbers.Integral) else value)
     except (RuntimeError, TypeError, ValueError) as exc:
         kind = str(value).partition(":")[0]
-        hint = ["cuda"] if kind.lower() == "gpu" else closest(kind, ("cpu", "cuda", "mps", "xpu", "meta"), n=1)
-        guess = str(value).replace(kind, hint[0], 1) if hint else None
+        kinds = ["cuda"] if kind.lower() == "gpu" else closest(kind, ("cpu", "cuda", "mps", "xpu", "meta"), n=1)
+        guess = str(value).replace(kind, kinds[0], 1) if kinds else None
         hint = f"; did you mean {guess!r}?" if guess is not None and guess != value else ""
         raise ConfigError(f"{name} {value!r} is not a device: {str(exc).splitlines()[0]}; use e.g. 'cpu', "
                           f"'cuda' or 'cuda:1'{hint}") from None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -46,6 +46,13 @@ _EIGENVALUES = (0.2175, 0.0188, 0.0045)
 _EIGENVECTORS = ((-0.5675, 0.7192, 0.4009), (-0.5808, -0.0045, -0.8140), (-0.5836, -0.6948, 0.4203))
 #: Its splits, as folders of class folders, under the folder ``--data`` names.
 IMAGENET_SPLITS = ("train", "val")
+#: Pillow's bilinear filter. Pillow sets its module-level constants at import, unseen by its type hints
+#: (``Image.Resampling`` would need Pillow >= 9.1).
+_BILINEAR = Image.BILINEAR  # type: ignore[attr-defined]
+
+
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 @attrs.frozen(eq=False)
@@ -53,9 +60,9 @@ class ImageFiles(ClassBalanced):
     """The image files of a dataset: ``paths[i]`` has label ``labels[i]`` (in ``0 .. num_classes - 1``).
     ``subset`` and ``split`` (class-balanced, as :class:`~connlearn.data.ImageDataset`'s) give smaller lists."""
 
-    paths: tuple[str, ...] = attrs.field(converter=tuple)
+    paths: tuple[str, ...] = attrs.field(converter=_str_tuple)
     labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
-    class_names: tuple[str, ...] = attrs.field(converter=tuple)
+    class_names: tuple[str, ...] = attrs.field(converter=_str_tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.paths:
@@ -220,13 +227,13 @@ class _FolderSamples(torch.utils.data.Dataset):
         if self.train:
             rng = np.random.default_rng([self.seed, epoch, index])
             left, top, w, h = crop_box(width, height, rng)
-            image = image.crop((left, top, left + w, top + h)).resize((self.size, self.size), Image.BILINEAR)
+            image = image.crop((left, top, left + w, top + h)).resize((self.size, self.size), _BILINEAR)
             x = lighting(colour_jitter(_to_array(image), rng), rng)
             x = (x - self.mean) / self.std
             if rng.random() < 0.5:
                 x = x[:, :, ::-1]
         else:
-            image = image.resize(resized_size(width, height, self.resize), Image.BILINEAR)
+            image = image.resize(resized_size(width, height, self.resize), _BILINEAR)
             w, h = image.size
             left, top = round((w - self.size) / 2), round((h - self.size) / 2)
             x = (_to_array(image)[:, top : top + self.size, left : left + self.size] - self.mean) / self.std

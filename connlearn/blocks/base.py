@@ -164,33 +164,35 @@ class BranchBlock(nn.Module):
     def init_residual_scale(self, scale: float) -> None:
         """Start every branch's output at ``scale``: fill the weight of the norm named by ``residual_norm``."""
         norm = self._residual_norm()
-        if not isinstance(getattr(norm, "weight", None), torch.Tensor):
+        weight = getattr(norm, "weight", None)
+        if not isinstance(weight, torch.Tensor):
             found = "no such submodule" if norm is None else f"{type(norm).__name__} without an affine weight"
             raise ConfigError(
                 f"{type(self).__name__}.residual_norm = {self.residual_norm!r} names no affine last normalisation "
                 f"({found}), so residual_init can only be 'one' or 'auto'"
             )
         with torch.no_grad():
-            norm.weight.fill_(float(scale))
+            weight.fill_(float(scale))
 
     def init_conv_scale(self, scale: float) -> None:
         """Multiply the weights of the convolutions named by ``inner_convs`` by ``scale``."""
         if not self.inner_convs:
             raise ConfigError(f"{type(self).__name__}.inner_convs names no convolutions, so conv_init can only be "
                               "'branch'; name the convolutions before each branch's last one there")
-        layers = []
+        weights = []
         for name in self.inner_convs:
             try:
                 layer = self.get_submodule(name)
             except AttributeError:
                 layer = None
-            if not isinstance(getattr(layer, "weight", None), torch.Tensor):
+            weight = getattr(layer, "weight", None)
+            if not isinstance(weight, torch.Tensor):
                 raise ConfigError(f"{type(self).__name__}.inner_convs names {name!r}, which is not a layer with a "
                                   "weight, so conv_init can only be 'branch'")
-            layers.append(layer)
+            weights.append(weight)
         with torch.no_grad():
-            for layer in layers:
-                layer.weight.mul_(float(scale))
+            for weight in weights:
+                weight.mul_(float(scale))
 
     def _residual_norm(self) -> nn.Module | None:
         if not self.residual_norm:
