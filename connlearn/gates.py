@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -218,6 +218,7 @@ class _LearnableGate(Gate):
 
     learnable = True
     _version = 2  # 2: has tie_order (state dicts of version 1 load with the index order)
+    tie_order: torch.Tensor  # a buffer
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)
@@ -251,7 +252,7 @@ def check_gate_kind(name: str, cls: Any) -> type[Gate]:
     if not (isinstance(cls, type) and issubclass(cls, Gate)):
         raise ConfigTypeError(f"gate kind {name!r}: {cls!r} is not a subclass of connlearn.gates.Gate")
     missing = [m for m in ("values", "active") if getattr(cls, m) is getattr(Gate, m)]
-    if cls.stochastic and getattr(cls.draw, "__func__", None) is Gate.draw.__func__:
+    if cls.stochastic and getattr(cls.draw, "__func__", None) is vars(Gate)["draw"].__func__:
         missing.append("draw (it is stochastic)")
     if cls.stochastic and cls.matrix is Gate.matrix:
         missing.append("matrix (it is stochastic: the training forward pass must use the draw it is given)")
@@ -313,7 +314,7 @@ class TopKGate(_LearnableGate):
 
     @classmethod
     def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
-        return gumbel_topk([g.real for g in gates], gates[0].K, generator, temperature)
+        return gumbel_topk([cast(TopKGate, g).real for g in gates], gates[0].K, generator, temperature)
 
 
 @GATES.register("real")
@@ -328,6 +329,9 @@ class RealGate(_LearnableGate):
 
 class _FixedGate(Gate):
     """A fixed binary connectivity held in buffers (``mask``; ``gate_values`` for display)."""
+
+    mask: torch.Tensor
+    gate_values: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__(values, active, K)

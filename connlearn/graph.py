@@ -64,7 +64,7 @@ _MAX_SIZE = 2**31 - 1
 
 
 def _check_count(where: str, key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_SIZE:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= int(value) <= _MAX_SIZE:
         found = "it is missing" if value is _MISSING else f"got {value!r}"
         raise GraphError(f"{where} needs {key}, an integer from 1 to {_MAX_SIZE}; {found}")
 
@@ -177,7 +177,7 @@ class BranchGraph(nx.DiGraph):
     def seed(self) -> int:
         """The seed of the weights, the draws and the tie orders (0 if the graph has none)."""
         seed = self.graph.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= seed < 2**64:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= int(seed) < 2**64:
             raise GraphError(f"the graph's seed must be an integer (a 64-bit seed), got {seed!r}")
         return int(seed)
 
@@ -206,7 +206,7 @@ class BranchGraph(nx.DiGraph):
         Returns ``self``.
         """
         registry = known_blocks is None
-        if registry:
+        if known_blocks is None:
             from connlearn.blocks import BLOCKS
 
             known_blocks = BLOCKS.names()
@@ -256,10 +256,11 @@ class BranchGraph(nx.DiGraph):
                 if not isinstance(d.get("block"), str):
                     raise GraphError(f"node {node!r} has block {d.get('block', _MISSING)!r}; it must be the name "
                                      "of a block kind, e.g. 'bottleneck'")
-                key = (d["module"], d["branch"])
-                if key in seen:
-                    raise GraphError(f"nodes {seen[key]!r} and {node!r} are both branch {key[1]} of module {key[0]}")
-                seen[key] = node
+                place = (d["module"], d["branch"])
+                if place in seen:
+                    raise GraphError(f"nodes {seen[place]!r} and {node!r} are both branch {place[1]} of module "
+                                     f"{place[0]}")
+                seen[place] = node
         for u, v, d in self.edges(data=True):
             where = f"edge {u} → {v}"
             if d.get("kind") not in ("gate", "fixed"):
@@ -270,7 +271,7 @@ class BranchGraph(nx.DiGraph):
             if isinstance(gate, bool) or not isinstance(gate, numbers.Real):  # NaN too: a diverged run's gates
                 raise GraphError(f"{where} has gate {d['gate']!r}; a gate value must be a number")
             tie = _scalar(d.get("tie", 0))
-            if isinstance(tie, bool) or not isinstance(tie, numbers.Integral) or not -(2**63) <= tie < 2**63:
+            if isinstance(tie, bool) or not isinstance(tie, numbers.Integral) or not -(2**63) <= int(tie) < 2**63:
                 raise GraphError(f"{where} has tie {d['tie']!r}; it must be an integer rank (64-bit)")
 
     def _check_stem(self, d: dict[str, Any]) -> None:

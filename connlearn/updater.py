@@ -61,7 +61,7 @@ class GateUpdater:
 
     def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
         check_name("gate gradient mode", grad_mode, GRAD_MODES)
-        inner = getattr(net, "module", None)  # DistributedDataParallel, or an AveragedModel: the network inside
+        inner: Any = getattr(net, "module", None)  # DistributedDataParallel, or an AveragedModel: the network inside
         if not callable(getattr(net, "gate_parameters", None)) and callable(getattr(inner, "gate_parameters", None)):
             net = inner
         if not callable(getattr(net, "gate_parameters", None)):
@@ -70,7 +70,7 @@ class GateUpdater:
         self.low, self.high = check_float("low", low), check_float("high", high)
         if self.low >= self.high:
             raise ConfigError(f"low must be below high, got low={low}, high={high}")
-        self.net = net
+        self.net: Any = net  # a ConnectivityNet, or a module with its gate_parameters() (checked above)
         self.grad_mode = grad_mode
         self._handles: list[Any] = []
 
@@ -157,11 +157,12 @@ def param_groups(net: nn.Module, lr: float, weight_decay: float, gate_lr: float,
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("gate_lr", gate_lr)):
         check_float(name, value, minimum=0.0, finite=True)
     check_gate_momentum(gate_momentum)
-    if not callable(getattr(net, "weight_parameters", None)) or not callable(getattr(net, "gate_parameters", None)):
+    weight_parameters, gate_parameters = getattr(net, "weight_parameters", None), getattr(net, "gate_parameters", None)
+    if not callable(weight_parameters) or not callable(gate_parameters):
         raise ConfigTypeError(f"param_groups takes a connlearn ConnectivityNet (it splits weights from gates), got "
                               f"{type(net).__name__}")
-    groups = [{"params": list(net.weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]
-    gates = list(net.gate_parameters())
+    groups = [{"params": list(weight_parameters()), "lr": lr, "weight_decay": weight_decay, "name": "weights"}]
+    gates = list(gate_parameters())
     if gates:
         groups.append({"params": gates, "lr": gate_lr, "weight_decay": 0.0, "name": "gates"})
         if gate_momentum is not None:
