@@ -160,7 +160,7 @@ def _read_config(path: Path, fields: set[str]) -> dict[str, Any]:
     kind = "TOML" if path.suffix == ".toml" else "JSON"
     if kind == "TOML":
         try:
-            import tomllib
+            import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python 3.11 and later
         except ModuleNotFoundError:  # Python 3.10
             raise ConfigError(f"{path}: TOML configs need Python 3.11 or later; write it as JSON") from None
     try:
@@ -307,6 +307,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     graph = net.graph()
     opts = graph.graph.get("options", {})
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    params_test: int | str
     if freezing_changes_outputs(net):  # real gates in phase 1: nothing is pruned until their top-K is frozen
         report, params_test = None, "n/a (not frozen)"
     else:
@@ -353,7 +354,7 @@ def _recorded_overlap(meta: dict[str, Any], graph: Any) -> dict[Any, float]:
 
 def _own_top1(ckpt: dict[str, Any]) -> float | None:
     """The top-1 of a checkpoint's own weights: what a pruned one recorded, else its log's last epoch."""
-    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    meta = found if isinstance(found := ckpt.get("meta"), dict) else {}
     if "top1" in meta:
         return meta["top1"]
     history = ckpt.get("history")

@@ -63,7 +63,7 @@ from connlearn.prune import (
 from connlearn.recipe import Recipe, check_gate_momentum, flag_check, get_recipe
 from connlearn.signals import STOP_SIGNALS, check_signals
 from connlearn.topologies import PRESETS
-from connlearn.train import Trainer
+from connlearn.train import Loader, Trainer
 
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
 MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))
@@ -294,7 +294,8 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
         source = "generated"
     if train.num_classes != classes:
         raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
-    if in_memory and not train.image_size == test.image_size == (size, size):
+    if (in_memory and isinstance(train, ImageDataset) and isinstance(test, ImageDataset)  # as in memory they are
+            and not train.image_size == test.image_size == (size, size)):
         found = " and ".join(dict.fromkeys("x".join(map(str, d.image_size)) for d in (train, test)))
         again = f"; pack them again with {PACK_MINIIMAGENET}" if run.dataset == "miniimagenet" else ""
         raise DataError(f"the {run.dataset} data found has {found} images; its protocol takes {size}x{size}{again}")
@@ -325,6 +326,7 @@ def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
 
 def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
     """A new network (weights from ``run.seed``) with the fixed connectivity of ``run.connectivity``."""
+    assert run.connectivity is not None  # build_net calls this only then
     path = Path(run.connectivity)
     if not path.is_file():
         raise ConfigError(f"connectivity: no file at {path} (a checkpoint such as a run's last.pt, or a graph JSON)")
@@ -388,7 +390,7 @@ def _as_built(run: CifarRun, net: connlearn.ConnectivityNet) -> CifarRun:
         given = ", ".join(f"{k}={v}" for k, v in asked.items())
         raise ConfigError(f"connectivity: the network in {run.connectivity} has {there}; {given} asks for another: "
                           "leave it out (the file fixes the architecture and each block's inputs)")
-    return attrs.evolve(run, gate=net.gate_kind, **starts_of(graph.graph),
+    return attrs.evolve(run, gate=net.gate_kind, **starts_of(graph.graph),  # type: ignore[arg-type]  # str options
                         preset=preset if preset in PROTOCOLS[run.dataset].presets else run.preset, **shape)
 
 
@@ -436,7 +438,7 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
         differ.append(("engine", ckpt["engine"], net.engine))
     if "source" in meta and (meta["source"] == "generated") != (source == "generated"):
         differ.append(("data", meta["source"], source))
-    saved_facts = meta.get("data") if isinstance(meta.get("data"), dict) else {}  # runs of older versions: none
+    saved_facts = found if isinstance(found := meta.get("data"), dict) else {}  # runs of older versions: none
     differ += [(f"data {k}", saved_facts[k], v) for k, v in (facts or {}).items()
                if k in saved_facts and saved_facts[k] != v]
     saved = [p.get("epochs") for p in (ckpt.get("recipe") or {}).get("phases", [])]
@@ -541,12 +543,16 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
     protocol, options = PROTOCOLS[run.dataset], {"rank": rank, "world_size": world}
     options.update({} if run.workers is None else {"num_workers": run.workers})
     batch, eval_batch = recipe.batch_size // world, max(1, max(recipe.batch_size, 256) // world)
+    train_loader: Loader
+    test_loader: Loader
     if protocol.in_memory:
+        assert isinstance(train, ImageDataset) and isinstance(test, ImageDataset)  # what load_data gives then
         train_loader, test_loader = make_loaders(
             train, test, batch, device=device, seed=run.seed, path=run.loader, eval_batch_size=eval_batch,
             crop=protocol.crop, pad=protocol.pad, **options,
         )
     else:
+        assert isinstance(train, ImageFiles) and isinstance(test, ImageFiles)  # the lists of ImageNet's files
         train_loader, test_loader = folder_loaders(train, test, batch, device=device, seed=run.seed,
                                                    eval_batch_size=eval_batch, size=protocol.image_size, **options)
     origin = f" (connectivity of {run.connectivity})" if run.connectivity else ""
@@ -559,13 +565,14 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), "
          + (f"{world} processes on {device.type} ({batch} images each per batch)" if world > 1 else f"{device}"))
     net.activation_checkpointing = run.activation_checkpointing
+    meta: dict[str, Any] = {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test)),
+                            "world_size": world}
     trainer = Trainer(
         net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=run.amp, compile=run.compile,
         gate_grad=run.gate_grad, snapshot_every=run.snapshot_every, checkpoint_every=run.checkpoint_every,
         tensorboard=run.tensorboard,
         progress=run.progress,
-        meta=(meta := {"run": run.to_dict(), "source": source, "data": (facts := data_facts(train, test)),
-                       "world_size": world}),
+        meta=meta,
         resume_check=functools.partial(_check_same_run, run=run, net=net, out=out, source=source, recipe=recipe,
                                        record=meta["run"], facts=facts, world=world),
     )
@@ -588,7 +595,7 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
         if started_with != getattr(run, key):
             _say(f"connlearn: this run started with {key}={started_with} (its checkpoint), not "
                  f"{getattr(run, key)}; recorded as {started_with}")
-            run = attrs.evolve(run, **{key: started_with})
+            run = attrs.evolve(run, **{key: started_with})  # type: ignore[arg-type]  # key: a str option
     overlap = input_overlap(graph)  # of the unpruned network, dead blocks included: pruned.pt records it too
     if not freezing_changes_outputs(trained):
         pruned, report = prune_dead_blocks(trained, freeze=True)  # freezes a copy: ``graph`` stays the trained one

@@ -125,6 +125,7 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
         ax.set_yticks(_ticks(rows_n), [str(i + 1) for i in _ticks(rows_n)], fontsize=7)
     for ax in axes.flat[len(modules):]:
         ax.set_axis_off()
+    assert image is not None  # there is a module
     fig.colorbar(image, ax=axes, label="real gate value", shrink=0.8)
     fig.supxlabel("candidate input", fontsize=9)
     fig.supylabel("block", fontsize=9)
@@ -344,7 +345,7 @@ def _records(source: Any, what: str) -> list[Mapping[str, Any]]:
     """The records of a JSONL file or a list of dicts, checked to be a non-empty list of dicts."""
     if isinstance(source, (str, os.PathLike)):
         what = f"{what} file"
-        records = read_jsonl(source, what)
+        records: list[Any] = read_jsonl(source, what)
         what = f"{what} {str(source)!r}"
     elif isinstance(source, Sequence):
         records = list(source)

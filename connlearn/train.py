@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,9 @@ from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
 from connlearn.signals import StopSignals, TrainingStopped, check_signals
 from connlearn.updater import GateUpdater, drop_gate_group, param_groups
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 AMP_MODES = ("auto", "bf16", "fp16", "none")
@@ -525,7 +528,7 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.step = 0
         self.best_top1: float | None = None
-        self._tb = None
+        self._tb: SummaryWriter | None = None
         self._last_connectivity: dict[int, torch.Tensor] | None = None
         self._snapshot_step: int | None = None  # the step of the last line of gates.jsonl
         self._holds_last = False  # the state in memory is the one out_dir/last.pt holds (saved or loaded)
@@ -560,7 +563,8 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         mode = self.compile if isinstance(self.compile, str) else "default"
-        self.model = torch.compile(model, mode=mode) if self.compile else model
+        # torch.compile gives a compiled module (an nn.Module) for a module, which its type hint leaves a callable
+        self.model: torch.nn.Module = torch.compile(model, mode=mode) if self.compile else model  # type: ignore[assignment]
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         phase = self.recipe.phases[0]
@@ -589,7 +593,7 @@ class Trainer:
         if resume is False:
             return None
         if resume not in (True, "auto"):
-            return Path(resume)
+            return Path(cast("str | os.PathLike[str]", resume))  # neither False nor True here
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
         if not last.exists() and not previous.exists():
             if resume is True:
@@ -878,7 +882,7 @@ class Trainer:
         named += [(f"{name}.{stat}", getattr(m, stat)) for name, m in self.net.named_modules()
                   if isinstance(m, _BatchNorm) for stat in ("running_mean", "running_var")
                   if getattr(m, stat, None) is not None]
-        finite = torch.stack([torch.isfinite(t).all() for _, t in named]) if named else torch.ones(0, dtype=bool)
+        finite = torch.stack([torch.isfinite(t).all() for _, t in named]) if named else torch.ones(0, dtype=torch.bool)
         if _all_agree(bool(finite.all()), self.device):
             return
         self._holds_last, self._diverged = False, epoch + 1  # what is in memory is no checkpoint's state
@@ -991,7 +995,8 @@ class Trainer:
         record = {"step": self.step, "epoch": epoch, "temperature": self.net.sample_temperature,
                   "gates": {str(m): g.values().float().cpu().tolist() for m, g in learnable}}
         if self.step == 0 or freeze:  # what ranks equal gates in the top-K: at the start and at the freeze
-            record["tie_order"] = {str(m): g.tie_order.cpu().tolist() for m, g in learnable if hasattr(g, "tie_order")}
+            record["tie_order"] = {str(m): cast(torch.Tensor, g.tie_order).cpu().tolist() for m, g in learnable
+                                   if hasattr(g, "tie_order")}
         with open(self.out_dir / "gates.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         self._snapshot_step = self.step
@@ -1004,7 +1009,7 @@ def _recipe_differences(saved: dict[str, Any], given: dict[str, Any]) -> str:
     for key in dict.fromkeys([*saved, *given]):
         there, here = saved.get(key), given.get(key)
         if key == "phases" and len(there or ()) == len(here or ()):
-            for number, (a, b) in enumerate(zip(there, here, strict=True), 1):
+            for number, (a, b) in enumerate(zip(there or (), here or (), strict=True), 1):
                 said += [f"phase {number} {k}={a.get(k)!r} there, {b.get(k)!r} here"
                          for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
         elif there != here:
