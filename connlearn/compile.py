@@ -28,7 +28,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 import torch.utils.checkpoint
@@ -97,8 +97,9 @@ class Projection(nn.Sequential):
     """The shortcut P where the shape changes: one 1x1 conv (stride) + BN, shared by a module's branches."""
 
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
-        super().__init__(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
-        nn.init.kaiming_normal_(self[0].weight, mode="fan_out", nonlinearity="relu")
+        conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
+        super().__init__(conv, nn.BatchNorm2d(out_ch))
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
 
 
 class Head(nn.Module):
@@ -263,12 +264,20 @@ class SingleStreamModule(nn.Module):
     def __init__(self, body: nn.Module, proj: nn.Module | None) -> None:
         super().__init__()
         self.body, self.proj = body, proj
-        self.gate = None
+        self.gate: Gate | None = None
 
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
         x = inputs[0]
         short = x if self.proj is None else self.proj(x)
         return (short + self.body(x)).relu()
+
+
+if TYPE_CHECKING:
+
+    class _Stages(nn.ModuleList):
+        """A network's ``stages``, for type checkers: one of these modules per module of its graph."""
+
+        def __iter__(self) -> Iterator[FusedModule | ReferenceModule | SingleStreamModule]: ...
 
 
 def _module_info(graph: BranchGraph, module: int) -> dict[str, Any]:
@@ -396,9 +405,9 @@ class ConnectivityNet(nn.Module):
                 "use engine='reference' or 'auto'"
             )
         self.engine = engine
-        self.stages = nn.ModuleList(
+        self.stages = cast("_Stages", nn.ModuleList(
             self._make_module(graph, m, info, gate_cls) for m, info in zip(self.module_ids, infos, strict=True)
-        )
+        ))
         self._sources = sources
         # every stride on the way to the last feature map (each layer gives ceil(size / stride))
         self._strides = [stem["stride"]] + [2] * bool(stem["maxpool"]) + [i["stride"] for i in infos]
@@ -409,10 +418,12 @@ class ConnectivityNet(nn.Module):
         self.generator = torch.Generator().manual_seed(seed)
         ties = tie_generator(seed)
         for module, stage in zip(self.module_ids, self.stages, strict=True):
-            if hasattr(stage.gate, "tie_order"):  # the graph's ties; a graph without them: drawn from the seed
+            gate = stage.gate
+            if gate is not None and hasattr(gate, "tie_order"):  # the graph's ties; a graph without: from the seed
                 given = graph.tie_matrix(module)
-                order = random_tie_order(*stage.gate.shape, ties) if given is None else torch.tensor(given)
-                stage.gate.tie_order.copy_(order)
+                rows, cols = gate.shape
+                order = random_tie_order(rows, cols, ties) if given is None else torch.tensor(given)
+                cast(torch.Tensor, gate.tie_order).copy_(order)
         self._draws: collections.deque | None = None
         self._temperature = 1.0
         self._pickle_format = PICKLE_FORMAT
@@ -447,7 +458,7 @@ class ConnectivityNet(nn.Module):
             state = self.state_dict()
             for name, module in self.named_modules():  # gates pickled before tie orders: ties to the lower index
                 if "real" in module._parameters and "tie_order" not in module._buffers:
-                    state._metadata[name]["version"] = 1
+                    state._metadata[name]["version"] = 1  # type: ignore[attr-defined]  # torch's hint lacks it
             with torch.random.fork_rng(devices=[]):
                 net = ConnectivityNet(self._graph, engine=engine_to_rebuild(self.engine))
             net.to(**device_and_dtype(self))
@@ -493,7 +504,7 @@ class ConnectivityNet(nn.Module):
         value = check_temperature(name, value)
         if value != 1.0:
             for gate in {type(s.gate) for s in self.stages if s.gate is not None and s.gate.stochastic}:
-                if not _draws_with_temperature(gate):
+                if not _draws_with_temperature(gate):  # type: ignore[arg-type]  # a class is hashable
                     raise ConfigError(f"gate kind {gate.kind!r} draws without a temperature (its draw takes no "
                                       f"'temperature' argument); {name} must stay 1, got {value!r}")
         return value
@@ -530,7 +541,8 @@ class ConnectivityNet(nn.Module):
             out_edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
             gated = any(d.get("kind") == "gate" for d in out_edges)
             scale = residual_scale(init, graph.K if gated else max(1, head_fan_in))
-            for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
+            assert scale is not None  # None only for init "one"
+            for block in [stage.block] if isinstance(stage, FusedModule) else cast(ReferenceModule, stage).blocks:
                 if init != "auto" or scales_residual(block):
                     init_residual_scale(block, scale)
 
@@ -543,7 +555,7 @@ class ConnectivityNet(nn.Module):
             return
         for module, stage in zip(self.module_ids, self.stages, strict=True):
             scale = 1.0 / math.sqrt(len(graph.branches(module)))
-            for block in [stage.block] if isinstance(stage, FusedModule) else stage.blocks:
+            for block in [stage.block] if isinstance(stage, FusedModule) else cast(ReferenceModule, stage).blocks:
                 init_conv_scale(block, scale)
 
     # ------------------------------------------------------------------- forward
@@ -567,7 +579,7 @@ class ConnectivityNet(nn.Module):
             self._check_size(x)
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
-        weight = getattr(getattr(self.stem, "conv", None), "weight", None)
+        weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
         checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
         if checked and not _autocast_enabled(x.device.type):
             if x.dtype != weight.dtype:
@@ -638,7 +650,7 @@ class ConnectivityNet(nn.Module):
                              "one value per channel, which batch norm cannot normalise in training mode: train on "
                              "batches of at least 2 images, or run it in eval mode (net.eval())")
 
-    def _pick(self, out: Any, chosen: list[int] | None, stage: nn.Module) -> list[Any]:
+    def _pick(self, out: Any, chosen: list[int] | None, stage: Any) -> list[Any]:  # stage: a FusedModule if used
         if self.engine == "reference":
             return list(out) if chosen is None else [out[i] for i in chosen]
         if chosen is None:
@@ -845,7 +857,7 @@ class ConnectivityNet(nn.Module):
             g.graph["weighted_inputs"] = True
         for module, gate in self.gates():
             values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
-            ties = gate.tie_order.cpu().tolist() if hasattr(gate, "tie_order") else None
+            ties = cast(torch.Tensor, gate.tie_order).cpu().tolist() if hasattr(gate, "tie_order") else None
             cols = g.candidates(module)
             for j, node in enumerate(g.branches(module)):
                 for k, src in enumerate(cols):
@@ -887,6 +899,7 @@ class ConnectivityNet(nn.Module):
                 kept[stage] = g.values(), g.active() if given is None else given[module].to(g.values().device)
                 check_active_rows(g, kept[stage][1], module, "active()" if given is None else "the given connectivity")
         for stage, (values, active) in kept.items():
+            assert stage.gate is not None  # kept holds the stages with gates
             stage.gate = FrozenGate(values, active, stage.gate.K).to(values.device)
         self._graph.graph["frozen_from"] = self.gate_kind  # what learned it (a resumed trainer checks it)
         self.gate_kind = "frozen"
@@ -926,17 +939,18 @@ class ConnectivityNet(nn.Module):
         # parameters, channels-last weights, SyncBatchNorm, training modes); forward hooks do not go over
         converted: list[int] = []
         pairs = [(name, getattr(self, name), getattr(new, name)) for name in ("stem", "head")]
+        # (select() and merge() are methods of the block kinds, not of nn.Module: require_block_method checks them)
         for pos, (old, stage) in enumerate(zip(self.stages, new.stages, strict=True)):
             stage.training = old.training
             pairs += [(f"stages.{pos}.proj", old.proj, stage.proj), (f"stages.{pos}.gate", old.gate, stage.gate)]
             if isinstance(old, FusedModule) and isinstance(stage, ReferenceModule):
                 require_block_method(old.block, "select", "to_engine('reference')")
-                stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
+                stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))  # type: ignore[operator]
                 stage.blocks.training = old.training
                 converted.append(pos)
             elif isinstance(old, ReferenceModule) and isinstance(stage, FusedModule):
                 require_block_method(old.blocks[0], "merge", "to_engine('fused')")
-                stage.block = type(old.blocks[0]).merge(list(old.blocks))
+                stage.block = type(old.blocks[0]).merge(list(old.blocks))  # type: ignore[attr-defined]
                 converted.append(pos)
             else:
                 name = "blocks" if isinstance(old, ReferenceModule) else "block"

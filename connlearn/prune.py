@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from typing import cast
 
 import attrs
 import networkx as nx
 import torch
 
 from connlearn.blocks import device_and_dtype, require_block_method
-from connlearn.compile import ConnectivityNet, FusedModule, check_net
+from connlearn.compile import ConnectivityNet, FusedModule, ReferenceModule, check_net
 from connlearn.errors import ConfigError, check_bool, check_int
 from connlearn.graph import BranchGraph, check_graph
 
@@ -154,10 +155,11 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
                 new.block = copy.deepcopy(old.block)
             elif isinstance(old, FusedModule):
                 require_block_method(old.block, "select", "pruning dead blocks")
-                new.block = old.block.select(keep)
+                new.block = old.block.select(keep)  # type: ignore[operator]  # a block kind's method, checked above
             else:
-                new.blocks = torch.nn.ModuleList(copy.deepcopy(old.blocks[j]) for j in keep)
-                new.blocks.training = old.blocks.training
+                old_blocks = cast(ReferenceModule, old).blocks
+                new.blocks = torch.nn.ModuleList(copy.deepcopy(old_blocks[j]) for j in keep)
+                new.blocks.training = old_blocks.training
         pruned.generator.set_state(net.generator.get_state())
     pruned = pruned.to(**device_and_dtype(net))  # the modules taken over keep their own training modes
     pruned.activation_checkpointing = net.activation_checkpointing
