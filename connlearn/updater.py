@@ -105,7 +105,7 @@ class GateUpdater:
     @torch.no_grad()
     def clamp(self) -> None:
         """Clip every real gate to [low, high] in place."""
-        gates = self.gates()
+        gates: list[torch.Tensor] = list(self.gates())
         if gates:  # two kernels for all of them, as torch's optimizers update their parameters
             torch._foreach_clamp_min_(gates, self.low)
             torch._foreach_clamp_max_(gates, self.high)
