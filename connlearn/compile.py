@@ -581,6 +581,7 @@ class ConnectivityNet(nn.Module):
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
         checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
+        checked = checked and not x.dtype == weight.dtype == torch.float32  # float32 runs with autocast or without
         if checked and not _autocast_enabled(x.device.type):
             if x.dtype != weight.dtype:
                 raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
