@@ -581,7 +581,8 @@ class ConnectivityNet(nn.Module):
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
         checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
-        checked = checked and not x.dtype == weight.dtype == torch.float32  # float32 runs with autocast or without
+        # float32 runs with autocast or without; autocast knows no meta device (a network built there runs)
+        checked = checked and not x.dtype == weight.dtype == torch.float32 and x.device.type != "meta"
         if checked and not _autocast_enabled(x.device.type):
             if x.dtype != weight.dtype:
                 raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
@@ -1124,15 +1125,20 @@ def _autocast_dtype(device_type: str) -> torch.dtype:
 
 def _check_autocast(images: torch.dtype, weights: torch.dtype, autocast: torch.dtype) -> None:
     """A :class:`ConfigTypeError` for images and weights of dtypes that autocast (running in ``autocast``)
-    leaves apart, which fail deep inside a layer: it never casts float64, and the normalisation layers
-    take their float32 weights, or weights of its own dtype, only."""
+    leaves apart, which fail deep inside a layer: it never casts float64 (a float64 network with float64
+    images runs in float64), and the normalisation layers take float32 weights, or weights of its own dtype,
+    only."""
+    if images == weights == torch.float64:
+        return
+    if weights == torch.float64:
+        raise ConfigTypeError(f"the network is torch.float64, which torch.autocast does not cast, and the images "
+                              f"{images}: give it float64 images (x.double()), or cast it to float32 (net.float())")
     if images == torch.float64:
-        raise ConfigTypeError(f"the images are torch.float64, which torch.autocast does not cast: cast them to "
-                              f"float32 (x.float()) under autocast ({autocast})")
+        raise ConfigTypeError(f"the images are torch.float64, which torch.autocast does not cast, and the network "
+                              f"{weights}: cast them to float32 (x.float())")
     if weights not in (torch.float32, autocast):
         raise ConfigTypeError(f"the network's weights are {weights}, and torch.autocast runs in {autocast}: under "
-                              "autocast keep the network in float32 (net.float()), or run autocast in "
-                              f"{weights}" + (" or without it" if weights == torch.float64 else ""))
+                              f"autocast keep the network in float32 (net.float()), or run autocast in {weights}")
 
 
 def check_net(obj: object, what: str = "net") -> ConnectivityNet:

@@ -288,16 +288,24 @@ def test_images_of_another_dtype_than_the_weights_are_named_unless_autocast_cast
 @pytest.mark.parametrize("weights", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_under_autocast_images_and_weights_it_cannot_reconcile_are_named_and_the_others_run(weights, autocast):
     # autocast never casts float64, and the batch norms take weights of float32 or of autocast's dtype only
-    net = connlearn.build(**tiny()).to(weights).eval()
+    net = connlearn.build(**tiny()).to(weights)
     for images in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         x = torch.randn(2, 3, 32, 32, dtype=images)
         with torch.autocast("cpu", dtype=autocast):
-            if images == torch.float64 or weights not in (torch.float32, autocast):
-                with pytest.raises(ConfigTypeError, match=r"float64, which torch.autocast does not cast|under "
+            if images == weights == torch.float64:  # nothing to cast: it runs in float64
+                assert net(x).dtype == torch.float64
+            elif torch.float64 in (images, weights) or weights not in (torch.float32, autocast):
+                with pytest.raises(ConfigTypeError, match=r"torch.float64, which torch.autocast does not cast|under "
                                                           r"autocast keep the network in float32 \(net.float\(\)\)"):
                     net(x)
             else:
-                assert net(x).dtype == autocast
+                net(x).float().sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_network_on_the_meta_device_runs_in_any_dtype(dtype):
+    net = connlearn.build(**tiny()).to("meta").to(dtype).eval()
+    assert net(torch.empty(2, 3, 32, 32, device="meta", dtype=dtype)).shape == (2, 10)
 
 
 @pytest.mark.parametrize("engine", ["fused", "reference"])
