@@ -32,6 +32,7 @@ import contextlib
 import inspect
 import itertools
 import json
+import math
 import os
 import signal
 import sys
@@ -932,6 +933,7 @@ class Trainer:
         self._rng_at_epoch_start = (_rng_state(self.device) if within is None else None if at_start is None
                                     else _own(at_start))
         t0 = time.perf_counter() - (0.0 if within is None else within["elapsed"])
+        shown = -math.inf  # when the bar last showed the running loss and accuracy
         try:  # the batches are no local: one that a stop left alive with its DataLoader workers hangs the exit
             for i, (x, y) in enumerate(_batches_from(loader, epoch, start, self._rng_at_epoch_start, self.device),
                                        start):
@@ -962,7 +964,8 @@ class Trainer:
                         self._save_within(epoch, phase, i + 1, totals, seen, time.perf_counter() - t0)
                     if signum:
                         self._stop(signum)
-                if not bar.disable and (i % 10 == 0 or i == n_batches - 1):
+                if not bar.disable and (time.perf_counter() >= shown + 1.0 or i == n_batches - 1):
+                    shown = time.perf_counter()  # the totals are read (on a GPU, a wait for the step) once a second
                     loss_sum, correct = totals.tolist()
                     bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", lr=lr,
                                     img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False)
