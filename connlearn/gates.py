@@ -121,7 +121,7 @@ def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generato
     alike = len({(p.shape, p.dtype) for p in probs}) == 1  # as in ResNeXt: one stack, no padding, few kernels
     valid: torch.Tensor | None = None
     if alike:
-        weights = torch.stack([p.detach() for p in probs]).float().clamp(min=0).reshape(-1, width)
+        weights = torch.stack([p.detach() for p in probs]).float().clamp(min=0).reshape(sum(rows), width)
     else:
         weights = torch.zeros(sum(rows), width, device=device, dtype=torch.float32)
         valid = torch.zeros(sum(rows), width, device=device, dtype=torch.bool)

@@ -151,12 +151,19 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
 
 def _set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"])
+    state = _gpu_state(rng, device)
+    if state is not None:
+        torch.cuda.set_rng_state(state, device)
+
+
+def _gpu_state(rng: dict[str, Any], device: torch.device) -> torch.Tensor | None:
+    """The state of the training GPU in ``rng`` (``None`` off a GPU or where it has none): its only one;
+    checkpoints of older versions hold every GPU's."""
     states = rng.get("cuda")
-    if device.type == "cuda" and states:  # one state, the training GPU's; checkpoints of older versions: every GPU's
-        index = torch.cuda.current_device() if device.index is None else device.index
-        state = states[0] if len(states) == 1 else states[index] if index < len(states) else None
-        if state is not None:
-            torch.cuda.set_rng_state(state, device)
+    if device.type != "cuda" or not states:
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return states[0] if len(states) == 1 else states[index] if index < len(states) else None
 
 
 def _every_rank(rng: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -164,8 +171,11 @@ def _every_rank(rng: dict[str, Any], device: torch.device) -> dict[str, Any]:
     ``torch.distributed``, with every rank's in ``"ranks"`` (gathered: call it on every rank), as each
     rank's augmentation or dropout may draw from its own. Rank 0 writes the checkpoint: its own states
     stay at the top, where a checkpoint of one process has them."""
+    rng = {k: v for k, v in rng.items() if k != "ranks"}  # a checkpoint's of another number of ranks (see _own)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return rng
+    gpu = _gpu_state(rng, device)
+    rng["cuda"] = None if gpu is None else [gpu]  # this GPU's only, also from a checkpoint with every GPU's
     # one uint8 tensor: the CPU's state, then the GPU's; every rank runs the same torch, so the sizes agree
     flat = torch.cat([rng["torch"], *(rng["cuda"] or [])])
     flat = flat.to(device if dist.get_backend() == "nccl" else "cpu")  # as in _spread
@@ -184,7 +194,9 @@ def _own(rng: dict[str, Any]) -> dict[str, Any]:
     versions had only: a resume on another number of ranks reads other shards anyway)."""
     ranks = rng.get("ranks")
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return ranks[_rank()] if ranks is not None and len(ranks) == world else rng
+    if ranks is not None and len(ranks) == world:
+        return ranks[_rank()]
+    return {k: v for k, v in rng.items() if k != "ranks"}  # nor passed on to this run's checkpoints
 
 
 def _check_rng(rng: object, what: str) -> None:
@@ -1040,7 +1052,7 @@ def _changed_rows(before: dict[int, torch.Tensor] | None, after: dict[int, torch
 
 
 def fit(net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
-        out_dir: str | os.PathLike, resume: bool | str = "auto", **options: Any) -> Trainer:
+        out_dir: str | os.PathLike, resume: bool | str | os.PathLike = "auto", **options: Any) -> Trainer:
     """Train ``net`` with ``recipe`` (see :class:`Trainer` for ``options``); returns the trainer, whose
     ``net`` is the trained (possibly frozen) network and ``history`` the epoch log."""
     trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out_dir, **options)

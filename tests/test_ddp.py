@@ -213,6 +213,19 @@ def test_ranks_that_would_resume_differently_all_refuse(tmp_path):
         assert "CheckpointError: the ranks disagree on whether there is a checkpoint" in result["error"]
 
 
+def test_random_states_of_a_run_on_other_ranks_are_not_passed_on_by_a_run_on_fewer():
+    # a resume on another number of ranks takes the top (rank 0's) states, and its own checkpoints hold its own
+    from connlearn.train import _every_rank, _own
+
+    def state(seed):
+        return torch.Generator().manual_seed(seed).get_state()
+
+    two = {"torch": state(0), "cuda": None, "ranks": [{"torch": state(0), "cuda": None},
+                                                      {"torch": state(1), "cuda": None}]}
+    mine = _own(two)
+    assert torch.equal(mine["torch"], state(0)) and "ranks" not in _every_rank(mine, torch.device("cpu"))
+
+
 def test_the_ranks_shares_of_a_batch_make_up_the_batch_of_one_process():
     train, _ = synthetic(num_classes=10, n_train=200, n_test=10, seed=0)
     one = BatchLoader(train, 32, train=True, seed=4).plan(3)

@@ -89,6 +89,12 @@ def test_an_all_zero_row_samples_uniformly():
     assert torch.allclose(hard.mean(dim=0), torch.full((4,), 0.25), atol=0.01)
 
 
+def test_matrices_without_columns_or_rows_draw_empty_matrices():
+    for shapes in ([(3, 0)], [(3, 0), (3, 0)], [(0, 4), (0, 4)], [(3, 0), (2, 0)]):
+        drawn = gumbel_topk([torch.ones(shape) for shape in shapes], 0, torch.Generator().manual_seed(0))
+        assert [tuple(d.shape) for d in drawn] == shapes
+
+
 def test_gates_are_never_nan_under_negative_or_zero_values():
     hard = gumbel_topk([torch.tensor([[-1.0, 0.0, 2.0], [0.0, 0.0, 0.0]])], 2, torch.Generator())[0]
     assert not hard.isnan().any() and (hard.sum(1) == 2).all()
