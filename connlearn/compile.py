@@ -577,6 +577,8 @@ class ConnectivityNet(nn.Module):
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
         if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
             self._check_size(x)
+        elif torch.compiler.is_compiling() and (x.shape[0] == 1 or 0 in x.shape[-2:]):
+            self._check_size_eagerly(x)  # compiled shapes of 0 and 1 are fixed: a break only for such batches
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
@@ -651,6 +653,10 @@ class ConnectivityNet(nn.Module):
             raise ShapeError(f"a training batch of 1 image of {x.shape[-2]}x{x.shape[-1]} ends in 1x1 feature maps, "
                              "one value per channel, which batch norm cannot normalise in training mode: train on "
                              "batches of at least 2 images, or run it in eval mode (net.eval())")
+
+    @_eager
+    def _check_size_eagerly(self, x: torch.Tensor) -> None:
+        self._check_size(x)
 
     def _pick(self, out: Any, chosen: list[int] | None, stage: Any) -> list[Any]:  # stage: a FusedModule if used
         if self.engine == "reference":

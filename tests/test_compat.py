@@ -172,6 +172,19 @@ def test_a_fixed_connectivity_compiles_without_a_graph_break(images, gate):
     assert explained.graph_count == 1 and explained.graph_break_count == 0
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_under_torch_compile_a_batch_that_batch_norm_cannot_train_on_is_named_as_in_eager(dynamic):
+    from connlearn.errors import ShapeError
+
+    net = connlearn.build(**tiny(gate="random"))
+    compiled = torch.compile(net, backend="eager", dynamic=dynamic)
+    x = torch.randn(1, 3, 4, 4)
+    with pytest.raises(ShapeError, match=r"a training batch of 1 image of 4x4 ends in 1x1 feature maps"):
+        compiled(x)
+    torch.testing.assert_close(compiled.eval()(x), net.eval()(x))
+    assert compiled(torch.randn(3, 3, 4, 4)).shape == (3, 10)
+
+
 def test_annealing_the_temperature_and_new_draws_never_recompile(images):
     # The trainer sets sample_temperature at every step of an annealed phase 1 and every step draws anew.
     # Were either guarded on by the compiled graph, each step would recompile until torch gave up and ran
