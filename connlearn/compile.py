@@ -70,6 +70,7 @@ from connlearn.gates import (
     active_masks,
     check_active_rows,
     check_gate_shape,
+    draw_generator,
     random_tie_order,
     tie_generator,
 )
@@ -358,15 +359,15 @@ def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
 class ConnectivityNet(nn.Module):
     """A multi-branch network compiled from a :class:`BranchGraph`.
 
-    Input ``[B, in_channels, H, W]`` images, output ``[B, num_classes]`` logits. In training mode a
-    stochastic gate kind (``topk``) draws every module's connectivity once per forward, in one batched
-    call, from the network's own CPU ``torch.Generator`` (seeded from the graph's ``seed``; its state is
-    part of ``state_dict``, so checkpoints resume the same draws). In eval mode the connectivity is
-    deterministic. ``sample_temperature`` (default 1, the paper's draws) sharpens (below 1) or flattens the
+    Input ``[B, in_channels, H, W]`` images, output ``[B, num_classes]`` logits. In training mode a stochastic
+    gate kind (``topk``) draws every module's connectivity once per forward, in one batched call, from the
+    network's own CPU ``torch.Generator`` (:func:`~connlearn.gates.draw_generator` of the graph's ``seed``;
+    its state is part of ``state_dict``, so checkpoints resume the same draws). In eval mode the connectivity
+    is deterministic. ``sample_temperature`` (default 1, the paper's draws) sharpens (below 1) or flattens the
     draws of training mode (see :mod:`connlearn.gates`); a :class:`~connlearn.train.Trainer` sets it at every
     step from its recipe. :meth:`hold_draw` keeps one draw over several forward passes (gradient
-    accumulation), and :attr:`activation_checkpointing` recomputes each module's activations in the
-    backward pass instead of keeping them.
+    accumulation), and :attr:`activation_checkpointing` recomputes each module's activations in the backward
+    pass instead of keeping them.
     """
 
     _checkpointing = False  # activation_checkpointing; a class default, which networks pickled before it lack
@@ -415,7 +416,7 @@ class ConnectivityNet(nn.Module):
         self._init_convs(graph)
         self.head = Head(out["in_channels"], out["num_classes"])
         seed = graph.seed
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = draw_generator(seed)
         ties = tie_generator(seed)
         for module, stage in zip(self.module_ids, self.stages, strict=True):
             gate = stage.gate

@@ -104,6 +104,14 @@ def tie_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 6364136223846793005 + 1442695040888963407) % 2**63)
 
 
+def draw_generator(seed: int) -> torch.Generator:
+    """The CPU generator of a network's training draws: derived from its seed, apart from the generator of
+    the topology's initial gates and Fixed-Random connectivity (seeded with the seed itself). From one
+    stream, the first draw would reuse the uniforms that set uniformly initialised gates, and so always be
+    their top-K, and a ``topk`` network's first draw would be the Fixed-Random connectivity of its seed."""
+    return torch.Generator().manual_seed(((seed + 1) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63)
+
+
 def gumbel_topk(probs: Sequence[torch.Tensor], K: int, generator: torch.Generator,
                 temperature: float = 1.0) -> list[torch.Tensor]:
     """Draw K distinct columns per row of every matrix in ``probs``, in one batched call.

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import connlearn
 from connlearn.errors import ConfigError, ConfigTypeError, GraphError, ShapeError
-from connlearn.gates import active_masks, gumbel_topk, topk_mask
+from connlearn.gates import active_masks, draw_generator, gumbel_topk, topk_mask
 from connlearn.topologies.resnext import resnext
 
 
@@ -155,6 +155,20 @@ def test_eval_mode_is_deterministic_and_uses_top_k(images):
     assert torch.equal(net.generator.get_state(), state)
     for matrix, (_, gate) in zip(net.gate_matrices()[1:], net.gates(), strict=True):
         assert torch.equal(matrix > 0, topk_mask(gate.real, net.K))
+
+
+def test_the_first_draws_are_not_the_initial_top_k_nor_the_fixed_random_connectivity_of_the_seed():
+    # the draws come from a stream of their own: from the topology's (the seed itself), the first draw would
+    # reuse the uniforms of uniformly initialised gates, and be their top-K every time (chance: 1/70 per row)
+    same_top_k, same_random = 0, 0
+    for seed in range(10):
+        net = connlearn.build(**tiny(C=8, K=4, seed=seed, gate_init="uniform")).train()
+        first = [m.bool() for m in net._draw().values()]
+        same_top_k += all(torch.equal(d, g.active()) for d, (_, g) in zip(first, net.gates(), strict=True))
+        fixed = connlearn.build(**tiny(C=8, K=4, seed=seed, gate="random"))
+        drawn = [m.bool() for m in connlearn.build(**tiny(C=8, K=4, seed=seed)).train()._draw().values()]
+        same_random += all(torch.equal(d, s.gate.active()) for d, s in zip(drawn, fixed.stages[1:], strict=True))
+    assert same_top_k == 0 and same_random == 0
 
 
 def test_the_same_seed_gives_the_same_draws():
@@ -364,7 +378,7 @@ def test_gates_tied_at_the_clip_bound_freeze_to_the_seeded_tie_order_not_the_low
 
 def test_the_tie_order_leaves_the_draws_generator_alone():
     net = connlearn.build(**tiny(seed=7))
-    assert torch.equal(net.generator.get_state(), torch.Generator().manual_seed(7).get_state())
+    assert torch.equal(net.generator.get_state(), draw_generator(7).get_state())
     fixed = [connlearn.build(**tiny(seed=7, gate="random")).graph().gate_matrix(m) for m in (2, 3)]
     assert fixed == [resnext(**tiny(seed=7, gate="random")).gate_matrix(m) for m in (2, 3)]
 
