@@ -766,8 +766,9 @@ class Trainer:
                 return self._fit(resume, max_epochs, time_limit, started, signals)
             finally:
                 self._signals = None
-                if self._tb is not None:
-                    self._tb.flush()
+                if self._tb is not None:  # closed: its writer thread would outlive the trainer
+                    self._tb.close()
+                    self._tb = None
 
     def _fit(self, resume: bool | str | os.PathLike, max_epochs: int | None, time_limit: float | None,
              started: float, signals: tuple[signal.Signals, ...]) -> list[dict[str, Any]]:

@@ -276,9 +276,17 @@ def test_a_checkpoint_rebuilds_the_trained_network(uninterrupted):
 
 def test_tensorboard_scalars_are_written(tmp_path):
     pytest.importorskip("tensorboard")
+    import threading
+
+    def writers():
+        return sum(type(thread).__name__ == "_AsyncWriterThread" for thread in threading.enumerate())
+
+    before = writers()
     t = _trainer(tmp_path, tensorboard=True, recipe=get_recipe("cifar").scaled(1))
-    t.fit()
+    t.fit(max_epochs=1)
+    t.fit()  # a later call writes on
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert writers() == before  # each call's writer is closed: no thread of it lives on past the call
 
 
 def test_an_unknown_amp_mode_names_the_allowed_ones(tmp_path):
