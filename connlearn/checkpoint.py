@@ -2,7 +2,8 @@
 
 A checkpoint is a ``torch.save`` dict (loadable with ``weights_only=True``) holding ``format``,
 ``version``, ``graph`` (the IR as JSON, with the connectivity at save time), ``model`` (state dict,
-including the gate generator), and, from the trainer, the optimizer, recipe position, RNG states (of every rank under
+including the gate generator), ``environment`` (the versions and settings it was written under, see
+:func:`environment`), and, from the trainer, the optimizer, recipe position, RNG states (of every rank under
 ``torch.distributed``) and the epoch log.
 """
 
@@ -61,13 +62,29 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+def environment() -> dict[str, Any]:
+    """What a result depends on besides its settings and seed, for a checkpoint or a run's summary: the
+    versions of connlearn, torch (and its CUDA), NumPy and Python, the platform, torch's CPU threads (their
+    number changes a CPU run's bits) and whether its deterministic algorithms were on."""
+    import platform
+
+    import numpy as np
+
+    from connlearn import __version__
+
+    return {"connlearn": __version__, "torch": str(torch.__version__),  # a str of torch's own class: a plain one
+            "cuda": torch.version.cuda,
+            "numpy": np.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled()}
+
+
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
     """A checkpoint dict of ``net`` (IR + state), plus ``extra`` entries (under names of their own). Every
     entry must load back under ``torch.load(weights_only=True)``: dicts, lists and tuples of tensors, Python's
     own numbers, strings, bools and ``None``, dtypes and devices; anything else is refused here, by name,
     rather than written into a file that could not be read again."""
     check_net(net)
-    taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model", "dtype"})
+    taken = sorted(set(extra) & {"format", "version", "graph", "engine", "model", "dtype", "environment"})
     if taken:
         raise ConfigError(f"make_checkpoint: {', '.join(taken)} are the checkpoint's own entries; give extra "
                           "entries other names")
@@ -80,6 +97,7 @@ def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
         "engine": net.engine,
         "dtype": str(device_and_dtype(net).get("dtype", torch.float32)).removeprefix("torch."),
         "model": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in net.state_dict().items()},
+        "environment": environment(),
         **extra,
     }
 

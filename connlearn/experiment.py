@@ -29,7 +29,7 @@ import torch.distributed as dist
 import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
-from connlearn.checkpoint import architecture, load_checkpoint, make_checkpoint, save_atomic
+from connlearn.checkpoint import architecture, environment, load_checkpoint, make_checkpoint, save_atomic
 from connlearn.data import (
     DATA_ENV,
     LOADER_PATHS,
@@ -623,6 +623,7 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
                                            "gate_at_1", "connectivity_changed")} for r in history],
         "files": [],
         "run": run.to_dict(),
+        "environment": environment(),  # of the process that finished it; each checkpoint holds its writer's
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))  # before the drawings, which need Graphviz
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))

@@ -66,6 +66,10 @@ def test_a_one_epoch_run_falls_back_to_generated_data_and_writes_everything(offl
     for name in ("log.jsonl", "last.pt", "pruned.pt", "connectivity.dot", "active_branches.png", "curves.png",
                  "draws.png"):
         assert (out / name).exists(), name
+    # what a rerun must match besides the settings: in the summary and in every checkpoint (loadable safely)
+    assert summary["environment"]["torch"] == torch.__version__ and summary["environment"]["threads"] >= 1
+    for name in ("last.pt", "pruned.pt"):
+        assert torch.load(out / name, weights_only=True)["environment"].keys() == summary["environment"].keys()
 
 
 def test_a_data_location_the_user_names_is_never_replaced_by_generated_data(tmp_path, capsys):
