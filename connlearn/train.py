@@ -234,6 +234,12 @@ def _checked_within(within: object) -> dict[str, Any] | None:
     return {**within, "batch": batch, "elapsed": check_float("within_epoch's elapsed time", within["elapsed"])}
 
 
+def _data_seed(loader: object) -> int | None:
+    """The seed of a loader's data order and augmentation (connlearn's loaders have one), else ``None``."""
+    seed = getattr(loader, "seed", None)
+    return seed if type(seed) is int else None
+
+
 def _is_loader(obj: object) -> bool:
     return callable(getattr(obj, "epoch", None)) and callable(getattr(obj, "__len__", None))
 
@@ -461,8 +467,9 @@ class Trainer:
         verbose: print one summary line per epoch.
         meta: free-form JSON-able facts stored in checkpoints (dataset, preset, ...).
         resume_check: called with the checkpoint dict a resume is about to load (after the fallback to
-            ``previous.pt``, before the architecture, gate and recipe checks); it raises to refuse the
-            resume (e.g. when the checkpoint's ``meta`` records other settings than the caller's).
+            ``previous.pt``, before the architecture, gate, recipe and data-seed checks); it raises to refuse
+            the resume (e.g. when the checkpoint's ``meta`` records other settings than the caller's). The
+            training loader's ``seed``, where it has one (connlearn's do), is recorded and checked by itself.
     """
 
     def __init__(
@@ -659,6 +666,8 @@ class Trainer:
             if not isinstance(optimizer, dict):
                 raise TypeError("optimizer is not the state this trainer writes")
             within = _checked_within(ckpt.get("within_epoch"))
+            data_seed = ckpt.get("data_seed")  # checkpoints of older versions: none
+            data_seed = None if data_seed is None else check_int("the checkpoint's data_seed", data_seed, minimum=0)
         except ConnlearnError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -666,6 +675,10 @@ class Trainer:
         if recipe != self.recipe:
             raise CheckpointError(f"{path} was trained with another recipe: "
                                   f"{_recipe_differences(recipe.to_dict(), self.recipe.to_dict())}")
+        seed = _data_seed(self.train_loader)
+        if data_seed is not None and seed is not None and data_seed != seed:
+            raise CheckpointError(f"{path} was trained on the data order of seed {data_seed}, and the training "
+                                  f"loader given has seed {seed}: give it the loader of that run")
         if within is not None and within["batch"] >= len(self.train_loader):
             raise CheckpointError(f"{path} was saved after batch {within['batch']} of epoch {epoch + 1}, but the "
                                   f"training loader has {len(self.train_loader)} batches an epoch: give it the "
@@ -706,6 +719,7 @@ class Trainer:
             epoch=self.epoch, step=self.step, recipe=self.recipe.to_dict(), history=self.history,
             best_top1=self.best_top1, meta=plain_facts(self.meta, "meta"),  # entries added since, too
             within_epoch=self._within,
+            data_seed=_data_seed(self.train_loader),
             rng=rng,
         )
 

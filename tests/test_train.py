@@ -570,6 +570,17 @@ class _GlobalRandomLoader(RandomLoader):
             yield self.x[order[i * self.batch:(i + 1) * self.batch]], self.y[order[i * self.batch:(i + 1) * self.batch]]
 
 
+def test_a_resume_with_a_loader_of_another_seed_is_refused(tmp_path):
+    # the data order and augmentation come from (seed, epoch): another seed would mix two orders in one run
+    _trainer(tmp_path).fit(max_epochs=1)
+    assert load_checkpoint(tmp_path / "last.pt")["data_seed"] == RandomLoader().seed
+    net = connlearn.build(**tiny(gate_init="uniform"))
+    other = Trainer(net, RandomLoader(seed=RandomLoader().seed + 1), None, RECIPE, out_dir=tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match=r"trained on the data order of seed 0, and the training loader "
+                                              r"given has seed 1: give it the loader of that run"):
+        other.fit()
+
+
 def test_a_loader_without_a_start_that_shuffles_from_the_global_random_state_resumes_exactly_within_an_epoch(
         tmp_path):
     def trainer(out, loader):
