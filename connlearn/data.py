@@ -703,6 +703,11 @@ def load_dataset(
 # --------------------------------------------------------------------------------------------------------------
 
 
+#: The largest seed of the data order and augmentation: :func:`epoch_generator` seeds torch's generator with
+#: ``seed * 1_000_003 + epoch``, which must stay below 2**64.
+MAX_SEED = 2**40
+
+
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The CPU generator behind every random choice of ``epoch`` (a function of ``(seed, epoch)`` only)."""
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -739,7 +744,7 @@ class ShardedBatches:
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.train = bool(train)
         self.device = check_device(device)
-        self.seed = check_int("seed", seed, minimum=0, maximum=2**40)
+        self.seed = check_int("seed", seed, minimum=0, maximum=MAX_SEED)
         self.drop_last = self.train if drop_last is None else check_bool("drop_last", drop_last)
         self.shuffle = self.train if shuffle is None else check_bool("shuffle", shuffle)
         self.world_size = check_int("world_size", world_size, minimum=1)
