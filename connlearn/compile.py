@@ -578,8 +578,9 @@ class ConnectivityNet(nn.Module):
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
         if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
             self._check_size(x)
-        elif torch.compiler.is_compiling() and (x.shape[0] == 1 or 0 in x.shape[-2:]):
-            self._check_size_eagerly(x)  # compiled shapes of 0 and 1 are fixed: a break only for such batches
+        elif torch.compiler.is_compiling() and (0 in x.shape[-2:] or (self.training and x.shape[0] == 1
+                                                                      and self._end_size(x) == (1, 1))):
+            self._check_size_eagerly(x)  # compiled sizes of 0 and 1 are fixed: a break only for such batches
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
         # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
         weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
@@ -648,12 +649,17 @@ class ConnectivityNet(nn.Module):
         h, w = x.shape[-2:]
         if h == 0 or w == 0:
             raise ShapeError(f"expected images of at least 1x1 pixels, got {h}x{w}")
-        for stride in getattr(self, "_strides", ()):
-            h, w = -(-h // stride), -(-w // stride)
-        if self.training and x.shape[0] * h * w == 1:
+        if self.training and x.shape[0] == 1 and self._end_size(x) == (1, 1):
             raise ShapeError(f"a training batch of 1 image of {x.shape[-2]}x{x.shape[-1]} ends in 1x1 feature maps, "
                              "one value per channel, which batch norm cannot normalise in training mode: train on "
                              "batches of at least 2 images, or run it in eval mode (net.eval())")
+
+    def _end_size(self, x: torch.Tensor) -> tuple[int, int]:
+        """The size of the last feature map of images ``x`` (each layer gives ceil(size / stride))."""
+        h, w = x.shape[-2:]
+        for stride in getattr(self, "_strides", ()):
+            h, w = -(-h // stride), -(-w // stride)
+        return h, w
 
     @_eager
     def _check_size_eagerly(self, x: torch.Tensor) -> None:

@@ -186,6 +186,14 @@ def test_under_torch_compile_a_batch_that_batch_norm_cannot_train_on_is_named_as
     assert compiled(torch.randn(3, 3, 4, 4)).shape == (3, 10)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_a_single_image_batch_norm_can_normalise_compiles_to_one_graph_without_a_break(training):
+    # inference on one image, or training on one large one: nothing to check eagerly
+    net = connlearn.build(**tiny(gate="random")).train(training)
+    explained = torch._dynamo.explain(net)(torch.randn(1, 3, 32, 32))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+
+
 def test_annealing_the_temperature_and_new_draws_never_recompile(images):
     # The trainer sets sample_temperature at every step of an annealed phase 1 and every step draws anew.
     # Were either guarded on by the compiled graph, each step would recompile until torch gave up and ran
