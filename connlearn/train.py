@@ -57,6 +57,7 @@ from connlearn.checkpoint import (
     save_atomic,
 )
 from connlearn.compile import ConnectivityNet, check_net
+from connlearn.data import ShardedBatches
 from connlearn.errors import (
     CheckpointError,
     ConfigError,
@@ -235,9 +236,9 @@ def _checked_within(within: object) -> dict[str, Any] | None:
 
 
 def _data_seed(loader: object) -> int | None:
-    """The seed of a loader's data order and augmentation (connlearn's loaders have one), else ``None``."""
-    seed = getattr(loader, "seed", None)
-    return seed if type(seed) is int else None
+    """The seed of the data order and augmentation of one of connlearn's loaders (the same on every rank),
+    else ``None``: a user's loader may be seeded otherwise, such as by rank."""
+    return loader.seed if isinstance(loader, ShardedBatches) else None
 
 
 def _is_loader(obj: object) -> bool:
@@ -469,7 +470,7 @@ class Trainer:
         resume_check: called with the checkpoint dict a resume is about to load (after the fallback to
             ``previous.pt``, before the architecture, gate, recipe and data-seed checks); it raises to refuse
             the resume (e.g. when the checkpoint's ``meta`` records other settings than the caller's). The
-            training loader's ``seed``, where it has one (connlearn's do), is recorded and checked by itself.
+            training loader's ``seed``, where it is one of connlearn's, is recorded and checked by itself.
     """
 
     def __init__(
@@ -667,7 +668,7 @@ class Trainer:
                 raise TypeError("optimizer is not the state this trainer writes")
             within = _checked_within(ckpt.get("within_epoch"))
             data_seed = ckpt.get("data_seed")  # checkpoints of older versions: none
-            data_seed = None if data_seed is None else check_int("the checkpoint's data_seed", data_seed, minimum=0)
+            data_seed = None if data_seed is None else check_int("the checkpoint's data_seed", data_seed)
         except ConnlearnError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -676,9 +677,10 @@ class Trainer:
             raise CheckpointError(f"{path} was trained with another recipe: "
                                   f"{_recipe_differences(recipe.to_dict(), self.recipe.to_dict())}")
         seed = _data_seed(self.train_loader)
-        if data_seed is not None and seed is not None and data_seed != seed:
+        if not _all_agree(data_seed is None or seed is None or data_seed == seed, self.device):  # every rank
             raise CheckpointError(f"{path} was trained on the data order of seed {data_seed}, and the training "
-                                  f"loader given has seed {seed}: give it the loader of that run")
+                                  f"loader given has seed {seed} (on this rank or another): give it the loader "
+                                  "of that run")
         if within is not None and within["batch"] >= len(self.train_loader):
             raise CheckpointError(f"{path} was saved after batch {within['batch']} of epoch {epoch + 1}, but the "
                                   f"training loader has {len(self.train_loader)} batches an epoch: give it the "
