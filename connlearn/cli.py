@@ -72,7 +72,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     a("--phases", type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"),
       help="epochs of each phase instead of the scaled split (phase 1 is where learned gates are trained; "
            "from phase 2 on the connectivity is fixed)")
-    a("--seed", type=int, help="seeds the weights, gates, data order and augmentation: 0 to 2**40 (default 0)")
+    a("--seed", type=int, help="seeds the weights, gates, data order and augmentation (and the generated "
+                               "stand-in, when no data is found): 0 to 2**40 (default 0)")
     data_help = {None: "a packed .npz file or a folder with the dataset (else $CONNLEARN_DATA, else download "
                         "for CIFAR; ImageNet: the folder holding train/ and val/)",
                  "miniimagenet": "the packed miniimagenet .npz file, or a folder holding it (else $CONNLEARN_DATA)",

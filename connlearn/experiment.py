@@ -296,7 +296,7 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
             raise
         _say(f"connlearn: {exc} -- running the same flow on a small generated dataset instead")
         train, test = synthetic(num_classes=classes, n_train=max(2000, 20 * classes), n_test=max(500, 5 * classes),
-                                size=size, seed=0)  # one stand-in whatever the run's seed: a seed sweep compares alike
+                                size=size, seed=run.seed)
         source = "generated"
     if train.num_classes != classes:
         raise DataError(f"{run.dataset} needs {classes} classes, the data found has {train.num_classes}")
