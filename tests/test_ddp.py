@@ -213,6 +213,40 @@ def test_ranks_that_would_resume_differently_all_refuse(tmp_path):
         assert "CheckpointError: the ranks disagree on whether there is a checkpoint" in result["error"]
 
 
+def _seed_worker(rank, world, port, out, seeds):
+    """One epoch on loaders of ``seeds[rank]``, resuming ``out`` where it holds a run; what it raised, if any."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    train, _ = synthetic(num_classes=10, n_train=64, n_test=8, seed=0)
+    loader = BatchLoader(train, 16, train=True, seed=seeds[rank], rank=rank, world_size=world)
+    net = connlearn.build(M=3, C=4, K=2, width=1, num_classes=10, stem_channels=4, base_channels=4, seed=0)
+    trainer = Trainer(net, loader, None, get_recipe("cifar").scaled(2), out_dir=out, progress=False, verbose=False)
+    try:
+        trainer.fit(max_epochs=1)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+    torch.save(error, f"{out}/rank{rank}.error")
+
+
+@pytest.mark.slow
+def test_a_resume_with_a_loader_of_another_seed_on_one_rank_is_refused_by_every_rank(tmp_path):
+    # one rank refusing alone would leave the others waiting in the next collective
+    for seeds in ([0, 0], [0, 1]):
+        context = mp.spawn(_seed_worker, args=(2, _free_port(), str(tmp_path), seeds), nprocs=2, join=False)
+        deadline = time.monotonic() + 300
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail("the ranks did not finish within 300 s")
+    for rank in (0, 1):
+        assert "CheckpointError" in torch.load(tmp_path / f"rank{rank}.error") and "seed 0" in torch.load(
+            tmp_path / f"rank{rank}.error")
+
+
 def test_random_states_of_a_run_on_other_ranks_are_not_passed_on_by_a_run_on_fewer():
     # a resume on another number of ranks takes the top (rank 0's) states, and its own checkpoints hold its own
     from connlearn.train import _every_rank, _own
