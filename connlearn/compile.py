@@ -576,24 +576,21 @@ class ConnectivityNet(nn.Module):
             )
         if not x.is_floating_point():
             raise ConfigTypeError(f"expected floating-point images (normalised, e.g. x.float() / 255), got {x.dtype}")
-        if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
-            self._check_size(x)
-        elif torch.compiler.is_compiling() and (0 in x.shape[-2:] or (self.training and x.shape[0] == 1
-                                                                      and self._end_size(x) == (1, 1))):
-            self._check_size_eagerly(x)  # compiled sizes of 0 and 1 are fixed: a break only for such batches
+        if not torch.jit.is_tracing() and self._size_fails(x):  # compiled sizes of 0 and 1 are fixed
+            self._refuse_size(x)
         # Images of another dtype than the weights fail in the stem unless autocast casts them. A weight that is
-        # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked.
+        # not a plain tensor, or empty (sharded by FSDP, which casts it later), is not checked; nor is float32,
+        # which runs with autocast or without, nor the meta device, which autocast does not know.
         weight: Any = getattr(getattr(self.stem, "conv", None), "weight", None)
-        checked = not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
-        # float32 runs with autocast or without; autocast knows no meta device (a network built there runs)
-        checked = checked and not x.dtype == weight.dtype == torch.float32 and x.device.type != "meta"
-        if checked and not _autocast_enabled(x.device.type):
-            if x.dtype != weight.dtype:
-                raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
-                                      f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run "
-                                      "it under torch.autocast")
-        elif checked and not torch.compiler.is_compiling():
-            _check_autocast(x.dtype, weight.dtype, _autocast_dtype(x.device.type))
+        checked = (not torch.jit.is_tracing() and type(weight) in (torch.Tensor, nn.Parameter) and weight.numel() > 0
+                   and not x.dtype == weight.dtype == torch.float32 and x.device.type != "meta")
+        if checked and _autocast_enabled(x.device.type):
+            if not torch.compiler.is_compiling():
+                _check_autocast(x.dtype, weight.dtype, _autocast_dtype(x.device.type))
+        elif checked and x.dtype != weight.dtype:
+            raise ConfigTypeError(f"the images are {x.dtype} and the network's weights {weight.dtype}: cast the "
+                                  f"images (x.to({weight.dtype})) or the network (net.to({x.dtype})), or run it "
+                                  "under torch.autocast")
         # Drawing first keeps the one graph break of torch.compile (the draw runs eagerly) at the start of
         # the forward pass, so the rest compiles to a single graph. Calling gate_matrices() here instead
         # would move the break into a nested frame and split the graph again (see the one-graph test).
@@ -643,16 +640,11 @@ class ConnectivityNet(nn.Module):
             return _checkpoint_eagerly(stage, inputs, mix)
         return _checkpointed(stage, inputs, mix)
 
-    def _check_size(self, x: torch.Tensor) -> None:
-        """Images with no pixels, or a training batch whose last feature map holds one value per channel
-        (which batch norm cannot normalise), are named here rather than deep inside a layer."""
-        h, w = x.shape[-2:]
-        if h == 0 or w == 0:
-            raise ShapeError(f"expected images of at least 1x1 pixels, got {h}x{w}")
-        if self.training and x.shape[0] == 1 and self._end_size(x) == (1, 1):
-            raise ShapeError(f"a training batch of 1 image of {x.shape[-2]}x{x.shape[-1]} ends in 1x1 feature maps, "
-                             "one value per channel, which batch norm cannot normalise in training mode: train on "
-                             "batches of at least 2 images, or run it in eval mode (net.eval())")
+    def _size_fails(self, x: torch.Tensor) -> bool:
+        """Whether images ``x`` have no pixels, or are a training batch whose last feature map holds one value
+        per channel (which batch norm cannot normalise): :meth:`_refuse_size` names them here rather than a
+        layer deep inside."""
+        return 0 in x.shape[-2:] or (self.training and x.shape[0] == 1 and self._end_size(x) == (1, 1))
 
     def _end_size(self, x: torch.Tensor) -> tuple[int, int]:
         """The size of the last feature map of images ``x`` (each layer gives ceil(size / stride))."""
@@ -662,8 +654,15 @@ class ConnectivityNet(nn.Module):
         return h, w
 
     @_eager
-    def _check_size_eagerly(self, x: torch.Tensor) -> None:
-        self._check_size(x)
+    def _refuse_size(self, x: torch.Tensor) -> None:
+        """The error of images that :meth:`_size_fails`; eager, so that under torch.compile only such batches
+        break the graph."""
+        h, w = x.shape[-2:]
+        if h == 0 or w == 0:
+            raise ShapeError(f"expected images of at least 1x1 pixels, got {h}x{w}")
+        raise ShapeError(f"a training batch of 1 image of {h}x{w} ends in 1x1 feature maps, one value per channel, "
+                         "which batch norm cannot normalise in training mode: train on batches of at least 2 images, "
+                         "or run it in eval mode (net.eval())")
 
     def _pick(self, out: Any, chosen: list[int] | None, stage: Any) -> list[Any]:  # stage: a FusedModule if used
         if self.engine == "reference":
