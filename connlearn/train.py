@@ -172,11 +172,10 @@ def _every_rank(rng: dict[str, Any], device: torch.device) -> dict[str, Any]:
     ``torch.distributed``, with every rank's in ``"ranks"`` (gathered: call it on every rank), as each
     rank's augmentation or dropout may draw from its own. Rank 0 writes the checkpoint: its own states
     stay at the top, where a checkpoint of one process has them."""
-    rng = {k: v for k, v in rng.items() if k != "ranks"}  # a checkpoint's of another number of ranks (see _own)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return rng
     gpu = _gpu_state(rng, device)
-    rng["cuda"] = None if gpu is None else [gpu]  # this GPU's only, also from a checkpoint with every GPU's
+    rng = {**rng, "cuda": None if gpu is None else [gpu]}  # this GPU's only, also from a checkpoint with every GPU's
     # one uint8 tensor: the CPU's state, then the GPU's; every rank runs the same torch, so the sizes agree
     flat = torch.cat([rng["torch"], *(rng["cuda"] or [])])
     flat = flat.to(device if dist.get_backend() == "nccl" else "cpu")  # as in _spread
