@@ -305,6 +305,17 @@ def _make_block(graph: BranchGraph, nodes: list[str], info: dict[str, Any]) -> n
                       len(nodes), d.get("params", {}))
 
 
+@contextlib.contextmanager
+def _naming_kind(graph: BranchGraph, module: int, start: str) -> Iterator[None]:
+    """Prefix a :class:`ConfigError` raised inside with the start asked for and module ``module``'s block
+    kind (the registered name the user chose, where the error names the block's class)."""
+    try:
+        yield
+    except ConfigError as exc:
+        kind = graph.nodes[graph.branches(module)[0]]["block"]
+        raise ConfigError(f"{start} with block kind {kind!r} (module {module}): {exc}") from None
+
+
 def _make_gate(gate_cls: type[Gate], values: torch.Tensor, active: torch.Tensor, K: int, module: int) -> Gate:
     """One module's gate of kind ``gate_cls`` (a registered kind: ``check_gate_kind`` has vetted it), with
     the shapes of what it gives checked once here."""
@@ -545,7 +556,8 @@ class ConnectivityNet(nn.Module):
             assert scale is not None  # None only for init "one"
             for block in [stage.block] if isinstance(stage, FusedModule) else cast(ReferenceModule, stage).blocks:
                 if init != "auto" or scales_residual(block):
-                    init_residual_scale(block, scale)
+                    with _naming_kind(graph, module, f"residual_init={init!r}"):
+                        init_residual_scale(block, scale)
 
     def _init_convs(self, graph: BranchGraph) -> None:
         """Apply the graph's ``conv_init``: with ``"resnext"``, every block's inner convolutions start at
@@ -557,7 +569,8 @@ class ConnectivityNet(nn.Module):
         for module, stage in zip(self.module_ids, self.stages, strict=True):
             scale = 1.0 / math.sqrt(len(graph.branches(module)))
             for block in [stage.block] if isinstance(stage, FusedModule) else cast(ReferenceModule, stage).blocks:
-                init_conv_scale(block, scale)
+                with _naming_kind(graph, module, f"conv_init={init!r}"):
+                    init_conv_scale(block, scale)
 
     # ------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:

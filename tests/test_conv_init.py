@@ -151,7 +151,8 @@ def test_blocks_opt_in_and_those_that_cannot_are_refused_by_name(clean_registrie
         connlearn.build(**tiny(block="test-noinner", conv_init="resnext"))
     with pytest.raises(ConfigError, match=r"_Misnamed.inner_convs names 'missing'"):
         connlearn.build(**tiny(block="test-misnamed", conv_init="resnext"))
-    with pytest.raises(ConfigError, match="Conv2d has no init_conv_scale"):
+    with pytest.raises(ConfigError, match=r"conv_init='resnext' with block kind 'test-looped-plain' \(module 1\): "
+                                          "block Conv2d has no init_conv_scale"):
         connlearn.build(**tiny(block="test-looped-plain", conv_init="resnext"))
     a, b = (connlearn.build(**tiny(C=4, block="test-looped", conv_init=init)) for init in CONV_INITS)
     first = (s.block.branch_modules[0] for s in (a.stages[0], b.stages[0]))

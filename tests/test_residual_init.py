@@ -174,7 +174,8 @@ def test_blocks_without_the_hook_stay_as_built_by_default_and_are_refused_by_nam
     assert _first_scales(connlearn.build(**tiny(block="test-looped-without"))) == [1.0, 1.0, 1.0]
     with pytest.raises(ConfigError, match=r"PlainBlock.residual_norm = None names no affine .*no such submodule"):
         connlearn.build(**tiny(block="test-nonorm", residual_init="zero"))
-    with pytest.raises(ConfigError, match="_SingleWithout has no init_residual_scale"):
+    with pytest.raises(ConfigError, match="residual_init='sqrt_k' with block kind 'test-looped-without' "
+                                          r"\(module 1\): .*_SingleWithout has no init_residual_scale"):
         connlearn.build(**tiny(block="test-looped-without", residual_init="sqrt_k"))
 
 
