@@ -1,8 +1,8 @@
 """connlearn: learn how the branches of a multi-branch network connect, jointly with the weights.
 
 GateConnect (Ahmed & Torresani, "Connectivity Learning in Multi-Branch Networks"): ResNeXt-style modules
-of C parallel residual blocks, each block summing K of the previous module's branch outputs chosen by
-binary gates sampled from learned real-valued gates.
+of C parallel residual blocks, each block taking the mean of K of the previous module's branch outputs,
+chosen by binary gates sampled from learned real-valued gates.
 
     >>> import connlearn
     >>> net = connlearn.build(topology="resnext", C=8, M=9, gate="topk", K=1)
@@ -36,9 +36,10 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
             single stream (``net.engine == "single-stream"``) where every module reads all branches of one
             module and the block kind has that form (the bottleneck), whatever the engine: for the gated form
             of every input on an engine of your choice, use ``gate="topk"`` with ``K=C``.
-        **options: the topology's keyword arguments; for ``resnext``: ``C``, ``M`` or ``depth``, ``width``,
-            ``num_classes``, ``preset``, ``layout``, ``block``, ``gate``, ``K``, ``seed``, ``gate_init``,
-            ``residual_init``, ``conv_init``.
+        **options: the topology's keyword arguments (its docstring says what each means); for ``resnext``:
+            ``C``, ``M`` or ``depth``, ``width``, ``num_classes``, ``preset``, ``layout``, ``block``,
+            ``block_params``, ``gate``, ``K``, ``seed``, ``gate_init``, ``stem_channels``, ``base_channels``,
+            ``in_channels``, ``residual_init``, ``conv_init``, ``dense``.
             The defaults give the paper's Figure 3 model {D=29, w=8, C=8} for CIFAR-100 with ``topk`` gates.
 
     Weights are initialised from ``seed`` without touching the global torch RNG.
@@ -65,7 +66,8 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
 
 
 def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | None = None) -> ConnectivityNet:
-    """Compile a BranchGraph (or its JSON) into a network, weights initialised from the graph's seed."""
+    """Compile a BranchGraph (or its JSON) into a network, its weights initialised from ``seed`` (default:
+    the graph's own seed, which gives the weights that ``build`` gave the graph's network)."""
     if isinstance(graph, str):
         graph = BranchGraph.from_json(graph)
     graph = check_graph(graph, "from_graph's graph (a BranchGraph or its JSON)")
@@ -186,8 +188,8 @@ def list_presets(pattern: str = "*") -> list[str]:
     return sorted(p for p in PRESETS if fnmatch.fnmatchcase(p, pattern))
 
 
-_SUBMODULES = ("checkpoint", "data", "experiment", "export", "plots", "prune", "recipe", "render", "signals", "train",
-               "updater")
+_SUBMODULES = ("checkpoint", "data", "experiment", "export", "folders", "plots", "prune", "recipe", "render", "signals",
+               "train", "updater")
 
 
 def __getattr__(name: str) -> Any:

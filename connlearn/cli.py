@@ -1,6 +1,7 @@
 """The ``connlearn`` command: train, prune, render, plot, info, export, pack.
 
-Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, no traceback); 2 bad usage.
+Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, no traceback); 2 bad usage;
+130 training stopped by Ctrl-C, 128 + N by another stop signal N (143 for SIGTERM), with a checkpoint.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
         return "/".join(str(p.epochs) for p in phases)
 
     a = parser.add_argument
-    a("--config", metavar="FILE", help="JSON (or TOML) file of the options below; flags override it")
+    a("--config", metavar="FILE", help="JSON (or TOML) file of the options below, keyed by their field names (e.g. "
+      "{\"epochs\": 30, \"progress\": false}); flags override it")
     if dataset is None:
         a("--dataset", choices=sorted(DATASETS), help=f"default {defaults.dataset}")
     presets = TRAIN_PRESETS if dataset is None else PROTOCOLS[dataset].presets
@@ -436,6 +438,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    """The ``connlearn`` command's parser, with its subcommands (``train``, ``prune``, ``render``, ``plot``,
+    ``info``, ``export``, ``pack``)."""
     from connlearn.export import FORMATS, format_name
 
     parser = argparse.ArgumentParser(

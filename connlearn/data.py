@@ -2,8 +2,9 @@
 
 An :class:`ImageDataset` is uint8 images ``[N, H, W, 3]`` (HWC) with int64 labels ``[N]``. Datasets come from
 
-- :func:`load_packed`: the packed ``.npz`` format of ``../shared/data/README.md`` (encoded image files joined
-  end to end, with offsets), written by :func:`pack` from an ImageDataset or any torchvision-style dataset;
+- :func:`load_packed`: the packed ``.npz`` format (encoded image files joined end to end, with offsets; its
+  keys are in :func:`load_packed`'s docstring), written by :func:`pack` from an ImageDataset or any
+  torchvision-style dataset;
 - :func:`load_dataset`: CIFAR-10/100 by name, from a packed file (``--data`` / ``CONNLEARN_DATA``), a
   torchvision CIFAR folder, or a torchvision download; Mini-ImageNet from a packed file only (no download
   exists: :func:`read_image_folder` and :func:`pack`, or ``connlearn pack``, make one from its images);
@@ -326,7 +327,7 @@ def _read_split(archive: Any, split: str, class_names: tuple[str, ...], encoding
 
 
 def load_packed(path: str | os.PathLike[str]) -> tuple[ImageDataset, ImageDataset]:
-    """Load ``(train, test)`` from a packed ``.npz`` file (format of ``../shared/data/README.md``).
+    """Load ``(train, test)`` from a packed ``.npz`` file (the format :func:`pack` writes).
 
     Keys: ``{split}_jpeg`` (uint8, the encoded image files joined end to end), ``{split}_offsets`` (N+1
     integers: image ``i`` is ``buf[off[i]:off[i+1]]``), ``{split}_labels`` (int64 ``[N]``) for ``split`` in

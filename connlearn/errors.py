@@ -1,10 +1,11 @@
 """The errors connlearn raises for bad input.
 
-Every error is a :class:`ConnlearnError`, and also a ``ValueError`` or ``TypeError`` so that code written
-against the builtin exceptions keeps working; a :class:`BlockError` (a block kind that fails in its own
-forward) and a :class:`StateDictError` (``load_state_dict`` of another network's state) are also
-``RuntimeError``, as torch's errors were. Messages name the bad value, what is allowed and,
-for names, the closest valid ones.
+Every error is a :class:`ConnlearnError`. Errors of bad input are also a ``ValueError`` or ``TypeError``,
+so that code written against the builtin exceptions keeps working; :class:`StateDictError`
+(``load_state_dict`` of another network's state) is a ``ValueError`` and a ``RuntimeError``, as torch's
+error was. Two are ``RuntimeError`` only: :class:`BlockError` (a block kind that fails in its own forward)
+and :class:`DivergenceError` (training left a weight infinite or NaN). Messages name the bad value, what is
+allowed and, for names, the closest valid ones.
 """
 
 from __future__ import annotations

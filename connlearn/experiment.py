@@ -319,6 +319,8 @@ def load_data(run: CifarRun) -> tuple[ImageDataset | ImageFiles, ImageDataset | 
 
 
 def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
+    """The network ``run`` trains: its preset with the run's overrides and gates, or with ``--connectivity``
+    the architecture and fixed connectivity of that file, with new weights from the run's seed."""
     if run.connectivity is not None:
         return _net_of_connectivity(run, num_classes)
     overrides = {k: getattr(run, k) for k in ("C", "M", "width", "base_channels", "stem_channels")
@@ -473,7 +475,9 @@ def _check_same_run(ckpt: dict[str, Any], run: CifarRun, net: connlearn.Connecti
              "will not end as one in either alone")
 
 
-def make_recipe(run: CifarRun):
+def make_recipe(run: CifarRun) -> Recipe:
+    """The dataset's paper recipe, scaled to ``run.epochs`` (or split as ``run.phases``), with the run's batch
+    size, phase-1 gate learning rate and sampling temperature, and gate momentum."""
     paper = get_recipe(PROTOCOLS[run.dataset].recipe)
     recipe = paper.scaled(run.epochs) if run.phases is None else paper.with_phase_epochs(run.phases)
     if run.batch_size is not None:

@@ -1,7 +1,8 @@
 """Export a (pruned) network for deployment: TorchScript, ONNX, or a ``torch.export`` program.
 
-The exported model computes the network's eval-mode function: the connectivity is fixed (top-K for
-learnable gates) and the batch dimension is dynamic. ONNX needs PyTorch 2.5 or newer and the ``onnx`` extra
+The exported model computes the network's eval-mode function, and its batch dimension is dynamic. Sampled
+gates (``topk``) are frozen to their top-K first, which leaves that function unchanged; unfrozen ``real``
+gates export as they compute, a weighted mix of every input. ONNX needs PyTorch 2.5 or newer and the ``onnx`` extra
 (``pip install 'connlearn[onnx]'``: onnx, onnxscript, and onnxruntime to run the result).
 """
 

@@ -12,8 +12,9 @@ Schema (a ``networkx.DiGraph``):
   ``module``, ``branch``, ``block`` (block kind name), ``in_channels``, ``out_channels``, ``stride``,
   ``resolution`` (of its output) and ``params`` (the block kind's keyword parameters, e.g. ``width``);
 - node ``"output"`` (the head): ``kind="output"``, ``in_channels``, ``num_classes``;
-- gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``) with the real gate value ``gate`` and ``active``
-  (whether the connection is used: the sampled-free, evaluation-time connectivity);
+- gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``) with the real gate value ``gate``, ``active``
+  (whether the connection is used: the sampled-free, evaluation-time connectivity) and, for learnable
+  gates, ``tie`` (an integer rank: among equal gates the larger enters the top-K first);
 - fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``): the blocks
   of a module without gate edges read the stem, and the head averages every block of the last module.
 
@@ -24,7 +25,9 @@ another type, so a hand-edited or foreign graph is refused before anything is bu
 Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``residual_init`` (how the branches'
 output scale starts when compiled; ``"one"`` if absent), ``conv_init`` (how the convolutions inside each
 branch start; ``"branch"`` if absent), ``topology`` and ``options`` (free-form description of how it was
-made, e.g. the preset).
+made, e.g. the preset). A network's graph also carries ``weighted_inputs`` (True while unfrozen ``real``
+gates mix every input, weighted) and, once frozen (``gate="frozen"``), ``frozen_from`` (the gate kind that
+learned the connectivity).
 """
 
 from __future__ import annotations

@@ -446,6 +446,9 @@ class Trainer:
         net: the network (e.g. ``connlearn.build(...)``); on resume it is replaced by the checkpoint's.
         train_loader, test_loader: see the module docstring; ``test_loader`` may be ``None``.
         recipe: the schedule (``connlearn.recipe.get_recipe("cifar").scaled(epochs)``).
+        out_dir: the run's folder (made if missing): ``log.jsonl``, ``gates.jsonl`` and the checkpoints
+            ``last.pt``, ``previous.pt`` and ``best.pt`` (see the module docstring; ``fit`` resumes from
+            them).
         device: where to train (default: CUDA if available).
         amp: ``"auto"`` (bf16 on CUDA, off on CPU), ``"bf16"``, ``"fp16"`` (with a GradScaler) or ``"none"``.
         channels_last: train in channels-last memory format (default off: on an H200 a gated {20,4,8} step

@@ -8,7 +8,7 @@ fused optimizer's step runs under the scaler even when it skips, and the hooks t
 Optionally (``grad_mode``) it rewrites the gates' gradients, or for ``"renormalized"`` the gates, before
 each step (a step pre-hook, which runs after GradScaler has unscaled them; under a fused optimizer they
 are still scaled, which these linear rewrites do not mind). The default, ``"plain"``, is the paper's rule
-as DESIGN.md reads it: the plain gradient, then the clip. The optimizer's step comes in between: under
+as the project's design reads it: the plain gradient, then the clip. The optimizer's step comes in between: under
 SGD with momentum 0.9 (the paper's setup, which the trainer gives the gates too) a steady gradient moves
 the gates up to ten times as far per step as Algorithm 1's plain step, which ``param_groups(...,
 gate_momentum=0)`` gives. The alternatives act on the observation that

@@ -5,8 +5,8 @@
     python examples/cifar10.py --gate full --out runs/cifar10-resnext                 # Fixed-Full (ResNeXt)
 
 Data: --data PATH, else $CONNLEARN_DATA, else torchvision's download; with none of these (offline) it says
-so and runs the same flow on a small generated dataset. Ctrl-C or SIGTERM stops it at the next step with a checkpoint;
-running the same command again resumes.
+so and runs the same flow on a small generated dataset. Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step
+with a checkpoint; running the same command again resumes.
 """
 
 import sys

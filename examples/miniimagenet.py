@@ -11,7 +11,7 @@ weight decay 5e-4, four phases of 320 epochs in all (the paper gives only the to
 similar to CIFAR's; the 120/100/50/50 split and its learning rates are CIFAR's); the CIFAR architectures
 with a max-pool after the stem. Mini-ImageNet has no download: pack its images once (above), then pass --data or set
 $CONNLEARN_DATA; without them (offline) it says so and runs the same flow on a small generated dataset.
-Ctrl-C or SIGTERM stops it at the next step with a checkpoint;
+Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with a checkpoint;
 running the same command again resumes.
 """
 
