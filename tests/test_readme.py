@@ -1,11 +1,14 @@
-"""The README's code examples run as written, and its commands parse."""
+"""The README's code examples run as written, and the commands of the README and the benchmark reports parse."""
 
 import argparse
 import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def test_the_readme_python_example_runs(tmp_path, monkeypatch, clean_registries):  # the example registers kinds
@@ -47,3 +50,55 @@ def test_the_readme_commands_parse_into_valid_runs(tmp_path, monkeypatch):
             parser = argparse.ArgumentParser()
             add_train_arguments(parser, dataset=dataset)
             run_from_args(parser.parse_args(argv), dataset=dataset)
+
+
+class _ParsedSignal(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by the patched ``parse_args`` once a command's options have parsed."""
+
+
+def _benchmark_commands():
+    """The ``python benchmarks/X.py ...`` commands of BENCHMARKS.md and docs/results, as (document, script,
+    argv), with their placeholders filled: ``SEED`` is 0, ``ARM`` topk4, ``NAME`` a name, ``FLAGS`` none,
+    ``...`` after an option a value (else dropped), ``[--flag]`` the flag; shell redirections end the command."""
+    for doc in [ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]:
+        text = doc.read_text().replace("\\\n", " ")
+        for match in re.finditer(r"python3? (benchmarks/\w+\.py)([^`\n]*)", text):
+            argv: list[str] = []
+            filled = re.sub(r"SEED(?!S)", "0", match.group(2))
+            filled = re.sub(r"\bFLAGS\b", "", re.sub(r"\bARM\b", "topk4", re.sub(r"\bNAME\b", "name", filled)))
+            for word in shlex.split(filled, comments=True):
+                if word in (">", "|", "&&", ";", "2>&1"):
+                    break
+                if word == "...":
+                    if argv and argv[-1].startswith("--"):
+                        argv.append("1")
+                    continue
+                argv.append(word.strip("[]"))
+            yield doc.name, match.group(1), argv
+
+
+def test_the_documented_benchmark_commands_parse(monkeypatch):
+    # a reader reruns a measurement with the command printed beside it: its options must still exist
+    import importlib.util
+    import inspect
+
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):
+        parse_args(self, args, namespace)
+        raise _ParsedSignal
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import each other
+    commands = list(_benchmark_commands())
+    assert len(commands) >= 40, commands
+    for doc, script, argv in commands:
+        spec = importlib.util.spec_from_file_location(f"_documented_{Path(script).stem}", ROOT / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        monkeypatch.setattr("sys.argv", [script, *argv])
+        with pytest.raises(_ParsedSignal):
+            try:
+                module.main(argv) if inspect.signature(module.main).parameters else module.main()
+            except SystemExit as exc:  # argparse's usage error, printed above
+                raise AssertionError(f"{doc}: python {script} {shlex.join(argv)} does not parse") from exc
