@@ -43,6 +43,7 @@ import attrs
 
 from connlearn import plots
 from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS, starts_of
+from connlearn.checkpoint import folder_lock
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
 from connlearn.prune import random_overlap
@@ -117,7 +118,12 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     for folder in sorted(out.iterdir()):
         match = RUN_NAME.fullmatch(folder.name)
         if match and _known(match["arm"]) and (folder / "summary.json").exists():
-            summary = json.loads((folder / "summary.json").read_text())
+            try:
+                summary = json.loads((folder / "summary.json").read_text())
+            except (OSError, ValueError) as exc:  # cut short by a crash or a full disk: its run is not done
+                print(f"{folder / 'summary.json'} cannot be read ({exc}): resuming {folder.name} writes it again",
+                      flush=True)
+                continue
             summary["arm"], summary["seed"] = match["arm"], int(match["seed"])
             state["runs"][folder.name] = summary
     return state
@@ -195,6 +201,11 @@ def _resolved(config: dict[str, Any]) -> dict[str, Any]:
 def sweep(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "a sweep"):  # a second launch on the same --out would train every run twice at once
+        return _sweep(args, argv, out)
+
+
+def _sweep(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
     config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}

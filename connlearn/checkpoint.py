@@ -14,7 +14,10 @@ import contextlib
 import io
 import json
 import os
+import socket
+import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,9 @@ from connlearn.errors import (
 )
 from connlearn.graph import BranchGraph, check_graph
 
+if sys.platform != "win32":
+    import fcntl
+
 FORMAT = "connlearn.checkpoint"
 VERSION = 1
 
@@ -55,11 +61,70 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:  # a failed or interrupted write leaves neither a partial file nor its temporary
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename == str(tmp):  # named as the file asked for
-            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
+        with contextlib.suppress(OSError):  # (a name too long to make is too long to remove: not the error)
+            tmp.unlink(missing_ok=True)
+        failed = write_failure(exc)
+        if failed is not None:  # named as the file asked for, whatever torch's writer made of it
+            raise OSError(failed.errno, failed.strerror or str(failed), str(path)) from exc
         raise
     return path
+
+
+def write_failure(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``exc`` itself, one it was raised from or during (torch's zip
+    writer turns a full disk into a ``RuntimeError`` "[enforce fail at inline_container.cc] unexpected pos",
+    with the OSError of the file's ``write`` as its context), or for that writer's error alone an ``EIO``;
+    ``None`` for anything else (an interrupt, an object that does not pickle)."""
+    if not isinstance(exc, Exception):  # an interrupt stays one
+        return None
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "PytorchStreamWriter" in str(exc)):
+        return OSError(5, f"torch.save could not write the file ({' '.join(str(exc).split())})")
+    return None
+
+
+_HELD: dict[str, int] = {}  # the folders this process holds (resolved path -> open lock file)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str = "a run") -> Iterator[None]:
+    """Hold ``folder`` (that exists) for this process while the block runs: another process that asks for it
+    gets a :class:`ConfigError` naming the holder, instead of the two overwriting each other's checkpoints
+    and logs. An advisory ``flock`` on ``folder/.lock``, released by the system when the process ends however
+    it ends (a kill leaves no stale lock); nested holds of one folder in one process are one hold. On Windows,
+    or where the file system refuses ``flock``, nothing is held."""
+    folder = Path(folder)
+    key = str(folder.resolve())
+    if sys.platform == "win32" or key in _HELD:
+        yield
+        return
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{folder} is in use by {holder}, which is running {what} there: two processes in one "
+                          "folder overwrite each other's checkpoints and logs. Wait for it to end (then the same "
+                          "command resumes), or give another output folder") from None
+    except OSError:  # a file system without flock: unguarded
+        os.close(fd)
+        yield
+        return
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _HELD[key] = fd
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        os.close(fd)  # releases the lock; the file stays (removing it would race with a process about to lock it)
 
 
 def environment() -> dict[str, Any]:

@@ -3,9 +3,10 @@
 Every error is a :class:`ConnlearnError`. Errors of bad input are also a ``ValueError`` or ``TypeError``,
 so that code written against the builtin exceptions keeps working; :class:`StateDictError`
 (``load_state_dict`` of another network's state) is a ``ValueError`` and a ``RuntimeError``, as torch's
-error was. Two are ``RuntimeError`` only: :class:`BlockError` (a block kind that fails in its own forward)
-and :class:`DivergenceError` (training left a weight infinite or NaN). Messages name the bad value, what is
-allowed and, for names, the closest valid ones.
+error was, and :class:`CheckpointWriteError` (a full disk or an I/O error while saving) a ``ValueError``
+and an ``OSError``, as the failed write was. Two are ``RuntimeError`` only: :class:`BlockError` (a block
+kind that fails in its own forward) and :class:`DivergenceError` (training left a weight infinite or NaN).
+Messages name the bad value, what is allowed and, for names, the closest valid ones.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ class BlockError(ConnlearnError, RuntimeError):
 
 class CheckpointError(ConnlearnError, ValueError):
     """A checkpoint file is missing, truncated, foreign or of another architecture."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error): its message says which and what
+    the folder still holds; ``errno`` is the system's. An ``OSError`` too, as the failed write was."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class StateDictError(CheckpointError, RuntimeError):

@@ -9,6 +9,7 @@ command again resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -29,7 +30,14 @@ import torch.distributed as dist
 import connlearn
 from connlearn import plots, render
 from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_conv_init, check_residual_init, starts_of
-from connlearn.checkpoint import architecture, environment, load_checkpoint, make_checkpoint, save_atomic
+from connlearn.checkpoint import (
+    architecture,
+    environment,
+    folder_lock,
+    load_checkpoint,
+    make_checkpoint,
+    save_atomic,
+)
 from connlearn.data import (
     DATA_ENV,
     LOADER_PATHS,
@@ -512,7 +520,8 @@ def run_cifar(run: CifarRun, time_limit: float | None = None,
     try:
         if stop_signals == "auto":
             stop_signals = STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
-        return _run(run, time_limit, check_signals(stop_signals), started, device, rank, world)
+        with contextlib.ExitStack() as held:  # _run holds the output folder from when it makes it
+            return _run(run, time_limit, check_signals(stop_signals), started, device, rank, world, held)
     finally:
         if joined:
             _leave_group()
@@ -529,7 +538,7 @@ def _leave_group() -> None:
 
 
 def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Signals, ...], started: float,
-         device: torch.device, rank: int, world: int) -> dict[str, Any] | None:
+         device: torch.device, rank: int, world: int, held: contextlib.ExitStack) -> dict[str, Any] | None:
     recipe = make_recipe(run)  # what _as_built changes below (gate, K, architecture) does not reach it
     if recipe.batch_size % world:  # before any rank reads the data
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
@@ -546,6 +555,8 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
     out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
+    if rank == 0:  # to the end: the run's pruning, drawings and summary.json too
+        held.enter_context(folder_lock(out, "a training run"))
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     if run.gate_grad != "plain" and not net.gate_parameters():
@@ -635,10 +646,10 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
         "run": run.to_dict(),
         "environment": environment(),  # of the process that finished it; each checkpoint holds its writer's
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))  # before the drawings, which need Graphviz
+    _write_json(out / "summary.json", summary)  # before the drawings, which need Graphviz
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     summary["files"] = [str(p) for p in pictures]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _write_json(out / "summary.json", summary)
     _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%")
     if source == "generated":
         _say(f"connlearn: these numbers are on a small generated dataset, not on {run.dataset}: no {run.dataset} data "
@@ -658,6 +669,18 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
              f"(1: every block reads the same inputs{random_draws})")
     _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
     return summary
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` whole or not at all (a sweep takes a run with a ``summary.json`` as
+    finished, and reads it): a temporary beside it, renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def eval_set_of(run: Mapping[str, Any]) -> str:

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from connlearn.checkpoint import (
     architecture,
+    folder_lock,
     load_checkpoint,
     make_checkpoint,
     net_from_checkpoint,
@@ -60,6 +61,7 @@ from connlearn.compile import ConnectivityNet, check_net
 from connlearn.data import ShardedBatches
 from connlearn.errors import (
     CheckpointError,
+    CheckpointWriteError,
     ConfigError,
     ConfigTypeError,
     ConnlearnError,
@@ -251,10 +253,15 @@ def _rank() -> int:
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Rewrite a JSONL file atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk: named as the file asked for, no temporary left
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "file", *, torn_tail: bool = False) -> list[dict[str, Any]]:
@@ -618,6 +625,9 @@ class Trainer:
         if resume not in (True, "auto"):
             return Path(cast("str | os.PathLike[str]", resume))  # neither False nor True here
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
+        interrupted = self.out_dir / ".next.pt"  # whole (written atomically); newer than last.pt until renamed to it
+        if not last.exists() and interrupted.exists():  # a save stopped between its two renames (see _save)
+            return interrupted
         if not last.exists() and not previous.exists():
             if resume is True:
                 raise CheckpointError(f"resume=True but there is no checkpoint in {self.out_dir}")
@@ -631,7 +641,7 @@ class Trainer:
             ckpt = load_checkpoint(path)
         except CheckpointError as exc:
             fallback = path.with_name("previous.pt")
-            if path.name != "last.pt" or not fallback.exists():
+            if path.name not in ("last.pt", ".next.pt") or not fallback.exists():
                 raise
             warnings.warn(f"{exc}; resuming from {fallback} instead", stacklevel=2)
             ckpt, loaded = load_checkpoint(fallback), fallback
@@ -697,7 +707,8 @@ class Trainer:
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
-        self._holds_last = loaded.name == "last.pt" and loaded.parent.resolve() == self.out_dir.resolve()
+        self._holds_last = (loaded.name in ("last.pt", ".next.pt")  # .next.pt: the save to last.pt was cut short
+                            and loaded.parent.resolve() == self.out_dir.resolve())
         self._within, self._midway = within, False
         self._froze_from = saved.graph.get("frozen_from") if saved.gate_kind == "frozen" else None
         self._saved = (epoch, 0 if within is None else within["batch"]) if self._holds_last else None
@@ -735,12 +746,24 @@ class Trainer:
             return
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
         state = self._state(rng)
-        tmp = save_atomic(state, self.out_dir / ".next.pt")
-        if best:  # before last.pt moves on: a run stopped in between redoes this epoch, and writes it again
-            save_atomic(state, self.out_dir / "best.pt")
-        if last.exists():
-            os.replace(last, previous)
-        os.replace(tmp, last)
+        try:
+            if best:  # before .next.pt exists, which a resume takes where last.pt is missing: a run stopped
+                save_atomic(state, self.out_dir / "best.pt")  # before it redoes this epoch, and writes it again
+            tmp = save_atomic(state, self.out_dir / ".next.pt")
+            if last.exists():
+                os.replace(last, previous)
+            os.replace(tmp, last)
+        except OSError as exc:  # a full disk, a quota, an I/O error: say what is kept
+            def held(at: tuple[int, int]) -> str:
+                return f"epoch {at[0]}" + (f" and {at[1]} batches of epoch {at[0] + 1}" if at[1] else "")
+
+            kept = (f"{last} still holds {held(self._saved)}" if self._saved and last.exists()
+                    else f"{last} is left as it was" if last.exists()
+                    else f"{previous} holds the one before" if previous.exists() else None)
+            kept = "no checkpoint was written (make room and run again)" if kept is None else (
+                f"{kept} (make room and run again to resume)")
+            raise CheckpointWriteError(f"cannot write the checkpoint after {held(saved)} to {last}: "
+                                       f"{exc.strerror or exc}; {kept}", exc.errno) from exc
         self._saved = saved
 
     # ------------------------------------------------------------------ training
@@ -779,7 +802,8 @@ class Trainer:
         if self._diverged is not None:
             raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
                                   "(with a lower learning rate, in a new out_dir)")
-        with StopSignals(signals, say=self.is_main) as self._signals:  # from here on, a signal is a request to stop
+        with (folder_lock(self.out_dir, "a training run") if self.is_main else contextlib.nullcontext(),
+              StopSignals(signals, say=self.is_main) as self._signals):  # from here on, a signal is a request to stop
             try:
                 return self._fit(resume, max_epochs, time_limit, started, signals)
             finally:
@@ -877,16 +901,30 @@ class Trainer:
         record["best_top1"] = self.best_top1
         self.epoch = epoch + 1
         self.history.append(record)
+        self._save(best)  # first: a log that cannot be written loses no epoch (a resume rewrites the log)
+        self._holds_last, self._midway = True, False  # on every rank: rank 0 wrote it
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
             if self.verbose:
                 tqdm.write(_summary_line(record, self.recipe.total_epochs))
-            if self._tb is not None:
-                for k, v in record.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        self._tb.add_scalar(k, v, self.epoch)
-        self._save(best)
-        self._holds_last, self._midway = True, False  # on every rank: rank 0 wrote it
+            self._log_tensorboard(record)
+
+    def _log_tensorboard(self, record: dict[str, Any]) -> None:
+        """The epoch's numbers to TensorBoard; a writer that fails (a full disk) is closed with one warning,
+        and training goes on: its scalars are a view of ``log.jsonl``, which holds them all."""
+        if self._tb is None:
+            return
+        try:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, self.epoch)
+            self._tb.flush()
+        except Exception as exc:  # whatever the writer raises: TensorBoard is a view, not the record
+            warnings.warn(f"TensorBoard logging to {self.out_dir / 'tb'} failed ({type(exc).__name__}: {exc}); "
+                          "it is off for the rest of this run (log.jsonl holds every epoch)", stacklevel=2)
+            with contextlib.suppress(Exception):
+                self._tb.close()
+            self._tb = None
 
     def _save_within(self, epoch: int, phase: Phase, batch: int, totals: torch.Tensor, seen: int,
                      elapsed: float) -> None:

@@ -422,7 +422,7 @@ def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_tempor
     assert caught.value.filename == str(tmp_path / "last.pt") and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("stop_before", [1, 2, 3, 4])  # the file moves of one save: .next.pt, best.pt, last.pt twice
+@pytest.mark.parametrize("stop_before", [1, 2, 3, 4])  # the file moves of one save: best.pt, .next.pt, last.pt twice
 def test_a_run_stopped_while_saving_a_new_best_ends_with_the_best_checkpoint_of_an_uninterrupted_run(
         uninterrupted, tmp_path, monkeypatch, stop_before):
     import os

@@ -1,0 +1,214 @@
+"""File-system faults: a full disk while writing checkpoints and run records, two processes in one folder."""
+
+import errno
+import json
+import os
+
+import pytest
+import torch
+from conftest import RandomLoader, tiny
+
+import connlearn
+import connlearn.checkpoint
+from connlearn.checkpoint import load_checkpoint, save_atomic
+from connlearn.errors import CheckpointWriteError, ConfigError
+from connlearn.recipe import get_recipe
+from connlearn.train import Trainer
+
+RECIPE = get_recipe("cifar").scaled(4)
+
+
+class _FullAfter:
+    """A file whose writes fail with ENOSPC once ``room`` bytes are written, as a full disk's do: the error
+    comes from ``write`` (or the flush at ``close``) and names no file."""
+
+    def __init__(self, f, room):
+        self._f, self._room = f, room
+
+    def write(self, data):
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)
+
+
+def _disk_full_after(monkeypatch, room, nth=1):
+    """Make the ``nth`` file save_atomic opens run out of space after ``room`` bytes."""
+    opened = []
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)  # noqa: SIM115 (closed by whoever uses it)
+        opened.append(path)
+        return _FullAfter(f, room) if len(opened) == nth else f
+
+    monkeypatch.setattr(connlearn.checkpoint, "open", fake_open, raising=False)
+
+
+@pytest.mark.parametrize("room", [0, 100, 20_000])  # torch's zip writer fails differently at each
+def test_a_disk_full_while_writing_a_checkpoint_is_an_oserror_naming_it_and_keeps_the_old_one(
+        tmp_path, monkeypatch, room):
+    net = connlearn.build(**tiny())
+    old = {"weights": torch.zeros(3)}
+    save_atomic(old, tmp_path / "last.pt")
+    _disk_full_after(monkeypatch, room)
+    with pytest.raises(OSError) as caught:
+        save_atomic({"weights": torch.ones(10_000), "model": net.state_dict()}, tmp_path / "last.pt")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "last.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no temporary left
+    assert torch.equal(torch.load(tmp_path / "last.pt", weights_only=True)["weights"], old["weights"])
+
+
+def test_a_disk_full_at_a_trainers_save_names_the_checkpoint_and_what_it_still_holds_and_resume_is_exact(
+        tmp_path, monkeypatch):
+    def trainer(out):
+        return Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=out, progress=False)
+
+    reference = trainer(tmp_path / "reference")
+    reference.fit()
+    _disk_full_after(monkeypatch, 100, nth=3)  # the .next.pt of epoch 3 (no evaluation: no best.pt)
+    t = trainer(tmp_path / "run")
+    with pytest.raises(CheckpointWriteError, match=r"cannot write the checkpoint after epoch 3 to .*last\.pt: No "
+                                                   r"space left on device; .*last\.pt still holds epoch 2") as caught:
+        t.fit()
+    assert isinstance(caught.value, OSError) and caught.value.errno == errno.ENOSPC  # what callers caught before
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == 2
+    monkeypatch.undo()
+    resumed = trainer(tmp_path / "run")
+    resumed.fit()
+    for a, b in zip(reference.history, resumed.history, strict=True):
+        assert a["train_loss"] == b["train_loss"]
+
+
+def _offline(monkeypatch):
+    from connlearn import experiment
+    from connlearn.data import DATA_ENV
+    from connlearn.errors import DataError
+
+    monkeypatch.delenv(DATA_ENV, raising=False)
+
+    def nothing(name, data=None, **kw):
+        raise DataError("no data")
+
+    monkeypatch.setattr(experiment, "load_dataset", nothing)
+
+
+def test_a_disk_full_while_writing_summary_json_leaves_the_one_before_whole(tmp_path, monkeypatch):
+    import pathlib
+
+    from connlearn.experiment import CifarRun, run_cifar
+
+    _offline(monkeypatch)
+    run = CifarRun(dataset="cifar10", gate="topk", K=1, M=3, C=2, width=1, base_channels=4, stem_channels=4,
+                   epochs=4, train_subset=64, test_subset=32, batch_size=32, out=str(tmp_path), progress=False)
+    run_cifar(run)
+    before = (tmp_path / "summary.json").read_text()
+    write_text = pathlib.Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):  # the disk fills halfway through the file
+        if self.name.endswith("summary.json") or "summary.json." in self.name:
+            write_text(self, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", half_then_full)
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        run_cifar(run)  # finished: it prunes, draws and writes its summary again
+    assert caught.value.filename == str(tmp_path / "summary.json")
+    assert (tmp_path / "summary.json").read_text() == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_sweep_takes_a_run_whose_summary_json_was_cut_short_as_unfinished(tmp_path, capsys):
+    from accuracy import collect
+
+    (tmp_path / "topk4-s0").mkdir()
+    (tmp_path / "topk4-s0" / "summary.json").write_text('{\n  "dataset": "cifar10",\n  "pres')
+    (tmp_path / "full-s0").mkdir()
+    (tmp_path / "full-s0" / "summary.json").write_text(json.dumps({"test_top1": 50.0}))
+    state = collect(tmp_path, {"runs": {}})
+    assert sorted(state["runs"]) == ["full-s0"]
+    assert "topk4-s0" in capsys.readouterr().out
+
+
+def test_a_second_process_training_in_the_same_folder_is_refused_by_name_and_a_killed_one_leaves_no_lock(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from connlearn.checkpoint import folder_lock\n"
+         f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t = Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
+        with pytest.raises(ConfigError, match=rf"{tmp_path} is in use by process {holder.pid} on .*another output "
+                                              "folder"):
+            t.fit()
+        assert not (tmp_path / "last.pt").exists() and not (tmp_path / "log.jsonl").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    t.fit(max_epochs=1)  # the killed holder's lock went with it
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+
+
+def test_a_disk_full_while_rewriting_a_log_names_it_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import connlearn.train
+    from connlearn.train import write_jsonl
+
+    write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}])
+    monkeypatch.setattr(connlearn.train, "open",
+                        lambda path, mode="r": _FullAfter(open(path, mode), 5), raising=False)  # noqa: SIM115
+    with pytest.raises(OSError) as caught:
+        write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}, {"epoch": 2}])
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "log.jsonl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
+    assert (tmp_path / "log.jsonl").read_text() == '{"epoch": 1}\n'
+
+
+def test_a_save_stopped_between_its_two_renames_resumes_from_the_newer_checkpoint_exactly(tmp_path, recwarn):
+    import shutil
+
+    def trainer(out):
+        return Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=out, progress=False)
+
+    reference = trainer(tmp_path / "reference")
+    reference.fit(max_epochs=3)
+    run = tmp_path / "run"  # as _save leaves it when killed after moving last.pt to previous.pt
+    run.mkdir()
+    shutil.copy(tmp_path / "reference" / "last.pt", run / ".next.pt")  # epoch 3, whole
+    shutil.copy(tmp_path / "reference" / "previous.pt", run / "previous.pt")  # epoch 2
+    resumed = trainer(run)
+    resumed.fit()
+    reference.fit()
+    assert resumed.epoch == RECIPE.total_epochs and not recwarn.list  # from .next.pt, not previous.pt's fallback
+    assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in reference.history]
+    assert sorted(p.name for p in run.iterdir() if p.suffix == ".pt") == ["last.pt", "previous.pt"]
+
+
+def test_a_failing_tensorboard_writer_is_turned_off_with_a_warning_and_training_goes_on(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from torch.utils import tensorboard
+
+    class FullDisk(tensorboard.SummaryWriter):
+        def add_scalar(self, *args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tensorboard, "SummaryWriter", FullDisk)
+    t = Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False,
+                tensorboard=True)
+    with pytest.warns(UserWarning, match=r"TensorBoard logging to .*tb failed \(OSError: .*No space left.*\); it is "
+                                         "off for the rest of this run"):
+        t.fit()
+    assert t.epoch == RECIPE.total_epochs
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == RECIPE.total_epochs
