@@ -15,7 +15,8 @@ Schema (a ``networkx.DiGraph``):
 - gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``) with the real gate value ``gate``, ``active``
   (whether the connection is used: the sampled-free, evaluation-time connectivity) and, for learnable
   gates, ``tie`` (an integer rank: among equal gates the larger enters the top-K first);
-- fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active=True``): the blocks
+- fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``, ``active`` true or left out: the
+  network always reads them): the blocks
   of a module without gate edges read the stem, and the head averages every block of the last module.
 
 Sizes (channels, resolutions, strides, ``module``, ``branch``, ``num_classes``, the stem's ``kernel`` and
@@ -119,8 +120,9 @@ class BranchGraph(nx.DiGraph):
         return sorted(edges, key=lambda e: (self.nodes[e[0]]["module"], self.nodes[e[0]]["branch"]))
 
     def active_edges(self) -> list[tuple[str, str]]:
-        """Every active edge (gate or fixed)."""
-        return [(u, v) for u, v, d in self.edges(data=True) if d.get("active", False)]
+        """Every active edge: the active gate edges and every fixed edge (the network always reads those; an
+        edge without ``active`` is active if fixed, inactive if a gate)."""
+        return [(u, v) for u, v, d in self.edges(data=True) if d.get("active", d.get("kind") == "fixed")]
 
     def weights_inputs(self) -> bool:
         """Whether the network's function weights every input by its gate value: the graph says so
@@ -138,7 +140,7 @@ class BranchGraph(nx.DiGraph):
             return self.active_edges()
         return [(u, v) for u, v, d in self.edges(data=True)
                 if (d.get("kind") == "gate" and float(d.get("gate", 0.0)) != 0.0)
-                or (d.get("kind") != "gate" and d.get("active", False))]
+                or (d.get("kind") == "fixed" and d.get("active", True))]
 
     def candidates(self, module: int) -> list[str]:
         """The source blocks that may feed ``module`` through gates: the columns of its gate matrix."""
@@ -270,6 +272,9 @@ class BranchGraph(nx.DiGraph):
                 raise GraphError(f"{where} has kind {d.get('kind', _MISSING)!r}; allowed: 'gate', 'fixed'")
             if "active" in d and not isinstance(_scalar(d["active"]), bool):
                 raise GraphError(f"{where} has active {d['active']!r}; it must be true or false")
+            if d["kind"] == "fixed" and _scalar(d.get("active", True)) is not True:
+                raise GraphError(f"{where} is a fixed edge with active false; the network always reads a fixed edge "
+                                 "(set active true, or leave it out)")
             gate = _scalar(d.get("gate", 0.0))  # a gate edge without one: 0, as gate_matrix() reads it
             if isinstance(gate, bool) or not isinstance(gate, numbers.Real):  # NaN too: a diverged run's gates
                 raise GraphError(f"{where} has gate {d['gate']!r}; a gate value must be a number")
