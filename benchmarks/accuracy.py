@@ -120,9 +120,12 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
         if match and _known(match["arm"]) and (folder / "summary.json").exists():
             try:
                 summary = json.loads((folder / "summary.json").read_text())
+                if not isinstance(summary, dict):
+                    raise ValueError(f"it holds a {type(summary).__name__}, not a run's summary")
             except (OSError, ValueError) as exc:  # cut short by a crash or a full disk: its run is not done
-                print(f"{folder / 'summary.json'} cannot be read ({exc}): resuming {folder.name} writes it again",
-                      flush=True)
+                state["runs"].pop(folder.name, None)
+                print(f"{folder / 'summary.json'} cannot be read ({exc}): {folder.name} counts as unfinished, and "
+                      "a sweep with its arm and seed resumes it", flush=True)
                 continue
             summary["arm"], summary["seed"] = match["arm"], int(match["seed"])
             state["runs"][folder.name] = summary

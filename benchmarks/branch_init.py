@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
+from connlearn.cli import build_parser
 from connlearn.cli import main as connlearn_main
 
 LAWS = {
@@ -64,6 +65,7 @@ def main(argv: list[str]) -> int:
     if law not in LAWS:
         sys.exit(f"branch_init.py: --law is {' or '.join(LAWS)}, not {law!r}")
     cls, power, text = LAWS[law]
+    build_parser().parse_args(["train", *argv])  # a bad option fails before anything is written or changed
     out = Path(argv[argv.index("--out") + 1])
     out.mkdir(parents=True, exist_ok=True)
     (out / "branch_init.json").write_text(json.dumps({"law": law, "what": text}) + "\n")

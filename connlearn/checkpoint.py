@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,38 +90,61 @@ def write_failure(exc: BaseException) -> OSError | None:
     return None
 
 
-_HELD: dict[str, int] = {}  # the folders this process holds (resolved path -> open lock file)
+_HELD: dict[str, tuple[int, int]] = {}  # the folders this process holds: resolved path -> (lock file, thread)
+
+
+def _forget_held() -> None:
+    """In a forked child (a DataLoader worker): close its copies of the lock files and hold nothing. The
+    parent's locks stay (a lock belongs to the open file, which the parent still has open)."""
+    for fd, _ in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if sys.platform != "win32":
+    os.register_at_fork(after_in_child=_forget_held)
 
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, what: str = "a run") -> Iterator[None]:
-    """Hold ``folder`` (that exists) for this process while the block runs: another process that asks for it
-    gets a :class:`ConfigError` naming the holder, instead of the two overwriting each other's checkpoints
-    and logs. An advisory ``flock`` on ``folder/.lock``, released by the system when the process ends however
-    it ends (a kill leaves no stale lock); nested holds of one folder in one process are one hold. On Windows,
-    or where the file system refuses ``flock``, nothing is held."""
+    """Hold ``folder`` (that exists) for this process while the block runs (``what`` says for what, to anyone
+    refused): another process, or another thread of this one, that asks for it gets a :class:`ConfigError`
+    naming the holder, instead of the two overwriting each other's checkpoints and logs. An advisory ``flock``
+    on ``folder/.lock``, which the system releases when the process ends however it ends (a kill leaves no
+    stale lock); nested holds of one folder by one thread are one hold. On Windows, or on a file system that
+    refuses ``flock`` (some network mounts), nothing is held."""
     folder = Path(folder)
-    key = str(folder.resolve())
+    key, thread = str(folder.resolve()), threading.get_ident()
+    if key in _HELD and _HELD[key][1] != thread:
+        raise ConfigError(f"{folder} is in use by another thread of this process: two runs in one folder overwrite "
+                          "each other's checkpoints and logs; give another output folder")
     if sys.platform == "win32" or key in _HELD:
         yield
         return
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    path = folder / ".lock"
+    try:
+        fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), True
+    except PermissionError:  # another user's run folder, shared: flock works on a file opened to read
+        fd, writable = os.open(path, os.O_RDONLY), False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip() or "another process"
         os.close(fd)
-        raise ConfigError(f"{folder} is in use by {holder}, which is running {what} there: two processes in one "
-                          "folder overwrite each other's checkpoints and logs. Wait for it to end (then the same "
-                          "command resumes), or give another output folder") from None
+        raise ConfigError(f"{folder} is in use by {holder}: two processes in one folder overwrite each other's "
+                          "checkpoints and logs. Wait for it to end (then the same command resumes), or give "
+                          "another output folder") from None
     except OSError:  # a file system without flock: unguarded
         os.close(fd)
         yield
         return
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _HELD[key] = fd
+    _HELD[key] = (fd, thread)
     try:
+        if writable:
+            with contextlib.suppress(OSError):  # who holds it is for messages only: a full disk is no reason to stop
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}, running {what} there\n".encode(), 0)
         yield
     finally:
         del _HELD[key]

@@ -1,7 +1,8 @@
 """The ``connlearn`` command: train, prune, render, plot, info, export, pack.
 
 Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, no traceback); 2 bad usage;
-130 training stopped by Ctrl-C, 128 + N by another stop signal N (143 for SIGTERM), with a checkpoint.
+130 training stopped by Ctrl-C, 128 + N by another stop signal N (143 for SIGTERM): at the next step, with a
+checkpoint there (a second Ctrl-C stops at once).
 """
 
 from __future__ import annotations

@@ -55,12 +55,19 @@ class CheckpointError(ConnlearnError, ValueError):
 
 
 class CheckpointWriteError(CheckpointError, OSError):
-    """A checkpoint could not be written (a full disk, a quota, an I/O error): its message says which and what
-    the folder still holds; ``errno`` is the system's. An ``OSError`` too, as the failed write was."""
+    """A checkpoint could not be written (a full disk, a quota, an I/O error): its message says why and what
+    the folder still holds; ``errno`` is the system's and ``filename`` the file that failed. An ``OSError``
+    too, as the failed write was."""
 
-    def __init__(self, message: str, errno: int | None = None) -> None:
+    def __init__(self, message: str, errno: int | None = None, filename: str | None = None) -> None:
         super().__init__(message)
-        self.errno = errno
+        self.errno, self.strerror, self.filename = errno, message, filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles whole (across processes, as DDP's errors travel)
+        return type(self), (self.args[0], self.errno, self.filename)
 
 
 class StateDictError(CheckpointError, RuntimeError):

@@ -33,7 +33,6 @@ from connlearn.blocks import DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, check_con
 from connlearn.checkpoint import (
     architecture,
     environment,
-    folder_lock,
     load_checkpoint,
     make_checkpoint,
     save_atomic,
@@ -72,7 +71,7 @@ from connlearn.prune import (
 from connlearn.recipe import Recipe, check_gate_momentum, flag_check, get_recipe
 from connlearn.signals import STOP_SIGNALS, check_signals
 from connlearn.topologies import PRESETS
-from connlearn.train import Loader, Trainer
+from connlearn.train import Loader, Trainer, hold_folder, write_text_atomic
 
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
 MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))
@@ -555,8 +554,7 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
     if run.connectivity is not None:  # what is recorded is what runs
         run = _as_built(run, net)
     out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
-    if rank == 0:  # to the end: the run's pruning, drawings and summary.json too
-        held.enter_context(folder_lock(out, "a training run"))
+    held.enter_context(hold_folder(out, "a training run", rank == 0, device))  # to the end: pruning, drawings too
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     if run.gate_grad != "plain" and not net.gate_parameters():
@@ -646,10 +644,10 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
         "run": run.to_dict(),
         "environment": environment(),  # of the process that finished it; each checkpoint holds its writer's
     }
-    _write_json(out / "summary.json", summary)  # before the drawings, which need Graphviz
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))  # before the drawings, which need Graphviz
     pictures = _draw(out, graph, history, trained.K, eval_set=eval_set_of(run.to_dict()))
     summary["files"] = [str(p) for p in pictures]
-    _write_json(out / "summary.json", summary)
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
     _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%")
     if source == "generated":
         _say(f"connlearn: these numbers are on a small generated dataset, not on {run.dataset}: no {run.dataset} data "
@@ -669,18 +667,6 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
              f"(1: every block reads the same inputs{random_draws})")
     _say(f"connectivity: {', '.join(str(p) for p in pictures if 'connectivity' in p.name)}")
     return summary
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` whole or not at all (a sweep takes a run with a ``summary.json`` as
-    finished, and reads it): a temporary beside it, renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2))
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def eval_set_of(run: Mapping[str, Any]) -> str:

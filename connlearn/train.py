@@ -1,12 +1,14 @@
 """The GateConnect trainer: runs a :class:`~connlearn.recipe.Recipe` on a network, in plain PyTorch.
 
-Per epoch it writes one JSON line to ``log.jsonl`` (train/test loss, top-1/top-5, learning rates, epoch
-time, images/s, active branches per module, gate statistics, and for sampled gates how many distinct
-connectivities each block drew and how often a draw was its top-K) and a checkpoint (``last.pt``, the one before
-it as ``previous.pt``, and ``best.pt``), written atomically. Every ``snapshot_every`` steps of a network
-with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution plots), and once
-more at the freeze (with the tie order), so that in a run that reached phase 2 the last snapshot holds the
-gates whose top-K became the fixed connectivity.
+Per epoch it writes one JSON line to ``log.jsonl`` (train/test loss, top-1/top-5, learning rates, epoch time,
+images/s, active branches per module, gate statistics, and for sampled gates how many distinct connectivities
+each block drew and how often a draw was its top-K) and a checkpoint (``last.pt``, the one before it as
+``previous.pt``, and ``best.pt``), written atomically: each file whole to a temporary, renamed into place, and
+``last.pt`` by way of ``.next.pt``, which a resume takes where a stop between the renames left no ``last.pt``.
+While ``fit`` runs, the folder is held (``.lock``): another process is refused it. Every ``snapshot_every``
+steps of a network with learnable gates it appends the real gate values to ``gates.jsonl`` (for the evolution
+plots), and once more at the freeze (with the tie order), so that in a run that reached phase 2 the last
+snapshot holds the gates whose top-K became the fixed connectivity.
 
 Resuming (``fit(resume=...)``) continues exactly: a run stopped after epoch e and resumed ends with the
 same weights, gates and log (timings aside) as an uninterrupted run, on the CPU; on a GPU up to the
@@ -250,18 +252,24 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    """Rewrite a JSONL file atomically."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: to a temporary beside it, renamed over it. A failed
+    write (a full disk) leaves ``path`` as it was and no temporary, and its ``OSError`` names ``path``."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
-    except OSError as exc:  # a full disk: named as the file asked for, no temporary left
+    except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        if exc.errno is None:
+            raise OSError(f"cannot write {path}: {exc}") from exc
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Rewrite a JSONL file atomically (:func:`write_text_atomic`)."""
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "file", *, torn_tail: bool = False) -> list[dict[str, Any]]:
@@ -410,6 +418,24 @@ def _all_agree(flag: bool, device: torch.device) -> bool:
     a decision each rank takes from its own clock, such as starting another epoch, is taken together,
     or the ranks that go on would wait forever for those that stopped."""
     return bool(_spread(int(flag), device)[0])
+
+
+@contextlib.contextmanager
+def hold_folder(folder: Path, what: str, is_main: bool, device: torch.device) -> Iterator[None]:
+    """Rank 0 holds ``folder`` (:func:`~connlearn.checkpoint.folder_lock`) while the block runs; a refusal is
+    raised on every rank (under ``torch.distributed``), which would otherwise wait for rank 0 in their next
+    collective."""
+    refused: ConfigError | None = None
+    with contextlib.ExitStack() as held:
+        if is_main:
+            try:
+                held.enter_context(folder_lock(folder, what))
+            except ConfigError as exc:
+                refused = exc
+        if not _all_agree(refused is None, device):
+            raise refused or ConfigError(f"{folder} is in use by another process (rank 0 could not hold it): two "
+                                         "runs in one folder overwrite each other's checkpoints; give another one")
+        yield
 
 
 def _same_on_every_rank(value: int, device: torch.device, what: str,
@@ -762,8 +788,9 @@ class Trainer:
                     else f"{previous} holds the one before" if previous.exists() else None)
             kept = "no checkpoint was written (make room and run again)" if kept is None else (
                 f"{kept} (make room and run again to resume)")
-            raise CheckpointWriteError(f"cannot write the checkpoint after {held(saved)} to {last}: "
-                                       f"{exc.strerror or exc}; {kept}", exc.errno) from exc
+            failed = Path(exc.filename) if exc.filename and Path(exc.filename).name != ".next.pt" else last
+            raise CheckpointWriteError(f"cannot write the checkpoint after {held(saved)} to {failed}: "
+                                       f"{exc.strerror or exc}; {kept}", exc.errno, str(failed)) from exc
         self._saved = saved
 
     # ------------------------------------------------------------------ training
@@ -802,7 +829,7 @@ class Trainer:
         if self._diverged is not None:
             raise DivergenceError(f"this trainer's network diverged in epoch {self._diverged}: make a new Trainer "
                                   "(with a lower learning rate, in a new out_dir)")
-        with (folder_lock(self.out_dir, "a training run") if self.is_main else contextlib.nullcontext(),
+        with (hold_folder(self.out_dir, "a training run", self.is_main, self.device),
               StopSignals(signals, say=self.is_main) as self._signals):  # from here on, a signal is a request to stop
             try:
                 return self._fit(resume, max_epochs, time_limit, started, signals)
@@ -823,7 +850,10 @@ class Trainer:
                                   f"part-trained, so it cannot go on ({why}): make a new Trainer (and network)")
         if path is not None:
             self.load(path)
-            _same_on_every_rank(self.step, self.device, "the step to resume from")
+            _same_on_every_rank(self.step, self.device, "the step to resume from")  # every rank has read it
+            last = self.out_dir / "last.pt"
+            if self.is_main and path == self.out_dir / ".next.pt" and not last.exists():
+                os.replace(path, last)  # the save that was cut short between its renames, finished
         _same_on_every_rank(sum(1 << (s % 62) for s in signals), self.device, "the stop_signals (as a bit mask)",
                             "give every rank the same stop_signals")
         if self.tensorboard and self.is_main and self._tb is None:

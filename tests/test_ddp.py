@@ -247,6 +247,37 @@ def test_a_resume_with_a_loader_of_another_seed_on_one_rank_is_refused_by_every_
             tmp_path / f"rank{rank}.error")
 
 
+@pytest.mark.slow
+def test_a_folder_held_by_another_process_is_refused_by_every_rank(tmp_path):
+    # rank 0 takes the lock; the others would wait for it in their next collective if it refused alone
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from connlearn.checkpoint import folder_lock\n"
+         f"with folder_lock({str(tmp_path)!r}, 'a sweep'):\n    time.sleep(600)"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / ".lock").exists() or b"sweep" not in (tmp_path / ".lock").read_bytes():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder did not take the folder"
+            time.sleep(0.05)
+        context = mp.spawn(_seed_worker, args=(2, _free_port(), str(tmp_path), [0, 0]), nprocs=2, join=False)
+        deadline = time.monotonic() + 300
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail("the ranks did not finish within 300 s")
+    finally:
+        holder.kill()
+        holder.wait()
+    for rank in (0, 1):
+        assert "ConfigError" in torch.load(tmp_path / f"rank{rank}.error") and "in use by" in torch.load(
+            tmp_path / f"rank{rank}.error")
+    assert not (tmp_path / "last.pt").exists()
+
+
 def test_random_states_of_a_run_on_other_ranks_are_not_passed_on_by_a_run_on_fewer():
     # a resume on another number of ranks takes the top (rank 0's) states, and its own checkpoints hold its own
     from connlearn.train import _every_rank, _own

@@ -3,6 +3,10 @@
 import errno
 import json
 import os
+import pathlib
+import re
+import threading
+import time
 
 import pytest
 import torch
@@ -134,9 +138,12 @@ def test_a_sweep_takes_a_run_whose_summary_json_was_cut_short_as_unfinished(tmp_
     (tmp_path / "topk4-s0" / "summary.json").write_text('{\n  "dataset": "cifar10",\n  "pres')
     (tmp_path / "full-s0").mkdir()
     (tmp_path / "full-s0" / "summary.json").write_text(json.dumps({"test_top1": 50.0}))
-    state = collect(tmp_path, {"runs": {}})
+    (tmp_path / "random4-s0").mkdir()
+    (tmp_path / "random4-s0" / "summary.json").write_text("[]")  # JSON, but no run's summary
+    state = collect(tmp_path, {"runs": {"topk4-s0": {"test_top1": 1.0}}})  # taken as finished by an earlier read
     assert sorted(state["runs"]) == ["full-s0"]
-    assert "topk4-s0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "topk4-s0 counts as unfinished" in out and "random4-s0 counts as unfinished" in out
 
 
 def test_a_second_process_training_in_the_same_folder_is_refused_by_name_and_a_killed_one_leaves_no_lock(tmp_path):
@@ -146,13 +153,16 @@ def test_a_second_process_training_in_the_same_folder_is_refused_by_name_and_a_k
 
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from connlearn.checkpoint import folder_lock\n"
-         f"with folder_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)"],
+         f"with folder_lock({str(tmp_path)!r}, 'a sweep'):\n    print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        assert holder.stdout.readline().strip() == "held"
+        deadline = time.monotonic() + 60
+        while not (tmp_path / ".lock").exists() or b"sweep" not in (tmp_path / ".lock").read_bytes():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder did not take the folder"
+            time.sleep(0.05)
         t = Trainer(connlearn.build(**tiny()), RandomLoader(), None, RECIPE, out_dir=tmp_path, progress=False)
-        with pytest.raises(ConfigError, match=rf"{tmp_path} is in use by process {holder.pid} on .*another output "
-                                              "folder"):
+        with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path))} is in use by process {holder.pid} on "
+                                              ".*, running a sweep there: .*another output folder"):
             t.fit()
         assert not (tmp_path / "last.pt").exists() and not (tmp_path / "log.jsonl").exists()
     finally:
@@ -163,12 +173,16 @@ def test_a_second_process_training_in_the_same_folder_is_refused_by_name_and_a_k
 
 
 def test_a_disk_full_while_rewriting_a_log_names_it_and_leaves_no_temporary(tmp_path, monkeypatch):
-    import connlearn.train
     from connlearn.train import write_jsonl
 
     write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}])
-    monkeypatch.setattr(connlearn.train, "open",
-                        lambda path, mode="r": _FullAfter(open(path, mode), 5), raising=False)  # noqa: SIM115
+    write_text = pathlib.Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):  # the disk fills halfway through the file
+        write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", half_then_full)
     with pytest.raises(OSError) as caught:
         write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}, {"epoch": 2}])
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "log.jsonl")
@@ -191,7 +205,8 @@ def test_a_save_stopped_between_its_two_renames_resumes_from_the_newer_checkpoin
     resumed = trainer(run)
     resumed.fit()
     reference.fit()
-    assert resumed.epoch == RECIPE.total_epochs and not recwarn.list  # from .next.pt, not previous.pt's fallback
+    assert resumed.epoch == RECIPE.total_epochs
+    assert not [w for w in recwarn.list if "resuming from" in str(w.message)]  # from .next.pt, not previous.pt
     assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in reference.history]
     assert sorted(p.name for p in run.iterdir() if p.suffix == ".pt") == ["last.pt", "previous.pt"]
 
@@ -212,3 +227,51 @@ def test_a_failing_tensorboard_writer_is_turned_off_with_a_warning_and_training_
         t.fit()
     assert t.epoch == RECIPE.total_epochs
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == RECIPE.total_epochs
+
+
+def test_a_disk_full_while_writing_best_pt_names_best_pt(tmp_path, monkeypatch):
+    _disk_full_after(monkeypatch, 100, nth=1)  # the first save with an evaluation writes best.pt first
+    t = Trainer(connlearn.build(**tiny()), RandomLoader(), RandomLoader(seed=1), RECIPE, out_dir=tmp_path,
+                progress=False)
+    with pytest.raises(CheckpointWriteError, match=rf"after epoch 1 to {re.escape(str(tmp_path / 'best.pt'))}: No "
+                                                   "space left on device; no checkpoint was written") as caught:
+        t.fit()
+    assert caught.value.filename == str(tmp_path / "best.pt") and caught.value.errno == errno.ENOSPC
+
+
+def test_another_thread_of_the_process_is_refused_a_held_folder_and_the_same_thread_nests(tmp_path):
+    from connlearn.checkpoint import folder_lock
+
+    errors = []
+
+    def other():
+        try:
+            with folder_lock(tmp_path):
+                pass
+        except ConfigError as exc:
+            errors.append(str(exc))
+
+    with folder_lock(tmp_path, "a sweep"), folder_lock(tmp_path):  # nested in one thread: one hold
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert len(errors) == 1 and "another thread of this process" in errors[0]
+    with folder_lock(tmp_path):  # released
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_holds_nothing_of_its_parents_and_cannot_take_a_folder_the_parent_holds(tmp_path):
+    from connlearn.checkpoint import folder_lock
+
+    with folder_lock(tmp_path):
+        pid = os.fork()
+        if pid == 0:  # the child (a DataLoader worker, say): the parent's hold is not its own
+            try:
+                with folder_lock(tmp_path):
+                    os._exit(0)
+            except ConfigError:
+                os._exit(3)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 3
