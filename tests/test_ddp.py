@@ -166,15 +166,20 @@ def _protocol_worker(rank, world, port, out, limits, outs=None, torchrun=True):
     torch.save(result, f"{out}/rank{rank}.result")
 
 
-def _spawn(limits, out, **options):
-    context = mp.spawn(_protocol_worker, args=(2, _free_port(), out, limits, options.get("outs"),
-                                               options.get("torchrun", True)), nprocs=2, join=False)
-    deadline = time.monotonic() + 600
-    while not context.join(timeout=5):  # a rank left waiting for the other would hang here
+def _two_ranks(worker, *args, limit=600):
+    """Run ``worker(rank, 2, port, *args)`` on two ranks; a test failure if they have not ended after ``limit``
+    seconds (a rank left waiting for the other would hang here)."""
+    context = mp.spawn(worker, args=(2, _free_port(), *args), nprocs=2, join=False)
+    deadline = time.monotonic() + limit
+    while not context.join(timeout=5):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("the ranks did not finish within 600 s")
+            pytest.fail(f"the ranks did not finish within {limit} s")
+
+
+def _spawn(limits, out, **options):
+    _two_ranks(_protocol_worker, out, limits, options.get("outs"), options.get("torchrun", True))
     return [torch.load(f"{out}/rank{r}.result", weights_only=False) for r in (0, 1)]
 
 
@@ -235,13 +240,7 @@ def _seed_worker(rank, world, port, out, seeds):
 def test_a_resume_with_a_loader_of_another_seed_on_one_rank_is_refused_by_every_rank(tmp_path):
     # one rank refusing alone would leave the others waiting in the next collective
     for seeds in ([0, 0], [0, 1]):
-        context = mp.spawn(_seed_worker, args=(2, _free_port(), str(tmp_path), seeds), nprocs=2, join=False)
-        deadline = time.monotonic() + 300
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail("the ranks did not finish within 300 s")
+        _two_ranks(_seed_worker, str(tmp_path), seeds, limit=300)
     for rank in (0, 1):
         assert "CheckpointError" in torch.load(tmp_path / f"rank{rank}.error") and "seed 0" in torch.load(
             tmp_path / f"rank{rank}.error")
@@ -262,13 +261,7 @@ def test_a_folder_held_by_another_process_is_refused_by_every_rank(tmp_path):
         while not (tmp_path / ".lock").exists() or b"sweep" not in (tmp_path / ".lock").read_bytes():
             assert holder.poll() is None and time.monotonic() < deadline, "the holder did not take the folder"
             time.sleep(0.05)
-        context = mp.spawn(_seed_worker, args=(2, _free_port(), str(tmp_path), [0, 0]), nprocs=2, join=False)
-        deadline = time.monotonic() + 300
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail("the ranks did not finish within 300 s")
+        _two_ranks(_seed_worker, str(tmp_path), [0, 0], limit=300)
     finally:
         holder.kill()
         holder.wait()
