@@ -117,7 +117,8 @@ class GateUpdater:
         for gate in self.sampled_gates():
             w = gate.clamp(min=0)
             total = w.sum(dim=-1, keepdim=True)
-            gate.copy_(torch.where(total > 0, w / total.clamp(min=1e-30), torch.full_like(w, 1 / w.shape[-1])))
+            exact = w / torch.where(total > 0, total, 1.0)  # no floor: a row of tiny gates sums to 1 too
+            gate.copy_(torch.where(total > 0, exact, torch.full_like(w, 1 / w.shape[-1])))
 
     @torch.no_grad()
     def transform_grads(self) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import connlearn
-from connlearn.gates import active_masks, gumbel_topk, random_tie_order
+from connlearn.gates import active_masks, gumbel_topk, random_tie_order, topk_mask
 from connlearn.graph import BranchGraph
 from connlearn.prune import prune_dead_blocks
 from connlearn.updater import GateUpdater, drop_gate_group, param_groups
@@ -361,3 +361,291 @@ def test_a_fixed_edge_without_an_active_flag_is_read_and_one_marked_inactive_is_
     graph.edges[u, v]["active"] = False
     with pytest.raises(connlearn.errors.GraphError, match=f"edge {u} → {v} is a fixed edge with active false"):
         graph.validate()
+
+
+def _reference_topk(values, K, order):
+    """The K largest entries of each row, equal values ranked by ``order`` (the larger first): a plain sort of
+    (value, order) pairs, row by row."""
+    mask = torch.zeros(values.shape, dtype=torch.bool)
+    for r in range(values.shape[0]):
+        ranked = sorted(range(values.shape[1]), key=lambda c: (-float(values[r, c]), -int(order[r, c])))
+        mask[r, ranked[:K]] = True
+    return mask
+
+
+# With a tie order, topk_mask keeps the K largest values of each row and, among equal values, the larger ranks of the
+# order: the same mask as a plain sort of (value, order) pairs, also for long rows full of ties (where an unstable
+# sort reorders equal values).
+@given(rows=st.integers(1, 3), cols=st.integers(17, 64), levels=st.integers(1, 3), seed=st.integers(0, 10**6),
+       data=st.data())
+def test_topk_mask_with_a_tie_order_is_a_sort_of_value_order_pairs(rows, cols, levels, seed, data):
+    K = data.draw(st.integers(1, cols - 1))
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, levels, (rows, cols), generator=g).float()
+    order = torch.rand(rows, cols, generator=g).argsort(dim=-1).argsort(dim=-1)
+    assert torch.equal(topk_mask(values, K, order), _reference_topk(values, K, order))
+
+
+# topk_mask of a batch of matrices (no tie order) is the batch of each matrix's topk_mask: "each row" is each row of
+# the last dimension, whatever the leading ones.
+@given(batch=st.integers(1, 3), rows=st.integers(2, 4), cols=st.integers(2, 6), seed=st.integers(0, 10**6),
+       data=st.data())
+def test_topk_mask_of_a_batch_is_the_batch_of_masks(batch, rows, cols, seed, data):
+    K = data.draw(st.integers(1, cols))
+    values = torch.randn(batch, rows, cols, generator=torch.Generator().manual_seed(seed))
+    got = topk_mask(values, K)
+    assert torch.equal(got, torch.stack([topk_mask(v, K) for v in values]))
+    assert (got.sum(dim=-1) == K).all()
+
+
+# A topk net in training mode at the default temperature draws as gumbel_topk at temperature 1: the net leaves the
+# default temperature unpassed (for gate kinds without one), so TopKGate.draw's own default must be 1.
+@given(seed=st.integers(0, 1000))
+def test_a_topk_net_at_the_default_temperature_draws_at_temperature_one(seed):
+    from connlearn.gates import gumbel_topk
+
+    net = connlearn.build(**tiny(seed=seed, gate_init="uniform")).train()
+    with torch.no_grad():  # uneven gates, so the temperature changes the draw
+        for _, gate in net.gates():
+            gate.real.copy_(torch.rand(gate.real.shape, generator=torch.Generator().manual_seed(seed)) + 0.01)
+    state = net.generator.get_state()
+    mixes = [m for m in net.gate_matrices() if m is not None]
+    g = torch.Generator().manual_seed(0)
+    g.set_state(state)
+    want = gumbel_topk([gate.real for _, gate in net.gates()], net.K, g, 1.0)
+    assert len(mixes) == len(want)
+    for mix, drawn in zip(mixes, want, strict=True):
+        assert torch.equal((mix * net.K).detach().round(), drawn.to(mix.dtype))
+
+
+# TopKGate.draw draws any number of gates, a single one too (a trainer or plugin may draw one module's gate alone):
+# each draw has exactly K ones per row.
+@given(seed=st.integers(0, 1000), K=st.integers(1, 3))
+def test_topk_draw_of_a_single_gate_has_k_ones_per_row(seed, K):
+    from connlearn.gates import TopKGate
+
+    net = connlearn.build(**tiny(C=4, K=K, seed=seed))
+    for _, gate in net.gates():
+        (drawn,) = TopKGate.draw([gate], torch.Generator().manual_seed(seed))
+        assert drawn.shape == gate.real.shape
+        assert (drawn.sum(dim=1) == K).all()
+
+
+# A fixed edge without an ``active`` flag is read (the network always reads fixed edges), also in the graph of
+# unfrozen ``real`` gates, which weights every input: leaving the flag out of every fixed edge changes neither
+# used_edges() nor the live blocks.
+@given(seed=st.integers(0, 1000), topology=st.sampled_from(["resnext", "dense"]))
+def test_a_fixed_edge_without_active_is_used_in_a_weighted_graph_too(seed, topology):
+    from connlearn.prune import live_blocks
+
+    graph = connlearn.build(topology, **tiny(M=6, C=3, K=2, seed=seed, gate="real")).graph()
+    assert graph.weights_inputs()
+    bare = graph.copy()
+    fixed = [(u, v) for u, v, d in bare.edges(data=True) if d["kind"] == "fixed"]
+    assert fixed
+    for u, v in fixed:
+        del bare.edges[u, v]["active"]
+    assert sorted(bare.used_edges()) == sorted(graph.used_edges())
+    assert set(fixed) <= set(bare.used_edges())
+    assert live_blocks(bare) == live_blocks(graph)
+
+
+# Renormalising is scale-free: a row whose positive entries are tiny (a sum far below float32's epsilon but a normal
+# number, here 1e-29 .. 1e-25) still becomes a distribution summing to 1, proportional to its positive part.
+@given(seed=st.integers(0, 100), exponent=st.integers(-29, -25))
+def test_renormalizing_a_row_of_tiny_positive_gates_gives_a_distribution(seed, exponent):
+    from connlearn.updater import GateUpdater
+
+    net = connlearn.build(**tiny(seed=seed, gate_init="uniform"))
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p[0] = torch.rand(p.shape[1], generator=torch.Generator().manual_seed(seed)) * 10.0 ** exponent + 1e-38
+    before = [p.detach().clone() for p in net.gate_parameters()]
+    GateUpdater(net, grad_mode="renormalized").renormalize()
+    for p, b in zip(net.gate_parameters(), before, strict=True):
+        torch.testing.assert_close(p.detach().sum(dim=-1), torch.ones(p.shape[0]))
+        torch.testing.assert_close(p.detach()[0], b[0] / b[0].sum())
+
+
+# A gate edge without an ``active`` flag is inactive (as active_edges() reads it), in input_overlap too: leaving the
+# flag out of every inactive gate edge changes no module's overlap.
+@given(seed=st.integers(0, 1000), topology=st.sampled_from(["resnext", "dense"]))
+def test_input_overlap_reads_a_gate_edge_without_active_as_inactive(seed, topology):
+    from connlearn.prune import input_overlap
+
+    graph = connlearn.build(topology, **tiny(M=6, C=3, K=2, seed=seed)).graph()
+    bare = graph.copy()
+    off = [(u, v) for u, v, d in bare.edges(data=True) if d["kind"] == "gate" and not d["active"]]
+    assert off
+    for u, v in off:
+        del bare.edges[u, v]["active"]
+    assert sorted(bare.active_edges()) == sorted(graph.active_edges())
+    assert input_overlap(bare) == input_overlap(graph)
+
+
+# A row without a positive weight draws as the uniform row it stands for: for the same noise, gumbel_topk draws an
+# all-zero row exactly as a row of ones (at any temperature).
+@given(seed=st.integers(0, 10**6), cols=st.integers(8, 64), temperature=st.sampled_from([1.0, 0.5, 3.0]),
+       data=st.data())
+def test_gumbel_topk_draws_an_all_zero_row_as_a_uniform_row(seed, cols, temperature, data):
+    from connlearn.gates import gumbel_topk
+
+    K = data.draw(st.integers(1, cols - 1))
+    rows = 64
+    zero = gumbel_topk([torch.zeros(rows, cols)], K, torch.Generator().manual_seed(seed), temperature)[0]
+    ones = gumbel_topk([torch.ones(rows, cols)], K, torch.Generator().manual_seed(seed), temperature)[0]
+    assert torch.equal(zero, ones)
+
+
+# At temperature 1 the draw follows the weights' ratio down to the 1e-30 floor of the log-weights: of the weights
+# 2e-30 and 2e-28 (1 to 100) a single draw takes the larger about 100 times in 101.
+@given(seed=st.integers(0, 10**6))
+def test_gumbel_topk_at_temperature_one_follows_tiny_weights_ratio(seed):
+    from connlearn.gates import gumbel_topk
+
+    rows = 400
+    weights = torch.tensor([[2e-30, 2e-28]]).expand(rows, 2)
+    drawn = gumbel_topk([weights], 1, torch.Generator().manual_seed(seed))[0]
+    assert drawn[:, 1].mean() > 0.9  # 100/101 expected; about 2/3 under the mutant
+
+
+# mix_branches keeps the inputs' memory format: channels-last inputs give a channels-last output (the fused engine
+# under torch.channels_last stays channels-last, without a copy per module), equal in value to the contiguous path.
+@given(seed=st.integers(0, 1000), n_inputs=st.integers(1, 3), c=st.integers(1, 4), ch=st.integers(2, 4),
+       hw=st.integers(2, 5))
+def test_mix_branches_keeps_channels_last(seed, n_inputs, c, ch, hw):
+    from connlearn.compile import mix_branches
+
+    g = torch.Generator().manual_seed(seed)
+    inputs = [torch.randn(2, 2 * ch, hw, hw, generator=g) for _ in range(n_inputs)]
+    mix = torch.rand(c, 2 * n_inputs, generator=g)
+    want = mix_branches(inputs, mix, ch)
+    got = mix_branches([t.to(memory_format=torch.channels_last) for t in inputs], mix, ch)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, want)
+    # strided NCHW inputs (every other channel of a wider tensor) come out in the NCHW format
+    strided = [torch.cat([t, t], dim=1)[:, ::2] for t in inputs]
+    assert not strided[0].is_contiguous()
+    got = mix_branches(strided, mix, ch)
+    if c * ch > 1 and hw > 1:
+        assert got.is_contiguous()
+
+
+# The "normalized" gradient is the chain rule through the row normalisation p = w / sum(w): the gradient of L(w /
+# sum(w)) in w is (g - <p, g>) / sum(w), for rows of any positive scale, tiny ones too (a sum of 1e-11).
+@given(seed=st.integers(0, 1000), scale=st.sampled_from([1.0, 1e-3, 1e-11]))
+def test_normalized_gradient_is_the_chain_rule_through_the_normalisation(seed, scale):
+    from connlearn.updater import GateUpdater
+
+    net = connlearn.build(**tiny(seed=seed, gate_init="uniform"))
+    gen = torch.Generator().manual_seed(seed)
+    want = []
+    with torch.no_grad():
+        for p in net.gate_parameters():
+            p.copy_((torch.rand(p.shape, generator=gen) + 0.1) * scale / p.shape[1])
+            g = torch.randn(p.shape, generator=gen)
+            w = p.detach().clone().requires_grad_()
+            with torch.enable_grad():
+                ((w / w.sum(dim=-1, keepdim=True)) * g).sum().backward()
+            p.grad = g.clone()
+            want.append(w.grad)
+    GateUpdater(net, grad_mode="normalized").transform_grads()
+    for p, w in zip(net.gate_parameters(), want, strict=True):
+        torch.testing.assert_close(p.grad * scale, w * scale)
+
+
+# Pruning keeps the network's draw generator where it was: the pruned net (built afresh when blocks die) continues the
+# original's random stream, as a checkpoint of it records, instead of restarting from the seed.
+@given(seed=st.integers(0, 1000), steps=st.integers(1, 3))
+def test_pruning_keeps_the_draw_generator_state(seed, steps):
+    from connlearn.prune import prune_dead_blocks
+
+    net = connlearn.build(**tiny(M=6, C=4, K=1, seed=seed)).train()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for _ in range(steps):
+            net(x)  # each training-mode pass draws, advancing the generator
+    net.freeze()
+    pruned, report = prune_dead_blocks(net)
+    assert report.blocks_after < report.blocks_before  # K=1 of 4 inputs: some blocks are read by none
+    assert torch.equal(pruned.generator.get_state(), net.generator.get_state())
+
+
+# Pruning keeps activation checkpointing on: the pruned net (built afresh when blocks die) recomputes its activations
+# as the original did.
+@given(seed=st.integers(0, 1000))
+def test_pruning_keeps_activation_checkpointing(seed):
+    from connlearn.prune import prune_dead_blocks
+
+    net = connlearn.build(**tiny(M=6, C=4, K=1, seed=seed))
+    net.activation_checkpointing = True
+    pruned, report = prune_dead_blocks(net.freeze())
+    assert report.blocks_after < report.blocks_before
+    assert pruned.activation_checkpointing
+
+
+# A RuntimeError of the stem with the images and the network on the same device is the stem's own, raised as it is:
+# only a device mismatch is renamed into a ConfigError about devices. Mutants: the condition's "and" as "or", or "!="
+# as "==" (a same-device failure then reads "the images are on cpu and the network on cpu").
+def test_a_stem_failure_on_one_device_is_not_named_a_device_mismatch():
+    import pytest
+
+    from connlearn.errors import ConfigError
+
+    net = connlearn.build(**tiny())
+
+    def fail(module, args):
+        raise RuntimeError("the stem's own failure")
+
+    net.stem.register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="the stem's own failure") as info:
+        net(torch.randn(2, 3, 32, 32))
+    assert not isinstance(info.value, ConfigError)
+
+
+# hold_draw holds the draw for its block only: inside it every pass reuses the first draw, after it each training-mode
+# pass draws anew.
+@given(seed=st.integers(0, 1000))
+def test_after_hold_draw_each_pass_draws_anew(seed):
+    net = connlearn.build(**tiny(seed=seed, gate_init="uniform")).train()
+
+    def draw():
+        return [m.detach().clone() for m in net.gate_matrices() if m is not None]
+
+    with net.hold_draw():
+        held = draw()
+        assert all(torch.equal(a, b) for a, b in zip(draw(), held, strict=True))
+    later = [draw() for _ in range(6)]
+    assert any(not all(torch.equal(a, b) for a, b in zip(d, held, strict=True)) for d in later)
+
+
+# An empty stem weight (sharded by FSDP, which gathers it in a pre-hook of its own) is not checked against the images'
+# dtype: a pass with float32 images and a bfloat16 empty placeholder runs once the hook brings the weight.
+def test_an_empty_stem_weight_is_not_checked_against_the_images_dtype():
+    net = connlearn.build(**tiny()).eval()
+    conv = net.stem.conv
+    real = conv.weight
+    conv.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16))
+
+    def gather(module, args):
+        conv.weight = real
+
+    net.stem.register_forward_pre_hook(gather)
+    out = net(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+
+
+# At a low temperature the draw is the top-K of the weights, however small the weights are relative to the row's
+# largest (down to the 1e-30 floor of the relative log-weights): here weights 1, 0.1, 0.01 and 10^-28.5, 10^-29,
+# 10^-29.5 times the row's scale.
+@given(seed=st.integers(0, 10**6), K=st.integers(4, 5), scale=st.sampled_from([1.0, 1e-3, 1e3]))
+def test_gumbel_topk_at_a_low_temperature_keeps_the_largest_weights_down_to_the_floor(seed, K, scale):
+    from connlearn.gates import gumbel_topk
+
+    exps = torch.tensor([0.0, 1.0, 2.0, 28.5, 29.0, 29.5])
+    g = torch.Generator().manual_seed(seed)
+    rows = 32
+    perm = torch.rand(rows, len(exps), generator=g).argsort(dim=-1)
+    weights = scale * 10.0 ** -exps[perm]
+    drawn = gumbel_topk([weights], K, g, temperature=0.01)[0]
+    assert torch.equal(drawn.bool(), topk_mask(weights, K))
