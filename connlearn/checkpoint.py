@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -54,10 +54,21 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     leaves a half-written file under ``path``."""
     path = check_file_path("path", path, "model.pt")
     path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`save_atomic` writes a checkpoint: a
+    failed write (a full disk) leaves ``path`` as it was and no temporary, and its ``OSError`` names ``path``."""
+    return _write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """``write`` a binary file to a temporary in ``path``'s folder, fsync, then ``os.replace`` it to ``path``."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -65,6 +76,8 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         with contextlib.suppress(OSError):  # (a name too long to make is too long to remove: not the error)
             tmp.unlink(missing_ok=True)
         failed = write_failure(exc)
+        if failed is not None and failed.errno is None:
+            raise OSError(f"cannot write {path}: {failed}") from exc
         if failed is not None:  # named as the file asked for, whatever torch's writer made of it
             raise OSError(failed.errno, failed.strerror or str(failed), str(path)) from exc
         raise

@@ -36,6 +36,7 @@ from connlearn.checkpoint import (
     load_checkpoint,
     make_checkpoint,
     save_atomic,
+    write_text_atomic,
 )
 from connlearn.data import (
     DATA_ENV,
@@ -71,7 +72,7 @@ from connlearn.prune import (
 from connlearn.recipe import Recipe, check_gate_momentum, flag_check, get_recipe
 from connlearn.signals import STOP_SIGNALS, check_signals
 from connlearn.topologies import PRESETS
-from connlearn.train import Loader, Trainer, hold_folder, write_text_atomic
+from connlearn.train import Loader, Trainer, hold_folder
 
 CIFAR_PRESETS = tuple(p for p in PRESETS if p.startswith("cifar-"))
 MINIIMAGENET_PRESETS = tuple(p for p in PRESETS if p.startswith("miniimagenet-"))

@@ -58,6 +58,7 @@ from connlearn.checkpoint import (
     net_from_checkpoint,
     plain_facts,
     save_atomic,
+    write_text_atomic,
 )
 from connlearn.compile import ConnectivityNet, check_net
 from connlearn.data import ShardedBatches
@@ -250,21 +251,6 @@ def _is_loader(obj: object) -> bool:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: to a temporary beside it, renamed over it. A failed
-    write (a full disk) leaves ``path`` as it was and no temporary, and its ``OSError`` names ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if exc.errno is None:
-            raise OSError(f"cannot write {path}: {exc}") from exc
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:

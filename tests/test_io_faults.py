@@ -3,10 +3,10 @@
 import errno
 import json
 import os
-import pathlib
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,14 +45,16 @@ class _FullAfter:
         return self._f.__exit__(*exc)
 
 
-def _disk_full_after(monkeypatch, room, nth=1):
-    """Make the ``nth`` file save_atomic opens run out of space after ``room`` bytes."""
+def _disk_full_after(monkeypatch, room, nth=1, named=""):
+    """Make the ``nth`` file whose name holds ``named`` that connlearn's atomic writes (checkpoints, logs,
+    summaries) open run out of space after ``room`` bytes."""
     opened = []
 
     def fake_open(path, mode="r", *args, **kwargs):
         f = open(path, mode, *args, **kwargs)  # noqa: SIM115 (closed by whoever uses it)
-        opened.append(path)
-        return _FullAfter(f, room) if len(opened) == nth else f
+        if named in Path(path).name:
+            opened.append(path)
+        return _FullAfter(f, room) if named in Path(path).name and len(opened) == nth else f
 
     monkeypatch.setattr(connlearn.checkpoint, "open", fake_open, raising=False)
 
@@ -78,7 +80,7 @@ def test_a_disk_full_at_a_trainers_save_names_the_checkpoint_and_what_it_still_h
 
     reference = trainer(tmp_path / "reference")
     reference.fit()
-    _disk_full_after(monkeypatch, 100, nth=3)  # the .next.pt of epoch 3 (no evaluation: no best.pt)
+    _disk_full_after(monkeypatch, 100, nth=3, named=".next.pt")  # epoch 3 (no evaluation: no best.pt)
     t = trainer(tmp_path / "run")
     with pytest.raises(CheckpointWriteError, match=r"cannot write the checkpoint after epoch 3 to .*last\.pt: No "
                                                    r"space left on device; .*last\.pt still holds epoch 2") as caught:
@@ -106,8 +108,6 @@ def _offline(monkeypatch):
 
 
 def test_a_disk_full_while_writing_summary_json_leaves_the_one_before_whole(tmp_path, monkeypatch):
-    import pathlib
-
     from connlearn.experiment import CifarRun, run_cifar
 
     _offline(monkeypatch)
@@ -115,15 +115,7 @@ def test_a_disk_full_while_writing_summary_json_leaves_the_one_before_whole(tmp_
                    epochs=4, train_subset=64, test_subset=32, batch_size=32, out=str(tmp_path), progress=False)
     run_cifar(run)
     before = (tmp_path / "summary.json").read_text()
-    write_text = pathlib.Path.write_text
-
-    def half_then_full(self, text, *args, **kwargs):  # the disk fills halfway through the file
-        if self.name.endswith("summary.json") or "summary.json." in self.name:
-            write_text(self, text[: len(text) // 2], *args, **kwargs)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return write_text(self, text, *args, **kwargs)
-
-    monkeypatch.setattr(pathlib.Path, "write_text", half_then_full)
+    _disk_full_after(monkeypatch, len(before) // 2, named="summary.json")  # the disk fills halfway through it
     with pytest.raises(OSError, match="No space left on device") as caught:
         run_cifar(run)  # finished: it prunes, draws and writes its summary again
     assert caught.value.filename == str(tmp_path / "summary.json")
@@ -176,13 +168,7 @@ def test_a_disk_full_while_rewriting_a_log_names_it_and_leaves_no_temporary(tmp_
     from connlearn.train import write_jsonl
 
     write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}])
-    write_text = pathlib.Path.write_text
-
-    def half_then_full(self, text, *args, **kwargs):  # the disk fills halfway through the file
-        write_text(self, text[: len(text) // 2], *args, **kwargs)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(pathlib.Path, "write_text", half_then_full)
+    _disk_full_after(monkeypatch, 20)  # the disk fills halfway through the file
     with pytest.raises(OSError) as caught:
         write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}, {"epoch": 2}])
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "log.jsonl")
@@ -230,7 +216,7 @@ def test_a_failing_tensorboard_writer_is_turned_off_with_a_warning_and_training_
 
 
 def test_a_disk_full_while_writing_best_pt_names_best_pt(tmp_path, monkeypatch):
-    _disk_full_after(monkeypatch, 100, nth=1)  # the first save with an evaluation writes best.pt first
+    _disk_full_after(monkeypatch, 100, named="best.pt")  # a save with an evaluation writes best.pt first
     t = Trainer(connlearn.build(**tiny()), RandomLoader(), RandomLoader(seed=1), RECIPE, out_dir=tmp_path,
                 progress=False)
     with pytest.raises(CheckpointWriteError, match=rf"after epoch 1 to {re.escape(str(tmp_path / 'best.pt'))}: No "
