@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import statistics
@@ -46,6 +45,7 @@ from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INI
 from connlearn.checkpoint import folder_lock
 from connlearn.errors import ConfigError, ConnlearnError, unknown_name
 from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
+from connlearn.files import write_text_atomic
 from connlearn.prune import random_overlap
 from connlearn.recipe import get_recipe
 from connlearn.signals import STOP_SIGNALS
@@ -133,9 +133,7 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / ".sweep.json.tmp"  # written whole, then renamed: an interrupted save leaves the old one
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, out / "sweep.json")
+    write_text_atomic(out / "sweep.json", json.dumps(state, indent=2))  # an interrupted save leaves the old one
     if state["runs"]:
         write_table(out, state)
 
@@ -441,7 +439,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         )
     lines += _paired_by_density(by_arm)
     path = out / "results.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     if logs:
         plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",),
                                    eval_set=eval_set)

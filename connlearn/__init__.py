@@ -188,8 +188,8 @@ def list_presets(pattern: str = "*") -> list[str]:
     return sorted(p for p in PRESETS if fnmatch.fnmatchcase(p, pattern))
 
 
-_SUBMODULES = ("checkpoint", "data", "experiment", "export", "folders", "plots", "prune", "recipe", "render", "signals",
-               "train", "updater")
+_SUBMODULES = ("checkpoint", "data", "experiment", "export", "files", "folders", "plots", "prune", "recipe", "render",
+               "signals", "train", "updater")
 
 
 def __getattr__(name: str) -> Any:

@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
@@ -40,6 +40,7 @@ from connlearn.errors import (
     python_number,
     state_dict_mismatch,
 )
+from connlearn.files import write_atomic
 from connlearn.graph import BranchGraph, check_graph
 
 if sys.platform != "win32":
@@ -50,57 +51,11 @@ VERSION = 1
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace``: a crash never
-    leaves a half-written file under ``path``."""
+    """``torch.save`` ``obj`` to ``path`` whole or not at all (:func:`connlearn.files.write_atomic`): a crash
+    never leaves a half-written file under ``path``."""
     path = check_file_path("path", path, "model.pt")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _write_atomic(path, lambda f: torch.save(obj, f))
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`save_atomic` writes a checkpoint: a
-    failed write (a full disk) leaves ``path`` as it was and no temporary, and its ``OSError`` names ``path``."""
-    return _write_atomic(path, lambda f: f.write(text.encode()))
-
-
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
-    """``write`` a binary file to a temporary in ``path``'s folder, fsync, then ``os.replace`` it to ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:  # a failed or interrupted write leaves neither a partial file nor its temporary
-        with contextlib.suppress(OSError):  # (a name too long to make is too long to remove: not the error)
-            tmp.unlink(missing_ok=True)
-        failed = write_failure(exc)
-        if failed is not None and failed.errno is None:
-            raise OSError(f"cannot write {path}: {failed}") from exc
-        if failed is not None:  # named as the file asked for, whatever torch's writer made of it
-            raise OSError(failed.errno, failed.strerror or str(failed), str(path)) from exc
-        raise
-    return path
-
-
-def write_failure(exc: BaseException) -> OSError | None:
-    """The OSError behind a failed write: ``exc`` itself, one it was raised from or during (torch's zip
-    writer turns a full disk into a ``RuntimeError`` "[enforce fail at inline_container.cc] unexpected pos",
-    with the OSError of the file's ``write`` as its context), or for that writer's error alone an ``EIO``;
-    ``None`` for anything else (an interrupt, an object that does not pickle)."""
-    if not isinstance(exc, Exception):  # an interrupt stays one
-        return None
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OSError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "PytorchStreamWriter" in str(exc)):
-        return OSError(5, f"torch.save could not write the file ({' '.join(str(exc).split())})")
-    return None
+    return write_atomic(path, lambda f: torch.save(obj, f))
 
 
 _HELD: dict[str, tuple[int, int]] = {}  # the folders this process holds: resolved path -> (lock file, thread)

@@ -28,7 +28,6 @@ import inspect
 import io
 import math
 import os
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +51,7 @@ from connlearn.errors import (
     check_name,
     check_path,
 )
+from connlearn.files import write_atomic
 from connlearn.signals import start_workers, worker_init
 
 DATA_ENV = "CONNLEARN_DATA"
@@ -528,19 +528,7 @@ def pack(
     if format == "png":
         arrays["encoding"] = np.array("png")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.savez(out, **arrays)
-            out.flush()
-            os.fsync(out.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes it private; a dataset is as readable as any file
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda f: np.savez(f, **arrays))
     return path
 
 

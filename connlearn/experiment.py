@@ -36,7 +36,6 @@ from connlearn.checkpoint import (
     load_checkpoint,
     make_checkpoint,
     save_atomic,
-    write_text_atomic,
 )
 from connlearn.data import (
     DATA_ENV,
@@ -59,6 +58,7 @@ from connlearn.errors import (
     check_name,
     check_temperature,
 )
+from connlearn.files import remove_leftovers, write_text_atomic
 from connlearn.folders import ImageFiles, folder_loaders, load_imagenet
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
@@ -556,6 +556,8 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
         run = _as_built(run, net)
     out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
     held.enter_context(hold_folder(out, "a training run", rank == 0, device))  # to the end: pruning, drawings too
+    if rank == 0:  # held: what a killed write left is no one's
+        remove_leftovers(out, ("pruned.pt", "summary.json"))
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     if run.gate_grad != "plain" and not net.gate_parameters():

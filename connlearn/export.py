@@ -11,8 +11,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import io
 import os
+import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,6 +23,7 @@ import torch
 from connlearn.blocks import device_and_dtype
 from connlearn.compile import ConnectivityNet, check_net
 from connlearn.errors import ConfigError, ConfigTypeError, ShapeError, check_file_path, check_int, check_name
+from connlearn.files import replace_whole, temporary_name, write_bytes_atomic
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 #: The formats by the suffix of their files (``pt2``: ``export``), which name them too.
@@ -81,10 +85,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
             with torch.no_grad():
                 traced = torch.jit.trace(model, example, check_trace=False)
-            try:
-                traced.save(str(path))
-            except RuntimeError as exc:  # TorchScript reports a file it cannot write as a RuntimeError
-                raise ConfigError(f"cannot write {path}: {str(exc).strip().splitlines()[0]}") from None
+            _write(path, lambda f: torch.jit.save(traced, f))
     elif format == "onnx":
         if not onnx_supported():
             raise ConfigError(f"ONNX export needs PyTorch 2.5 or newer (torch.onnx.export(dynamo=True)); this is "
@@ -92,18 +93,43 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"ONNX export needs {', '.join(missing)}: pip install 'connlearn[onnx]'")
-        try:
-            torch.onnx.export(model, (example,), str(path), dynamo=True, dynamic_shapes=({0: batch},),
-                              verbose=False)
-        except OSError as exc:  # its weights go through a temporary file beside path first
-            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+        _write_onnx(model, example, path, batch)
     else:
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-        try:
-            torch.export.save(program, str(path))
-        except (RuntimeError, OSError) as exc:
-            raise ConfigError(f"cannot write {path}: {str(exc).strip().splitlines()[0]}") from None
+        _write(path, lambda f: torch.export.save(program, f))
     return path
+
+
+def _write_onnx(model: ConnectivityNet, example: torch.Tensor, path: Path, batch: torch.export.Dim) -> None:
+    """Export to ONNX in a temporary folder beside ``path``, then move the weights (``.onnx.data``, where the
+    exporter writes them apart) and the model into place, each whole; a weights file an earlier export left
+    beside ``path`` goes when this model holds its own."""
+    staging = temporary_name(path)
+    try:
+        staging.mkdir()
+        staged = staging / path.name
+        torch.onnx.export(model, (example,), str(staged), dynamo=True, dynamic_shapes=({0: batch},), verbose=False)
+        written = onnx_files(staged)
+        for file in reversed(written):  # the weights first, then the model that reads them
+            replace_whole(file, path.with_name(file.name))
+        if len(written) == 1:
+            path.with_name(path.name + ".data").unlink(missing_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write(path: Path, save: Callable[[io.BytesIO], object]) -> None:
+    """``save`` the exported model to ``path`` whole or not at all; a file it cannot write is a ConfigError.
+    The model is serialised in memory first: torch's zip writer, handed a file that fails (a full disk), throws
+    again from its destructor and aborts the process."""
+    buffer = io.BytesIO()
+    save(buffer)
+    try:
+        write_bytes_atomic(path, buffer.getbuffer())
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 

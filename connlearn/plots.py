@@ -37,6 +37,7 @@ from connlearn.errors import (
     check_path,
     check_title,
 )
+from connlearn.files import write_atomic
 from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import active_branches
 from connlearn.train import read_jsonl
@@ -437,5 +438,4 @@ def _figure_path(path: str | os.PathLike[str]) -> Path:
 
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format=path.suffix[1:].lower(), dpi=120)
-    return path
+    return write_atomic(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower(), dpi=120))

@@ -29,6 +29,7 @@ from typing import Any
 import graphviz
 
 from connlearn.errors import ConfigError, ConfigTypeError, check_bool, check_name, check_path, check_title
+from connlearn.files import write_bytes_atomic
 from connlearn.graph import BranchGraph, check_graph
 from connlearn.prune import dead_blocks
 
@@ -149,7 +150,7 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
 
     path.parent.mkdir(parents=True, exist_ok=True)
     dot_path = path.with_suffix(".dot")
-    _write_atomic(dot_path, dot.source.encode("utf-8"))
+    write_bytes_atomic(dot_path, dot.source.encode("utf-8"))
     if suffix == ".dot":
         return [dot_path]
     if shutil.which("dot") is None:
@@ -166,7 +167,7 @@ def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to
         warnings.warn(f"cannot render {str(path)!r}: Graphviz's 'dot' failed: {said.splitlines()[0]}; the .dot file "
                       f"was written ({str(dot_path)!r})", stacklevel=2)
         return [dot_path]
-    _write_atomic(path, data)
+    write_bytes_atomic(path, data)
     return [dot_path, path]
 
 
@@ -246,20 +247,7 @@ def _check_dead(dead: str) -> None:
     check_name("dead-block style", dead, DEAD_STYLES)
 
 
-# ---------------------------------------------------------------------------- files
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if exc.filename == str(tmp):  # named as the file asked for
-            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
+# ---------------------------------------------------------------------------- messages
 def _warn_no_dot(path: Path) -> None:
     warnings.warn(
         f"cannot render {str(path)!r}: Graphviz's 'dot' program was not found. To render drawings, install "

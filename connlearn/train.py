@@ -58,7 +58,6 @@ from connlearn.checkpoint import (
     net_from_checkpoint,
     plain_facts,
     save_atomic,
-    write_text_atomic,
 )
 from connlearn.compile import ConnectivityNet, check_net
 from connlearn.data import ShardedBatches
@@ -78,6 +77,7 @@ from connlearn.errors import (
     check_path,
     closest,
 )
+from connlearn.files import remove_leftovers, write_text_atomic
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -93,6 +93,8 @@ AMP_MODES = ("auto", "bf16", "fp16", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: Steps between the ranks' checks for a stop signal under ``torch.distributed`` (one small reduction each).
 STOP_CHECK_EVERY = 10
+#: The files a trainer writes whole (:func:`~connlearn.files.write_atomic`) in its ``out_dir``.
+WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
 
 
 class Loader(Protocol):
@@ -817,6 +819,8 @@ class Trainer:
                                   "(with a lower learning rate, in a new out_dir)")
         with (hold_folder(self.out_dir, "a training run", self.is_main, self.device),
               StopSignals(signals, say=self.is_main) as self._signals):  # from here on, a signal is a request to stop
+            if self.is_main:  # held: what a killed save left is no one's
+                remove_leftovers(self.out_dir, WRITES)
             try:
                 return self._fit(resume, max_epochs, time_limit, started, signals)
             finally:

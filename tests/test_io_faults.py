@@ -13,7 +13,7 @@ import torch
 from conftest import RandomLoader, tiny
 
 import connlearn
-import connlearn.checkpoint
+import connlearn.files
 from connlearn.checkpoint import load_checkpoint, save_atomic
 from connlearn.errors import CheckpointWriteError, ConfigError
 from connlearn.recipe import get_recipe
@@ -56,7 +56,7 @@ def _disk_full_after(monkeypatch, room, nth=1, named=""):
             opened.append(path)
         return _FullAfter(f, room) if named in Path(path).name and len(opened) == nth else f
 
-    monkeypatch.setattr(connlearn.checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(connlearn.files, "open", fake_open, raising=False)
 
 
 @pytest.mark.parametrize("room", [0, 100, 20_000])  # torch's zip writer fails differently at each
