@@ -298,3 +298,15 @@ def test_the_stem_resolution_is_what_its_convolution_makes(kernel, stride, maxpo
     g.nodes["input"].update(resolution=made + 1)
     with pytest.raises(GraphError, match=f"makes {made} of images of size 32"):
         g._check_stem(g.nodes["input"])
+
+
+@pytest.mark.parametrize("branch", [1, 2])
+def test_validate_rejects_a_last_module_branch_that_keeps_its_resolution_where_the_others_halve_it(branch):
+    """A block's stride and resolution consistent with its inputs, but not with its module's other blocks:
+    only the module's own check sees it in the last module, whose edges into the output check no resolution."""
+    g = _graph()
+    node = g.branches(3)[branch]
+    assert g.nodes[node]["stride"] == 2
+    g.nodes[node].update(stride=1, resolution=g.nodes[node]["resolution"] * 2)
+    with pytest.raises(GraphError, match=rf"blocks of module 3 disagree in stride: m3\.b1 has 2, {node} has 1"):
+        g.validate()
