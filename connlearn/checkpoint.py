@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,8 +81,8 @@ def folder_lock(folder: str | os.PathLike, what: str = "a run") -> Iterator[None
     refused): another process, or another thread of this one, that asks for it gets a :class:`ConfigError`
     naming the holder, instead of the two overwriting each other's checkpoints and logs. An advisory ``flock``
     on ``folder/.lock``, which the system releases when the process ends however it ends (a kill leaves no
-    stale lock); nested holds of one folder by one thread are one hold. On Windows, or on a file system that
-    refuses ``flock`` (some network mounts), nothing is held."""
+    stale lock); nested holds of one folder by one thread are one hold. On Windows nothing is held; on a file
+    system that refuses ``flock`` (some network mounts) nothing is held either, with a warning."""
     folder = Path(folder)
     key, thread = str(folder.resolve()), threading.get_ident()
     if key in _HELD and _HELD[key][1] != thread:
@@ -103,8 +104,11 @@ def folder_lock(folder: str | os.PathLike, what: str = "a run") -> Iterator[None
         raise ConfigError(f"{folder} is in use by {holder}: two processes in one folder overwrite each other's "
                           "checkpoints and logs. Wait for it to end (then the same command resumes), or give "
                           "another output folder") from None
-    except OSError:  # a file system without flock: unguarded
+    except OSError as exc:  # a file system without flock: unguarded, and said so
         os.close(fd)
+        warnings.warn(f"cannot hold {folder} ({exc.strerror or exc}: its file system refuses flock): nothing stops "
+                      "another process from writing in it at the same time; give each run its own folder",
+                      stacklevel=3)
         yield
         return
     _HELD[key] = (fd, thread)

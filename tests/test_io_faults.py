@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -261,3 +262,18 @@ def test_a_forked_child_holds_nothing_of_its_parents_and_cannot_take_a_folder_th
             os._exit(1)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 3
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
+def test_a_file_system_that_refuses_flock_runs_unguarded_and_says_so(tmp_path, monkeypatch):
+    import fcntl
+
+    from connlearn.checkpoint import folder_lock
+
+    def refused(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    said = rf"cannot hold {re.escape(str(tmp_path))} \(No locks available: its file system refuses flock\): nothing"
+    with pytest.warns(UserWarning, match=said), folder_lock(tmp_path):
+        pass
