@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import io
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import warnings
@@ -125,18 +127,38 @@ def folder_lock(folder: str | os.PathLike, what: str = "a run") -> Iterator[None
 
 def environment() -> dict[str, Any]:
     """What a result depends on besides its settings and seed, for a checkpoint or a run's summary: the
-    versions of connlearn, torch (and its CUDA), NumPy and Python, the platform, torch's CPU threads (their
-    number changes a CPU run's bits) and whether its deterministic algorithms were on."""
+    versions of connlearn (and its commit, see :func:`source_commit`), torch (and its CUDA), NumPy and Python,
+    the platform, torch's CPU threads (their number changes a CPU run's bits) and whether its deterministic
+    algorithms were on."""
     import platform
 
     import numpy as np
 
     from connlearn import __version__
 
-    return {"connlearn": __version__, "torch": str(torch.__version__),  # a str of torch's own class: a plain one
+    return {"connlearn": __version__, "commit": source_commit(),
+            "torch": str(torch.__version__),  # a str of torch's own class: a plain one
             "cuda": torch.version.cuda,
             "numpy": np.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled()}
+
+
+@functools.cache
+def source_commit() -> str | None:
+    """The git commit of the checkout connlearn runs from (an editable install), ending in ``+changes`` where
+    its tracked files differ from it; ``None`` for an installed package, or without git."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip()
+
+        commit, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+changes" if changes else "")
 
 
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:

@@ -508,3 +508,18 @@ def test_a_run_with_activation_checkpointing_trains_as_one_without(offline, tmp_
     for a, b in zip(*logs, strict=True):
         for key in ("train_loss", "test_loss", "gate_mean", "drawn_distinct"):
             assert b[key] == (None if a[key] is None else pytest.approx(a[key], rel=1e-5)), key
+
+
+def test_the_environment_names_the_commit_of_the_checkout_connlearn_runs_from(tmp_path, monkeypatch):
+    import shutil
+
+    import connlearn.checkpoint as checkpoint
+
+    root = Path(checkpoint.__file__).resolve().parent.parent
+    if (root / ".git").exists() and shutil.which("git"):
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode == 0:
+            assert checkpoint.environment()["commit"] in (head.stdout.strip(), head.stdout.strip() + "+changes")
+    # an installed package (no checkout above it) has no commit to name
+    monkeypatch.setattr(checkpoint, "__file__", str(tmp_path / "site-packages" / "connlearn" / "checkpoint.py"))
+    assert checkpoint.source_commit.__wrapped__() is None
