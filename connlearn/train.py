@@ -486,7 +486,8 @@ class Trainer:
         snapshot_every: steps between gate snapshots (0: none).
         checkpoint_every: steps between checkpoints within an epoch (``last.pt``; 0: at the end of each epoch
             only), for epochs too long to lose to a stopped job; a resume goes on from the step it holds.
-        tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
+        tensorboard: also write TensorBoard scalars to ``out_dir/tb``, one step per epoch; a resume hides what
+            the run logged after the epoch it resumes from (a kill, or a resume from an earlier checkpoint).
         progress: show a tqdm progress bar.
         verbose: print one summary line per epoch.
         meta: free-form JSON-able facts stored in checkpoints (dataset, preset, ...).
@@ -851,7 +852,8 @@ class Trainer:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
-            self._tb = SummaryWriter(str(self.out_dir / "tb"))
+            # epochs are its steps: what a run before left from here on (a kill, an earlier checkpoint) is hidden
+            self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=self.epoch + 1)
         if self._last_connectivity is None:
             self._last_connectivity = self.net.connectivity()
         if self.step == 0 and self.gate_grad == "renormalized":

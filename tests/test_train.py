@@ -633,3 +633,18 @@ def test_a_trainer_resumed_after_the_freeze_may_go_back_to_a_checkpoint_from_bef
     assert t.net.fixed_connectivity
     t.fit(resume=tmp_path / "before.pt")
     _assert_same_state(t.net, uninterrupted.net)
+
+
+def test_tensorboard_shows_each_epoch_once_after_a_resume_from_an_earlier_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    recipe = get_recipe("cifar").scaled(4)
+    _trainer(tmp_path, tensorboard=True, recipe=recipe).fit(max_epochs=2)
+    again = _trainer(tmp_path, tensorboard=True, recipe=recipe)
+    again.fit(resume=tmp_path / "previous.pt", max_epochs=2)  # epoch 1's state: epoch 2 is trained and logged again
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    logged = events.Scalars("train_loss")
+    assert [e.step for e in logged] == [1, 2, 3]
+    assert [e.value for e in logged] == pytest.approx([r["train_loss"] for r in again.history])
