@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 a ConnlearnError or a file error (one line on stderr, no traceback); 2 bad usage;
 130 training stopped by Ctrl-C, 128 + N by another stop signal N (143 for SIGTERM): at the next step, with a
-checkpoint there (a second Ctrl-C stops at once).
+checkpoint there (a second Ctrl-C stops at once); 141 (128 + SIGPIPE), quietly, when the reader of its output
+went away (``connlearn info last.pt | head``).
 """
 
 from __future__ import annotations
@@ -555,7 +556,13 @@ def _guarded(func, args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
-            return func(args)
+            code = func(args)
+            sys.stdout.flush()  # here, where a reader that went away is caught below, not at the interpreter's exit
+            return code
+    except BrokenPipeError:  # the reader went away (`connlearn info last.pt | head`): it read what it wanted
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+        return 141  # 128 + SIGPIPE: what a program that signal ended returns
     except (ConnlearnError, OSError) as exc:
         _tell(f"error: {_one_line(exc)}")
         return 1

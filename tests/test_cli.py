@@ -44,6 +44,19 @@ def test_the_console_script_module_runs():
     assert done.returncode == 0 and all(c in done.stdout for c in COMMANDS)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes")
+def test_output_piped_to_a_reader_that_stops_early_ends_quietly(ckpt):
+    """``connlearn info last.pt | head -1``: no error and no traceback once the reader is gone."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    done = subprocess.run([sys.executable, "-m", "connlearn.cli", "info", str(ckpt)], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
 def test_info_describes_the_checkpoint(ckpt, capsys):
     code, out, _ = _run(["info", ckpt, "--json"], capsys)
     info = json.loads(out)
