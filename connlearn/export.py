@@ -132,7 +132,6 @@ def _write(path: Path, save: Callable[[io.BytesIO], object]) -> None:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-
 def _checked_example(net: ConnectivityNet, example: torch.Tensor) -> torch.Tensor:
     """``example`` if the network takes it: a floating ``[B, in_channels, H, W]`` tensor in its dtype."""
     if not isinstance(example, torch.Tensor):

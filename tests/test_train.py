@@ -410,13 +410,13 @@ def test_a_checkpoint_with_any_entry_damaged_or_missing_is_refused_by_name_on_re
 
 
 def test_a_checkpoint_that_cannot_be_written_is_named_as_asked_not_by_its_temporary(tmp_path, monkeypatch):
-    import connlearn.checkpoint
+    import connlearn.files
     from connlearn.checkpoint import save_atomic
 
     def full(path, mode="r"):
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(connlearn.checkpoint, "open", full, raising=False)
+    monkeypatch.setattr(connlearn.files, "open", full, raising=False)
     with pytest.raises(OSError, match="No space left on device") as caught:
         save_atomic({}, tmp_path / "last.pt")
     assert caught.value.filename == str(tmp_path / "last.pt") and not list(tmp_path.iterdir())
