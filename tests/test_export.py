@@ -1,6 +1,7 @@
 """Exported models give the same outputs as the pruned net they came from."""
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -157,13 +158,15 @@ def test_a_file_named_for_another_format_is_refused(tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_an_exported_file_given_as_a_checkpoint_is_named_as_what_it_is(pruned, tmp_path):
+@pytest.mark.parametrize("name, said", [("net.ts", r"TorchScript \(load it with torch\.jit\.load\)"),
+                                        ("net.pt2", r"torch\.export \(load it with torch\.export\.load\)")])
+def test_an_exported_file_given_as_a_checkpoint_is_named_as_what_it_is(pruned, tmp_path, name, said):
     from connlearn.checkpoint import load_checkpoint
     from connlearn.errors import CheckpointError
 
-    path = export(pruned, tmp_path / "net.ts")
-    with pytest.raises(CheckpointError, match=r"net\.ts is a network exported as TorchScript \(load it with "
-                                              r"torch\.jit\.load\).*the checkpoint it was exported from"):
+    path = export(pruned, tmp_path / name, "torchscript" if name.endswith(".ts") else "export")
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} is a network exported as {said}.*the checkpoint "
+                                              r"it was exported from"):
         load_checkpoint(path)
 
 
