@@ -149,7 +149,7 @@ def run_from_args(args: argparse.Namespace, dataset: str | None = None):
     fields = {f.name for f in attrs.fields(CifarRun)}
     options: dict[str, Any] = {}
     if args.config:
-        options.update(_read_config(Path(args.config), fields))
+        options.update(_read_config(Path(args.config).expanduser(), fields))
     options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     if "epochs" not in options and "phases" in options:
         with contextlib.suppress(ConnlearnError):  # a bad split is left for CifarRun to name
@@ -239,7 +239,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             files = render.save(graph, args.output, weighted=args.weighted, dead=args.dead)
     # without Graphviz only the .dot file comes: a drawing asked for as .svg/.png/.pdf is missing, so the command
     # failed (with the warning that names the fix as its error)
-    out = Path(args.output)
+    out = Path(args.output).expanduser()
     done = out.suffix.lower() == ".dot" or out in files
     for w in caught:
         print(f"connlearn: {'warning' if done else 'error'}: {w.message}", file=sys.stderr)
@@ -251,7 +251,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
     from connlearn.train import read_jsonl
 
-    source, out = Path(args.source), Path(args.output)
+    source, out = Path(args.source).expanduser(), Path(args.output).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"-o: {out} is a file; the figures go into a folder")
     if source.suffix == ".jsonl":
@@ -262,8 +262,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
             files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
             eval_set = args.eval_set or _eval_set(_run_options(source.parent))
-            files = [plots.plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
-                                                eval_set=eval_set)]
+            keys = plots.logged(records, ("test_top1", "train_loss")) or ("test_top1", "train_loss")
+            files = [plots.plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set)]
     else:
         ckpt, net = _load_net(str(source))
         log = source.parent / "log.jsonl"
@@ -405,7 +405,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     from connlearn.data import load_dataset, pack, read_image_folder
 
-    source = Path(args.source)
+    source = Path(args.source).expanduser()
     folder_only = [flag for flag, value in (("--size", args.size), ("--test-per-class", args.test_per_class))
                    if value is not None]
     if args.source in ("cifar10", "cifar100"):

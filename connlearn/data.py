@@ -338,7 +338,7 @@ def load_packed(path: str | os.PathLike[str]) -> tuple[ImageDataset, ImageDatase
         DataError: the file is missing, not a packed dataset, truncated or corrupt, lacks keys, or has bad
             offsets, labels or images; the message says which.
     """
-    path = check_path("path", path).expanduser()
+    path = check_path("path", path)
     if not path.is_file():
         raise DataError(f"dataset file {path} does not exist; {_WHERE_TO_PUT_DATA}")
     with path.open("rb") as f:
@@ -594,7 +594,7 @@ def data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | Non
     """Where the data is: ``(data, "data path")`` when given, else ``($CONNLEARN_DATA, "CONNLEARN_DATA")``
     when set (``~`` expanded), else None."""
     if data is not None:
-        return check_path("data", data).expanduser(), "data path"
+        return check_path("data", data), "data path"
     from_env = os.environ.get(DATA_ENV)
     if from_env:
         return Path(from_env).expanduser(), DATA_ENV

@@ -236,9 +236,10 @@ def check_device(value: object, name: str = "device") -> Any:
 
 
 def check_path(name: str, value: object) -> Path:
-    """``value`` (a non-empty string or an ``os.PathLike``) as a ``Path``; a clear error for anything else."""
+    """``value`` (a non-empty string or an ``os.PathLike``) as a ``Path``, ``~`` expanded to the home folder; a
+    clear error for anything else."""
     if isinstance(value, os.PathLike) or (isinstance(value, str) and value):
-        return Path(value)
+        return Path(value).expanduser()
     raise ConfigTypeError(f"{name} must be a path (a non-empty string or a pathlib.Path), got {value!r} "
                           f"({type(value).__name__})")
 
@@ -246,7 +247,7 @@ def check_path(name: str, value: object) -> Path:
 def check_file_path(name: str, value: object, example: str) -> Path:
     """``value`` as a ``Path`` (see :func:`check_path`) to a file to write; a folder there is refused with an
     example file name inside it (``example``, e.g. ``"model.pt"``)."""
-    path = check_path(name, value).expanduser()
+    path = check_path(name, value)
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; give the file to write (e.g. {path / example})")
     for parent in path.parents:

@@ -343,10 +343,10 @@ def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
 def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
     """A new network (weights from ``run.seed``) with the fixed connectivity of ``run.connectivity``."""
     assert run.connectivity is not None  # build_net calls this only then
-    path = Path(run.connectivity)
+    path = Path(run.connectivity).expanduser()
     if not path.is_file():
         raise ConfigError(f"connectivity: no file at {path} (a checkpoint such as a run's last.pt, or a graph JSON)")
-    if path.resolve().parent == Path(run.out).resolve():
+    if path.resolve().parent == Path(run.out).expanduser().resolve():
         raise ConfigError(f"connectivity: {path} lies in this run's own output folder {run.out}, whose checkpoints "
                           "the run resumes from and overwrites; give the run another --out")
     with path.open("rb") as f:
@@ -543,7 +543,7 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
     if recipe.batch_size % world:  # before any rank reads the data
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
                           f"multiple of {world} (--batch-size)")
-    out = Path(run.out)
+    out = Path(run.out).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file; the output is a folder (of logs and checkpoints)")
     if rank != 0:  # rank 0 reads (and for CIFAR perhaps downloads) the data first, the others then find it

@@ -93,7 +93,7 @@ def image_files(folder: str | os.PathLike[str]) -> ImageFiles:
     order within each, as ``torchvision.datasets.ImageFolder`` lists them), without reading them."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-    folder = check_path("folder", folder).expanduser()
+    folder = check_path("folder", folder)
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder (expected one folder of images per class)")
     try:

@@ -141,7 +141,7 @@ GATE_LOG_KEYS = ("gate_mean", "gate_at_1", "gate_entropy", "drawn_distinct", "dr
 def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Records | None = None,
              snapshots: str | os.PathLike[str] | None = None, eval_set: str = "test") -> list[Path]:
     """The standard pictures of a run in folder ``out``: active branches, gate heatmaps (when the graph has
-    gates), top-1 on ``eval_set`` and train loss over epochs (when ``log`` is given), the per-epoch gate
+    gates), top-1 on ``eval_set`` and train loss over epochs (those ``log`` holds, when given), the per-epoch gate
     numbers and draws of sampled gates (``draws.png``, when the log has them) and the gate evolution (when a
     non-empty ``snapshots`` file is given). Returns the files written."""
     _check_eval_set(eval_set)
@@ -155,13 +155,19 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Recor
         files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
     if log is not None:
         records = _records(log, "log")
-        files.append(plot_training_curves(records, out / "curves.png", keys=("test_top1", "train_loss"),
-                                          eval_set=eval_set))
+        keys = logged(records, ("test_top1", "train_loss"))  # a run without evaluations logs no test_top1
+        if keys:
+            files.append(plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set))
         if any(r.get("drawn_distinct") is not None for r in records):
             files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
     if snapshots is not None and snapshots.is_file() and snapshots.stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
     return files
+
+
+def logged(records: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[str, ...]:
+    """Those of ``keys`` that some record holds a value of, in order."""
+    return tuple(k for k in keys if any(r.get(k) is not None for r in records))
 
 
 # ---------------------------------------------------------------------------- gate evolution

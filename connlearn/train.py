@@ -269,7 +269,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", *, torn_tail: bool =
     where = f"{what} {str(path)!r}"
     number = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
             lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
         for number, line in lines:
             try:
@@ -638,7 +638,7 @@ class Trainer:
         if resume is False:
             return None
         if resume not in (True, "auto"):
-            return Path(cast("str | os.PathLike[str]", resume))  # neither False nor True here
+            return check_path("resume", cast("str | os.PathLike[str]", resume))  # neither False nor True here
         last, previous = self.out_dir / "last.pt", self.out_dir / "previous.pt"
         interrupted = self.out_dir / ".next.pt"  # whole (written atomically); newer than last.pt until renamed to it
         if not last.exists() and interrupted.exists():  # a save stopped between its two renames (see _save)

@@ -369,3 +369,24 @@ def test_importing_connlearn_does_not_import_dynamo():
     done = subprocess.run([sys.executable, "-c", "import sys, connlearn.cli; print('torch._dynamo' in sys.modules)"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_a_path_from_the_home_folder_is_read_where_it_was_written(tmp_path, monkeypatch, capsys):
+    """``~`` means the home folder in every path connlearn takes, to write and to read alike."""
+    from conftest import RandomLoader
+
+    from connlearn.cli import main
+    from connlearn.recipe import get_recipe
+    from connlearn.train import Trainer, read_jsonl
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    net = connlearn.build(**tiny())
+    save_atomic(make_checkpoint(net), "~/m.pt")
+    assert (tmp_path / "m.pt").is_file() and load_checkpoint("~/m.pt")["version"] == 1
+    t = Trainer(net, RandomLoader(), None, get_recipe("cifar").scaled(4), out_dir="~/run", progress=False)
+    t.fit(max_epochs=1)
+    assert (tmp_path / "run" / "last.pt").is_file() and len(read_jsonl("~/run/log.jsonl")) == 1
+    t.fit(resume="~/run/last.pt", max_epochs=1)
+    assert main(["render", "~/run/last.pt", "-o", "~/c.dot"]) == 0 and (tmp_path / "c.dot").is_file()
+    assert main(["plot", "~/run/last.pt", "-o", "~/plots"]) == 0 and (tmp_path / "plots" / "curves.png").is_file()
+    capsys.readouterr()

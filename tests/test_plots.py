@@ -304,3 +304,13 @@ def test_a_log_record_without_epoch_is_a_data_error(tmp_path):
 def test_an_empty_list_of_graphs_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="at least one"):
         plots.plot_active_branches({}, tmp_path / "branches.png")
+
+
+def test_the_pictures_of_a_run_trained_without_evaluations_plot_the_train_loss(tmp_path):
+    """A trainer without a test loader logs no ``test_top1``: the curves are those the log holds."""
+    log = [{"epoch": e, "train_loss": 2.0 / e, "train_top1": 10.0 * e} for e in (1, 2, 3)]
+    files = plots.plot_run(_graph(), tmp_path, K=1, log=log)
+    assert tmp_path / "curves.png" in files
+    assert plots.logged(log, ("test_top1", "train_loss")) == ("train_loss",)
+    assert plots.plot_run(_graph(), tmp_path / "none", K=1, log=[{"epoch": 1}])  # nothing to draw curves of
+    assert not (tmp_path / "none" / "curves.png").exists()
