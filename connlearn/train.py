@@ -305,7 +305,7 @@ def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
         w = g.clamp(min=0)
         total = w.sum(-1, keepdim=True)
         p = torch.where(total > 0, w / total.clamp(min=1e-12), torch.full_like(w, 1.0 / w.shape[-1]))
-        entropies.append(-(p * p.clamp(min=1e-12).log()).sum(-1))
+        entropies.append(-(p * p.clamp(min=1e-12).log()).sum(-1).reshape(-1))  # a 1-D gate: one row
     return {
         "gate_mean": flat.mean().item(),
         "gate_row_std": row_std.mean().item(),
@@ -341,18 +341,20 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | str |
     was_training = model.training
     model.eval()
     totals, seen = None, 0
-    for x, y in loader.epoch(0):
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with _autocast(x.device, amp):
-            out = model(x)
-        loss = F.cross_entropy(out.float(), y, reduction="sum")
-        k = min(5, out.shape[1])
-        top = out.topk(k, dim=1).indices
-        batch = torch.stack([loss, (top[:, 0] == y).sum().float(), (top == y[:, None]).any(1).sum().float()])
-        totals = batch if totals is None else totals + batch
-        seen += len(y)
-    model.train(was_training)
+    try:
+        for x, y in loader.epoch(0):
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with _autocast(x.device, amp):
+                out = model(x)
+            loss = F.cross_entropy(out.float(), y, reduction="sum")
+            k = min(5, out.shape[1])
+            top = out.topk(k, dim=1).indices
+            batch = torch.stack([loss, (top[:, 0] == y).sum().float(), (top == y[:, None]).any(1).sum().float()])
+            totals = batch if totals is None else totals + batch
+            seen += len(y)
+    finally:  # an error or an interrupt mid-way leaves the model in the mode it was given in
+        model.train(was_training)
     if totals is None:
         raise ConfigError("the evaluation loader yielded no batch")
     loss, top1, top5, n = _all_reduce(torch.cat([totals, totals.new_tensor([seen])])).tolist()
@@ -651,7 +653,7 @@ class Trainer:
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the whole training state from a checkpoint written by this trainer."""
-        path = loaded = Path(path)
+        path = check_path("path", path)
         try:
             ckpt = load_checkpoint(path)
         except CheckpointError as exc:
@@ -659,7 +661,7 @@ class Trainer:
             if path.name not in ("last.pt", ".next.pt") or not fallback.exists():
                 raise
             warnings.warn(f"{exc}; resuming from {fallback} instead", stacklevel=2)
-            ckpt, loaded = load_checkpoint(fallback), fallback
+            ckpt, path = load_checkpoint(fallback), fallback  # what follows names the file read
         if "optimizer" not in ckpt or "recipe" not in ckpt:
             raise CheckpointError(f"{path} holds a network but no training state; it cannot be resumed")
         if self.resume_check is not None:
@@ -673,12 +675,15 @@ class Trainer:
             kind = saved.graph.get("frozen_from", given_kind)  # checkpoints before it was recorded: trusted
         if saved.K != given.K or kind != given_kind:
             learned = f" (learned as {kind}, since frozen)" if kind != saved.gate_kind else ""
-            raise CheckpointError(f"{loaded} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
+            raise CheckpointError(f"{path} was trained with gate={saved.gate_kind}{learned} K={saved.K}; the network "
                                   f"given has gate={given.gate_kind} K={given.K} (train it in another out_dir)")
+        previous = path.with_name("previous.pt")
+        other = f", or resume from {previous}" if path.name != previous.name and previous.exists() else ""
+
         def damaged(exc: Exception) -> CheckpointError:
             return CheckpointError(f"the training state in {path} is damaged or of another version, so it cannot be "
-                                   f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new out_dir, "
-                                   "or resume from previous.pt")
+                                   f"resumed ({type(exc).__name__}: {str(exc).strip()[:200]}); start a new "
+                                   f"out_dir{other}")
 
         try:  # read and check the entries first: a damaged one is named before anything is restored
             recipe = Recipe.from_dict(ckpt["recipe"])
@@ -722,8 +727,8 @@ class Trainer:
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:  # their contents
             raise damaged(exc) from exc
         self.epoch, self.step, self.history, self.best_top1 = epoch, step, history, best
-        self._holds_last = (loaded.name in ("last.pt", ".next.pt")  # .next.pt: the save to last.pt was cut short
-                            and loaded.parent.resolve() == self.out_dir.resolve())
+        self._holds_last = (path.name in ("last.pt", ".next.pt")  # .next.pt: the save to last.pt was cut short
+                            and path.parent.resolve() == self.out_dir.resolve())
         self._within, self._midway = within, False
         self._froze_from = saved.graph.get("frozen_from") if saved.gate_kind == "frozen" else None
         self._saved = (epoch, 0 if within is None else within["batch"]) if self._holds_last else None

@@ -440,6 +440,8 @@ def test_gate_statistics_are_those_of_every_row(shapes, seed, zero_row):
     assert got["gate_at_1"] == pytest.approx(sum(v >= 1 for v in values) / len(values))
     assert got["gate_entropy"] == pytest.approx(sum(map(entropy, rows)) / len(rows), abs=1e-5)
     assert set(gate_statistics(_Gates([])).values()) == {None}
+    one_row = gate_statistics(_Gates([gates[0].reshape(-1)]))  # a gate kind's 1-D gate is one row
+    assert one_row == gate_statistics(_Gates([gates[0].reshape(1, -1)]))
 
 
 # load_checkpoint refuses, as a CheckpointError that says so, anything torch can load that is not a connlearn
@@ -581,3 +583,20 @@ def test_a_running_statistic_no_longer_finite_is_a_divergence(tmp_path):
     norm.running_var[0] = float("inf")
     with pytest.raises(DivergenceError, match=r"running statistics are no longer finite \(the first: .*running_var"):
         t.fit(max_epochs=1)
+
+
+# evaluate leaves the model in the mode it was given in, also when the model fails or the user interrupts it
+# mid-way (a training loop that catches the error goes on training, not in eval mode).
+@pytest.mark.parametrize("error", [RuntimeError("out of memory"), KeyboardInterrupt()])
+def test_evaluate_restores_the_training_mode_when_the_model_fails(error):
+    from connlearn.train import evaluate
+
+    class Failing(torch.nn.Module):
+        def forward(self, x):
+            raise error
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3), Failing()).train()
+    x, y = torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(type(error)):
+        evaluate(model, _Batches(x, y, 2))
+    assert model.training and all(m.training for m in model)

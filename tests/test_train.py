@@ -9,7 +9,7 @@ import torch
 from conftest import RandomLoader, tiny
 
 import connlearn
-from connlearn.checkpoint import load_checkpoint
+from connlearn.checkpoint import load_checkpoint, save_atomic
 from connlearn.errors import CheckpointError, DivergenceError
 from connlearn.gates import topk_mask
 from connlearn.recipe import Phase, Recipe, get_recipe
@@ -119,6 +119,23 @@ def test_a_truncated_checkpoint_is_refused_and_the_previous_one_resumes(uninterr
     with pytest.warns(UserWarning, match="resuming from .*previous.pt"):
         resumed.fit(resume=True)
     _assert_same_state(resumed.net, uninterrupted.net)
+
+
+def test_what_refuses_the_fallback_to_previous_pt_names_previous_pt(tmp_path):
+    """After last.pt is found damaged, the checks name the file they read (previous.pt), and a damaged state in
+    it does not send the user back to previous.pt."""
+    _trainer(tmp_path).fit(max_epochs=2)
+    last = tmp_path / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    other = _trainer(tmp_path, recipe=get_recipe("cifar").scaled(8))
+    with pytest.raises(CheckpointError, match=r"previous\.pt was trained with another recipe"), \
+            pytest.warns(UserWarning, match="resuming from .*previous.pt"):
+        other.fit(resume=True)
+    previous = load_checkpoint(tmp_path / "previous.pt")
+    save_atomic({**previous, "history": 5}, tmp_path / "previous.pt")
+    with pytest.raises(CheckpointError, match=r"the training state in .*previous\.pt is damaged.*start a new "
+                                              r"out_dir\)?$"), pytest.warns(UserWarning, match="previous.pt"):
+        _trainer(tmp_path).fit(resume=True)
 
 
 def test_a_checkpoint_whose_tensor_bytes_were_damaged_is_refused_and_the_previous_one_resumes(uninterrupted,
