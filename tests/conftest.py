@@ -1,12 +1,15 @@
+import errno
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from torch import nn
 
+import connlearn.files
 from connlearn.blocks import BranchBlock
 
 settings.register_profile(
@@ -79,3 +82,40 @@ class PlainBlock(BranchBlock):
 
     def forward(self, x):
         return self.conv(x)
+
+
+class FullAfter:
+    """A file whose writes fail with ENOSPC once ``room`` bytes are written, as a full disk's do: the error
+    comes from ``write`` (or the flush at ``close``) and names no file."""
+
+    def __init__(self, f, room):
+        self._f, self._room = f, room
+
+    def write(self, data):
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)
+
+
+def disk_full_after(monkeypatch, room, nth=1, named=""):
+    """Make the ``nth`` file whose name holds ``named`` that connlearn's atomic writes (checkpoints, logs,
+    summaries) open run out of space after ``room`` bytes."""
+    opened = []
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)  # noqa: SIM115 (closed by whoever uses it)
+        if named in Path(path).name:
+            opened.append(path)
+        return FullAfter(f, room) if named in Path(path).name and len(opened) == nth else f
+
+    monkeypatch.setattr(connlearn.files, "open", fake_open, raising=False)

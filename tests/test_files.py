@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import RandomLoader, tiny
+from conftest import RandomLoader, disk_full_after, tiny
 
 import connlearn
 import connlearn.files
@@ -115,37 +115,11 @@ def test_a_written_file_has_the_permissions_of_any_new_file(tmp_path):
 
 
 # ---------------------------------------------------------------------------- each writer of the library
-def _failing(monkeypatch, after):
-    """Make the next atomic write fail with a full disk once ``after`` bytes went out."""
-    real_open = open
-
-    class Full:
-        def __init__(self, f):
-            self._f, self._room = f, after
-
-        def write(self, data):
-            if len(data) > self._room:
-                raise OSError(28, "No space left on device")
-            self._room -= len(data)
-            return self._f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self._f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self._f.__exit__(*exc)
-
-    monkeypatch.setattr(connlearn.files, "open", lambda p, mode="r": Full(real_open(p, mode)), raising=False)
-
-
 def test_a_figure_that_cannot_be_written_leaves_the_one_before(tmp_path, monkeypatch):
     log = [{"epoch": e, "train_loss": 1.0 / e, "test_top1": 10.0 * e} for e in (1, 2, 3)]
     path = plots.plot_training_curves(log, tmp_path / "curves.png")
     before = path.read_bytes()
-    _failing(monkeypatch, 100)
+    disk_full_after(monkeypatch, 100)
     with pytest.raises(OSError, match="No space left on device"):
         plots.plot_training_curves(log[:2], path)
     assert path.read_bytes() == before and _names(tmp_path) == ["curves.png"]
@@ -155,7 +129,7 @@ def test_a_drawing_that_cannot_be_written_leaves_the_one_before(tmp_path, monkey
     graph = connlearn.build(**tiny()).graph()
     render.save(graph, tmp_path / "net.dot")
     before = (tmp_path / "net.dot").read_bytes()
-    _failing(monkeypatch, 10)
+    disk_full_after(monkeypatch, 10)
     with pytest.raises(OSError, match="No space left on device") as caught:
         render.save(graph, tmp_path / "net.dot", title="another")
     assert caught.value.filename == str(tmp_path / "net.dot")
@@ -167,7 +141,7 @@ def test_an_export_that_cannot_be_written_is_named_and_leaves_the_one_before(tmp
     pruned = prune_dead_blocks(connlearn.build(**tiny(gate="random", K=1, M=6)))[0].eval()
     path = export(pruned, tmp_path / f"net.{'ts' if form == 'torchscript' else 'pt2'}", form)
     before = path.read_bytes()
-    _failing(monkeypatch, 1000)
+    disk_full_after(monkeypatch, 1000)
     with pytest.raises(ConfigError, match=rf"cannot write .*{path.name}: No space left on device$"):
         export(pruned, path, form)
     assert path.read_bytes() == before and _names(tmp_path) == [path.name]
@@ -178,7 +152,7 @@ def test_a_packed_dataset_that_cannot_be_written_leaves_the_one_before(tmp_path,
     data = ImageDataset(images, np.arange(4) % 2, ("a", "b"))
     path = pack(tmp_path / "d.npz", data, data, format="png")
     before = path.read_bytes()
-    _failing(monkeypatch, 50)
+    disk_full_after(monkeypatch, 50)
     with pytest.raises(OSError, match="No space left on device"):
         pack(path, data, data, format="png")
     assert path.read_bytes() == before and _names(tmp_path) == ["d.npz"]

@@ -7,11 +7,10 @@ import re
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import RandomLoader, tiny
+from conftest import RandomLoader, disk_full_after, tiny
 
 import connlearn
 import connlearn.files
@@ -23,50 +22,13 @@ from connlearn.train import Trainer
 RECIPE = get_recipe("cifar").scaled(4)
 
 
-class _FullAfter:
-    """A file whose writes fail with ENOSPC once ``room`` bytes are written, as a full disk's do: the error
-    comes from ``write`` (or the flush at ``close``) and names no file."""
-
-    def __init__(self, f, room):
-        self._f, self._room = f, room
-
-    def write(self, data):
-        if len(data) > self._room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._room -= len(data)
-        return self._f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self._f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self._f.__exit__(*exc)
-
-
-def _disk_full_after(monkeypatch, room, nth=1, named=""):
-    """Make the ``nth`` file whose name holds ``named`` that connlearn's atomic writes (checkpoints, logs,
-    summaries) open run out of space after ``room`` bytes."""
-    opened = []
-
-    def fake_open(path, mode="r", *args, **kwargs):
-        f = open(path, mode, *args, **kwargs)  # noqa: SIM115 (closed by whoever uses it)
-        if named in Path(path).name:
-            opened.append(path)
-        return _FullAfter(f, room) if named in Path(path).name and len(opened) == nth else f
-
-    monkeypatch.setattr(connlearn.files, "open", fake_open, raising=False)
-
-
 @pytest.mark.parametrize("room", [0, 100, 20_000])  # torch's zip writer fails differently at each
 def test_a_disk_full_while_writing_a_checkpoint_is_an_oserror_naming_it_and_keeps_the_old_one(
         tmp_path, monkeypatch, room):
     net = connlearn.build(**tiny())
     old = {"weights": torch.zeros(3)}
     save_atomic(old, tmp_path / "last.pt")
-    _disk_full_after(monkeypatch, room)
+    disk_full_after(monkeypatch, room)
     with pytest.raises(OSError) as caught:
         save_atomic({"weights": torch.ones(10_000), "model": net.state_dict()}, tmp_path / "last.pt")
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "last.pt")
@@ -81,7 +43,7 @@ def test_a_disk_full_at_a_trainers_save_names_the_checkpoint_and_what_it_still_h
 
     reference = trainer(tmp_path / "reference")
     reference.fit()
-    _disk_full_after(monkeypatch, 100, nth=3, named=".next.pt")  # epoch 3 (no evaluation: no best.pt)
+    disk_full_after(monkeypatch, 100, nth=3, named=".next.pt")  # epoch 3 (no evaluation: no best.pt)
     t = trainer(tmp_path / "run")
     with pytest.raises(CheckpointWriteError, match=r"cannot write the checkpoint after epoch 3 to .*last\.pt: No "
                                                    r"space left on device; .*last\.pt still holds epoch 2") as caught:
@@ -116,7 +78,7 @@ def test_a_disk_full_while_writing_summary_json_leaves_the_one_before_whole(tmp_
                    epochs=4, train_subset=64, test_subset=32, batch_size=32, out=str(tmp_path), progress=False)
     run_cifar(run)
     before = (tmp_path / "summary.json").read_text()
-    _disk_full_after(monkeypatch, len(before) // 2, named="summary.json")  # the disk fills halfway through it
+    disk_full_after(monkeypatch, len(before) // 2, named="summary.json")  # the disk fills halfway through it
     with pytest.raises(OSError, match="No space left on device") as caught:
         run_cifar(run)  # finished: it prunes, draws and writes its summary again
     assert caught.value.filename == str(tmp_path / "summary.json")
@@ -169,7 +131,7 @@ def test_a_disk_full_while_rewriting_a_log_names_it_and_leaves_no_temporary(tmp_
     from connlearn.train import write_jsonl
 
     write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}])
-    _disk_full_after(monkeypatch, 20)  # the disk fills halfway through the file
+    disk_full_after(monkeypatch, 20)  # the disk fills halfway through the file
     with pytest.raises(OSError) as caught:
         write_jsonl(tmp_path / "log.jsonl", [{"epoch": 1}, {"epoch": 2}])
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "log.jsonl")
@@ -217,7 +179,7 @@ def test_a_failing_tensorboard_writer_is_turned_off_with_a_warning_and_training_
 
 
 def test_a_disk_full_while_writing_best_pt_names_best_pt(tmp_path, monkeypatch):
-    _disk_full_after(monkeypatch, 100, named="best.pt")  # a save with an evaluation writes best.pt first
+    disk_full_after(monkeypatch, 100, named="best.pt")  # a save with an evaluation writes best.pt first
     t = Trainer(connlearn.build(**tiny()), RandomLoader(), RandomLoader(seed=1), RECIPE, out_dir=tmp_path,
                 progress=False)
     with pytest.raises(CheckpointWriteError, match=rf"after epoch 1 to {re.escape(str(tmp_path / 'best.pt'))}: No "
