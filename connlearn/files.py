@@ -29,7 +29,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     ``OSError`` names ``path`` (not the temporary); so does a full disk met inside torch's zip writer (see
     :func:`write_failure`). A kill (SIGKILL) or a power loss mid-write can leave the hidden temporary
     ``.NAME.PID.XXXXXXXX.tmp`` beside ``path``, and ``path`` as it was."""
-    path = Path(path)
+    path = Path(path).expanduser()
     tmp = temporary_name(path)
     try:
         with open(tmp, "xb") as f:

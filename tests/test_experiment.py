@@ -516,6 +516,7 @@ def test_the_environment_names_the_commit_of_the_checkout_connlearn_runs_from(tm
     import connlearn.checkpoint as checkpoint
 
     root = Path(checkpoint.__file__).resolve().parent.parent
+    checkpoint.source_commit.cache_clear()  # read once a process: this one may have begun at another commit
     if (root / ".git").exists() and shutil.which("git"):
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         if head.returncode == 0:
