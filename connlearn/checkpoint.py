@@ -152,8 +152,8 @@ def source_commit() -> str | None:
         return None
     try:
         def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                                  check=True).stdout.strip()
+            return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=10, check=True).stdout.strip()  # never in a user's way
 
         commit, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):

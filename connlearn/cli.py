@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import os
+import select
 import sys
 import warnings
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import attrs
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest
+from connlearn.files import expand_home
 
 
 def _value(text: str) -> Any:
@@ -149,7 +151,7 @@ def run_from_args(args: argparse.Namespace, dataset: str | None = None):
     fields = {f.name for f in attrs.fields(CifarRun)}
     options: dict[str, Any] = {}
     if args.config:
-        options.update(_read_config(Path(args.config).expanduser(), fields))
+        options.update(_read_config(expand_home(args.config), fields))
     options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     if "epochs" not in options and "phases" in options:
         with contextlib.suppress(ConnlearnError):  # a bad split is left for CifarRun to name
@@ -204,7 +206,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.checkpoint import make_checkpoint, save_atomic
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 
-    if Path(args.output).expanduser().resolve() == Path(args.checkpoint).expanduser().resolve():
+    if expand_home(args.output).resolve() == expand_home(args.checkpoint).resolve():
         raise ConfigError(f"--output {args.output} is the checkpoint being pruned; write the pruned network to "
                           "another file (e.g. pruned.pt beside it), so that the run keeps what it resumes from")
     ckpt, net = _load_net(args.checkpoint)
@@ -239,7 +241,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             files = render.save(graph, args.output, weighted=args.weighted, dead=args.dead)
     # without Graphviz only the .dot file comes: a drawing asked for as .svg/.png/.pdf is missing, so the command
     # failed (with the warning that names the fix as its error)
-    out = Path(args.output).expanduser()
+    out = expand_home(args.output)
     done = out.suffix.lower() == ".dot" or out in files
     for w in caught:
         print(f"connlearn: {'warning' if done else 'error'}: {w.message}", file=sys.stderr)
@@ -251,7 +253,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from connlearn import plots
     from connlearn.train import read_jsonl
 
-    source, out = Path(args.source).expanduser(), Path(args.output).expanduser()
+    source, out = expand_home(args.source), expand_home(args.output)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"-o: {out} is a file; the figures go into a folder")
     if source.suffix == ".jsonl":
@@ -405,7 +407,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     from connlearn.data import load_dataset, pack, read_image_folder
 
-    source = Path(args.source).expanduser()
+    source = expand_home(args.source)
     folder_only = [flag for flag, value in (("--size", args.size), ("--test-per-class", args.test_per_class))
                    if value is not None]
     if args.source in ("cifar10", "cifar100"):
@@ -559,16 +561,39 @@ def _guarded(func, args: argparse.Namespace) -> int:
             code = func(args)
             sys.stdout.flush()  # here, where a reader that went away is caught below, not at the interpreter's exit
             return code
-    except BrokenPipeError:  # the reader went away (`connlearn info last.pt | head`): it read what it wanted
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
-        return 141  # 128 + SIGPIPE: what a program that signal ended returns
+    except BrokenPipeError as exc:
+        if not _reader_gone():  # another pipe (a worker's, a socket): an error like any other
+            _tell(f"error: {_one_line(exc)}")
+            return 1
+        return 141  # the reader of the output went away (`connlearn info last.pt | head`): 128 + SIGPIPE, quietly
     except (ConnlearnError, OSError) as exc:
         _tell(f"error: {_one_line(exc)}")
         return 1
     except KeyboardInterrupt:
         _tell("interrupted; run the same command again to resume")
         return 130
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away; then stdout is pointed at the null device, where the
+    interpreter's last flush of it cannot fail again. Where that cannot be told (no ``poll``: Windows), a
+    broken pipe is taken to be stdout's."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, AttributeError, ValueError):  # no file behind stdout (a caller replaced it): not its pipe
+        return False
+    if hasattr(select, "poll"):
+        watch = select.poll()
+        watch.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in watch.poll(0)):
+            return False
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    return True
 
 
 def _tell(message: str) -> None:

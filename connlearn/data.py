@@ -51,7 +51,7 @@ from connlearn.errors import (
     check_name,
     check_path,
 )
-from connlearn.files import write_atomic
+from connlearn.files import expand_home, write_atomic
 from connlearn.signals import start_workers, worker_init
 
 DATA_ENV = "CONNLEARN_DATA"
@@ -597,7 +597,7 @@ def data_location(data: str | os.PathLike[str] | None) -> tuple[Path, str] | Non
         return check_path("data", data), "data path"
     from_env = os.environ.get(DATA_ENV)
     if from_env:
-        return Path(from_env).expanduser(), DATA_ENV
+        return expand_home(from_env), DATA_ENV
     return None
 
 
@@ -671,7 +671,7 @@ def load_dataset(
                     raise DataError(f"the torchvision {name} folder in {root} is unreadable ({exc})") from exc
                 return _from_torchvision(splits[0]), _from_torchvision(splits[1])
 
-    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser()
+    root = expand_home(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
     try:
         splits = [cifar_class(root=str(root), train=is_train, download=download) for is_train in (True, False)]
     except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError, ... when it cannot download

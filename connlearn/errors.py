@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from connlearn.files import expand_home
+
 
 class ConnlearnError(Exception):
     """Base class of every error raised by connlearn for bad input, files or state."""
@@ -239,7 +241,7 @@ def check_path(name: str, value: object) -> Path:
     """``value`` (a non-empty string or an ``os.PathLike``) as a ``Path``, ``~`` expanded to the home folder; a
     clear error for anything else."""
     if isinstance(value, os.PathLike) or (isinstance(value, str) and value):
-        return Path(value).expanduser()
+        return expand_home(value)
     raise ConfigTypeError(f"{name} must be a path (a non-empty string or a pathlib.Path), got {value!r} "
                           f"({type(value).__name__})")
 

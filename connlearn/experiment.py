@@ -58,7 +58,7 @@ from connlearn.errors import (
     check_name,
     check_temperature,
 )
-from connlearn.files import remove_leftovers, write_text_atomic
+from connlearn.files import expand_home, remove_leftovers, write_text_atomic
 from connlearn.folders import ImageFiles, folder_loaders, load_imagenet
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph
@@ -343,10 +343,10 @@ def build_net(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
 def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.ConnectivityNet:
     """A new network (weights from ``run.seed``) with the fixed connectivity of ``run.connectivity``."""
     assert run.connectivity is not None  # build_net calls this only then
-    path = Path(run.connectivity).expanduser()
+    path = expand_home(run.connectivity)
     if not path.is_file():
         raise ConfigError(f"connectivity: no file at {path} (a checkpoint such as a run's last.pt, or a graph JSON)")
-    if path.resolve().parent == Path(run.out).expanduser().resolve():
+    if path.resolve().parent == expand_home(run.out).resolve():
         raise ConfigError(f"connectivity: {path} lies in this run's own output folder {run.out}, whose checkpoints "
                           "the run resumes from and overwrites; give the run another --out")
     with path.open("rb") as f:
@@ -543,7 +543,7 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
     if recipe.batch_size % world:  # before any rank reads the data
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes; give a "
                           f"multiple of {world} (--batch-size)")
-    out = Path(run.out).expanduser()
+    out = expand_home(run.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file; the output is a folder (of logs and checkpoints)")
     if rank != 0:  # rank 0 reads (and for CIFAR perhaps downloads) the data first, the others then find it
@@ -556,8 +556,8 @@ def _run(run: CifarRun, time_limit: float | None, stop_signals: tuple[signal.Sig
         run = _as_built(run, net)
     out.mkdir(parents=True, exist_ok=True)  # once the options have built a network
     held.enter_context(hold_folder(out, "a training run", rank == 0, device))  # to the end: pruning, drawings too
-    if rank == 0:  # held: what a killed write left is no one's
-        remove_leftovers(out, ("pruned.pt", "summary.json"))
+    if rank == 0:  # held, and the run's own: what a killed write left in it is no one's
+        remove_leftovers(out)
     if (run.gate_temperature != 1.0 or run.gate_temperature_end is not None) and not net.stochastic:
         _say(f"connlearn: gate={run.gate} draws no connectivity: the sampling temperature has no effect")
     if run.gate_grad != "plain" and not net.gate_parameters():

@@ -23,13 +23,19 @@ NAME_MAX = 255
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]{8}\.tmp")
 
 
+def expand_home(path: str | os.PathLike) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` made the home folder, as a shell does; a ``~name`` of no
+    user on this machine stays as it is (a file named so)."""
+    return Path(os.path.expanduser(path))
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write`` on a binary file that becomes ``path`` only once ``write`` returned and the data is on
     disk; returns ``path``. A failed or interrupted write leaves ``path`` as it was and no temporary, and its
     ``OSError`` names ``path`` (not the temporary); so does a full disk met inside torch's zip writer (see
     :func:`write_failure`). A kill (SIGKILL) or a power loss mid-write can leave the hidden temporary
     ``.NAME.PID.XXXXXXXX.tmp`` beside ``path``, and ``path`` as it was."""
-    path = Path(path).expanduser()
+    path = expand_home(path)
     tmp = temporary_name(path)
     try:
         with open(tmp, "xb") as f:
@@ -79,21 +85,25 @@ def temporary_name(path: Path) -> Path:
     short where the whole would pass the file system's limit on a name's length."""
     tail = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
     room = NAME_MAX - 1 - len(tail)
-    name = path.name.encode()
-    if len(name) > room:  # cut on a character's boundary
-        name = name[:room].decode("utf-8", "ignore").encode()
-    return path.with_name(f".{name.decode()}{tail}")
+    name = os.fsencode(path.name)  # the bytes on disk: a name that is no UTF-8 too
+    if len(name) > room:  # cut short (and no longer known as its file's by remove_leftovers)
+        whole, name = name, name[:room]
+        with contextlib.suppress(UnicodeDecodeError):
+            whole.decode("utf-8")  # a UTF-8 name: cut on a character's boundary
+            name = name.decode("utf-8", "ignore").encode("utf-8")
+    return path.with_name(f".{os.fsdecode(name)}{tail}")
 
 
-def remove_leftovers(folder: Path, names: Iterable[str]) -> list[Path]:
-    """Remove the temporaries of ``folder/NAME`` for each of ``names`` that writers killed mid-write left (a
-    kill or a power loss, which no clean-up outlives); returns them. Only for files no one else writes at the
-    same time: those of a folder its caller holds (:func:`~connlearn.checkpoint.folder_lock`)."""
-    names = set(names)
+def remove_leftovers(folder: Path, names: Iterable[str] | None = None) -> list[Path]:
+    """Remove the temporaries of ``folder/NAME`` for each of ``names`` (``None``: of every file) that writers
+    killed mid-write left (a kill or a power loss, which no clean-up outlives); returns them. Only for files no
+    one else writes at the same time: those of a folder its caller holds
+    (:func:`~connlearn.checkpoint.folder_lock`)."""
+    wanted = None if names is None else set(names)
     removed = []
     for path in sorted(folder.glob(".*.tmp")):
         found = _TEMPORARY.fullmatch(path.name)
-        if found is not None and found["name"] in names:
+        if found is not None and (wanted is None or found["name"] in wanted) and path.is_file():
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed.append(path)
@@ -113,7 +123,9 @@ def write_failure(exc: BaseException) -> OSError | None:
         if isinstance(cause, OSError):
             return cause
         seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        # an error raised while another was handled is about that one only where it is torch's writer's (a
+        # RuntimeError): another raised in a handler of an unrelated OSError is its own
+        cause = cause.__cause__ or (cause.__context__ if isinstance(cause, RuntimeError) else None)
     if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "PytorchStreamWriter" in str(exc)):
         return OSError(5, f"torch.save could not write the file ({' '.join(str(exc).split())})")
     return None

@@ -77,7 +77,7 @@ from connlearn.errors import (
     check_path,
     closest,
 )
-from connlearn.files import remove_leftovers, write_text_atomic
+from connlearn.files import expand_home, remove_leftovers, write_text_atomic
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -269,7 +269,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", *, torn_tail: bool =
     where = f"{what} {str(path)!r}"
     number = 0
     try:
-        with open(Path(path).expanduser(), encoding="utf-8") as f:
+        with open(expand_home(path), encoding="utf-8") as f:
             lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
         for number, line in lines:
             try:

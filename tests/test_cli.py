@@ -57,6 +57,16 @@ def test_output_piped_to_a_reader_that_stops_early_ends_quietly(ckpt):
     assert (done.returncode, done.stderr) == (141, "")
 
 
+def test_a_broken_pipe_other_than_the_outputs_is_an_error_line(capsys):
+    from connlearn.cli import _guarded
+
+    def fails(args):
+        raise BrokenPipeError(32, "Broken pipe")  # a worker's pipe, a socket: not the reader of the output
+
+    assert _guarded(fails, None) == 1
+    assert capsys.readouterr().err == "connlearn: error: [Errno 32] Broken pipe\n"
+
+
 def test_info_describes_the_checkpoint(ckpt, capsys):
     code, out, _ = _run(["info", ckpt, "--json"], capsys)
     info = json.loads(out)

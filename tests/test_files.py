@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,14 @@ from connlearn.checkpoint import save_atomic
 from connlearn.data import ImageDataset, load_packed, pack
 from connlearn.errors import ConfigError
 from connlearn.export import export, onnx_files, onnx_supported
-from connlearn.files import NAME_MAX, remove_leftovers, temporary_name, write_atomic, write_bytes_atomic
+from connlearn.files import (
+    NAME_MAX,
+    expand_home,
+    remove_leftovers,
+    temporary_name,
+    write_atomic,
+    write_bytes_atomic,
+)
 from connlearn.prune import prune_dead_blocks
 from connlearn.recipe import get_recipe
 from connlearn.train import Trainer
@@ -227,3 +235,27 @@ def test_only_the_temporaries_of_the_files_named_are_removed(tmp_path):
     removed = remove_leftovers(tmp_path, ["a.pt", ".next.pt"])
     assert sorted(p.name for p in removed) == sorted(names[:2])
     assert _names(tmp_path) == sorted(names[2:])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file names are bytes")
+def test_a_file_whose_name_is_no_utf8_is_written(tmp_path):
+    path = tmp_path / os.fsdecode(b"caf\xe9.bin")  # Latin-1, as an old file system may hold
+    write_bytes_atomic(path, b"x")
+    assert path.read_bytes() == b"x" and os.listdir(os.fsencode(tmp_path)) == [b"caf\xe9.bin"]
+    long = tmp_path / os.fsdecode(b"\xe9" * 300)  # too long, and cut short as bytes
+    assert len(os.fsencode(temporary_name(long).name)) <= NAME_MAX
+
+
+def test_a_name_beginning_with_a_tilde_of_no_user_stays_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert expand_home("~no-such-user-here.pt") == Path("~no-such-user-here.pt")
+    write_bytes_atomic("~no-such-user-here.pt", b"x")
+    assert (tmp_path / "~no-such-user-here.pt").read_bytes() == b"x"
+
+
+def test_a_run_folder_loses_every_temporary_a_kill_left(tmp_path):
+    names = [".curves.png.12.0123abcd.tmp", ".summary.json.7.89abcdef.tmp", ".notes.tmp"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert sorted(p.name for p in remove_leftovers(tmp_path)) == sorted(names[:2])
+    assert _names(tmp_path) == [".notes.tmp"]

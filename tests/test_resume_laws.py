@@ -49,7 +49,7 @@ def test_an_atomic_write_is_fsynced_whole_before_its_rename(tmp_path, monkeypatc
     assert synced == [path.stat().st_size]
 
 
-class _LoopingError(Exception):
+class _LoopingError(RuntimeError):
     """An exception whose context is another one, whose context is it again (as a handler that re-raises the
     exception it caught while handling it makes); it counts how often its context is read."""
 
@@ -84,6 +84,13 @@ def test_write_failure_ends_on_a_chain_that_loops_and_finds_an_oserror_at_its_en
     except RuntimeError as exc:
         assert write_failure(exc) is disk
     assert write_failure(KeyboardInterrupt()) is None
+    try:  # an error of its own, raised while an unrelated OSError was handled (a missing optional file)
+        try:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/nonexistent/settings")
+        except OSError:
+            raise ValueError("format xyz is not supported") from None
+    except ValueError as exc:
+        assert write_failure(exc) is None
 
 
 # torch's zip writer's own error with no OSError behind it ("[enforce fail at inline_container.cc] unexpected
