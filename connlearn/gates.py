@@ -55,6 +55,15 @@ from connlearn.registry import Registry
 _ZERO_KEY = -1.0e4
 
 
+def sampling_distribution(gates: torch.Tensor) -> torch.Tensor:
+    """The distribution each row of real gate values (rows are the last dimension) samples its inputs from:
+    its positive part over that part's exact sum (no floor: a row of tiny gates sums to 1 too); a row without
+    a positive entry is uniform."""
+    w = gates.clamp(min=0)
+    total = w.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, w / torch.where(total > 0, total, 1.0), torch.full_like(w, 1 / w.shape[-1]))
+
+
 def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean mask of the K largest entries of each row.
 

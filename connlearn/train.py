@@ -78,6 +78,7 @@ from connlearn.errors import (
     closest,
 )
 from connlearn.files import expand_home, remove_leftovers, write_text_atomic
+from connlearn.gates import sampling_distribution
 from connlearn.graph import BranchGraph
 from connlearn.prune import active_branches, input_overlap
 from connlearn.recipe import Phase, Recipe
@@ -302,9 +303,7 @@ def gate_statistics(net: ConnectivityNet) -> dict[str, Any]:
     flat = torch.cat([g.flatten() for g in gates])
     entropies = []
     for g in gates:
-        w = g.clamp(min=0)
-        total = w.sum(-1, keepdim=True)
-        p = torch.where(total > 0, w / total.clamp(min=1e-12), torch.full_like(w, 1.0 / w.shape[-1]))
+        p = sampling_distribution(g)
         entropies.append(-(p * p.clamp(min=1e-12).log()).sum(-1).reshape(-1))  # a 1-D gate: one row
     return {
         "gate_mean": flat.mean().item(),

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from connlearn.errors import ConfigError, ConfigTypeError, check_float, check_name
+from connlearn.gates import sampling_distribution
 from connlearn.recipe import check_gate_momentum
 
 GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
@@ -115,10 +116,7 @@ class GateUpdater:
         """Divide every row of the sampled gates by its sum, in place; a row without a positive entry becomes
         uniform (the distribution it samples from)."""
         for gate in self.sampled_gates():
-            w = gate.clamp(min=0)
-            total = w.sum(dim=-1, keepdim=True)
-            exact = w / torch.where(total > 0, total, 1.0)  # no floor: a row of tiny gates sums to 1 too
-            gate.copy_(torch.where(total > 0, exact, torch.full_like(w, 1 / w.shape[-1])))
+            gate.copy_(sampling_distribution(gate))
 
     @torch.no_grad()
     def transform_grads(self) -> None:
