@@ -264,7 +264,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
         else:
             eval_set = args.eval_set or _eval_set(_run_options(source.parent))
-            keys = plots.logged(records, ("test_top1", "train_loss")) or ("test_top1", "train_loss")
+            keys = plots.logged(records, plots.CURVE_KEYS) or plots.CURVE_KEYS
             files = [plots.plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set)]
     else:
         ckpt, net = _load_net(str(source))

@@ -136,6 +136,8 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike[str]) -> Path
 
 #: Per-epoch gate numbers of the trainer's log that :func:`plot_run` draws in ``draws.png``.
 GATE_LOG_KEYS = ("gate_mean", "gate_at_1", "gate_entropy", "drawn_distinct", "drawn_topk_share")
+#: The curves of a run's log that :func:`plot_run` draws in ``curves.png`` (those the log holds).
+CURVE_KEYS = ("test_top1", "train_loss")
 
 
 def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Records | None = None,
@@ -155,10 +157,10 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike[str], K: int, log: Recor
         files.append(plot_gate_heatmaps(graph, out / "gate_heatmaps.png"))
     if log is not None:
         records = _records(log, "log")
-        keys = logged(records, ("test_top1", "train_loss"))  # a run without evaluations logs no test_top1
+        keys = logged(records, CURVE_KEYS)  # a run without evaluations logs no test_top1
         if keys:
             files.append(plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set))
-        if any(r.get("drawn_distinct") is not None for r in records):
+        if logged(records, ("drawn_distinct",)):
             files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
     if snapshots is not None and snapshots.is_file() and snapshots.stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
