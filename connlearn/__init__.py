@@ -21,7 +21,7 @@ from connlearn.blocks import BLOCKS, Looped
 from connlearn.compile import ConnectivityNet, compile_graph
 from connlearn.errors import ConfigError, ConfigTypeError, ConnlearnError, check_int, check_pattern, closest
 from connlearn.gates import GATES, Gate
-from connlearn.graph import BranchGraph, check_graph
+from connlearn.graph import BranchGraph, check_finite_gates, check_graph
 from connlearn.topologies import PRESETS, TOPOLOGIES
 
 __version__ = "0.1.0"
@@ -60,6 +60,7 @@ def build(topology: str = "resnext", *, engine: str = "fused", **options: Any) -
     if not isinstance(graph, BranchGraph):
         raise ConfigTypeError(f"topology {topology!r} returned {type(graph).__name__}, not a "
                               "connlearn.graph.BranchGraph; see connlearn.topologies")
+    check_finite_gates(graph, f"topology {topology!r}'s graph")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(graph.seed)
         return compile_graph(graph, engine=engine)
@@ -71,6 +72,7 @@ def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | N
     if isinstance(graph, str):
         graph = BranchGraph.from_json(graph)
     graph = check_graph(graph, "from_graph's graph (a BranchGraph or its JSON)")
+    check_finite_gates(graph, "from_graph's graph")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(graph.seed if seed is None else check_int("seed", seed, minimum=0, maximum=2**64 - 1))
         return compile_graph(graph, engine=engine)

@@ -61,7 +61,7 @@ from connlearn.errors import (
 from connlearn.files import expand_home, remove_leftovers, write_text_atomic
 from connlearn.folders import ImageFiles, folder_loaders, load_imagenet
 from connlearn.gates import GATES
-from connlearn.graph import BranchGraph
+from connlearn.graph import BranchGraph, check_finite_gates
 from connlearn.prune import (
     active_branches,
     freezing_changes_outputs,
@@ -365,6 +365,7 @@ def _net_of_connectivity(run: CifarRun, num_classes: int) -> connlearn.Connectiv
         graph.validate()
     except GraphError as exc:
         raise GraphError(f"connectivity: {path} does not describe a network: {exc}") from None
+    check_finite_gates(graph, f"connectivity: {path}")  # its top-K is what the run trains
     stem, size = graph.nodes["input"], PROTOCOLS[run.dataset].input_size
     if stem.get("in_channels") != 3 or stem.get("image_size", 32) != size:
         raise ConfigError(f"connectivity: the network in {path} takes {stem.get('in_channels')}-channel "

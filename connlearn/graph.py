@@ -92,6 +92,18 @@ def check_graph(obj: object, what: str = "graph") -> BranchGraph:
     raise ConfigTypeError(f"{what} must be a connlearn BranchGraph, got {type(obj).__name__}{hint}")
 
 
+def check_finite_gates(graph: BranchGraph, what: str) -> None:
+    """A clear error unless every gate value of ``graph`` is finite. A network built from the graph starts its
+    gates at those values, and one infinite or NaN gate makes every output NaN. (A graph may hold them, as
+    ``net.graph()`` of a diverged run does: its checkpoint still loads, for a look at what went wrong.)"""
+    for u, v, d in graph.edges(data=True):
+        gate = _scalar(d.get("gate", 0.0))
+        if isinstance(gate, numbers.Real) and not math.isfinite(gate):  # what is no number, validate() refuses
+            raise GraphError(f"{what}: edge {u} → {v} has gate {gate!r}; a network built from a graph starts from "
+                             "its gate values, which must be finite (one NaN or infinite gate makes every output "
+                             "NaN; the graph of a diverged run? its checkpoint still loads, as it was)")
+
+
 def block_name(module: int, branch: int) -> str:
     """The node name of branch ``branch`` of module ``module`` (both 1-based)."""
     return f"m{module}.b{branch}"

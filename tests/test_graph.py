@@ -286,6 +286,28 @@ def test_a_network_whose_gates_diverged_still_checkpoints_and_loads():
     net.to_engine("reference")
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_graph_with_a_gate_that_is_not_finite_builds_no_network(tmp_path, bad, clean_registries):
+    """Every output of such a network would be NaN: from_graph, build and --connectivity name the edge."""
+    from connlearn.experiment import CifarRun, _net_of_connectivity
+
+    doc = json.loads(connlearn.build(**tiny()).graph().to_json())
+    next(e for e in doc["edges"] if (e["source"], e["target"]) == ("m1.b2", "m2.b3"))["gate"] = bad
+    text = json.dumps(doc)  # Python's json writes and reads NaN and Infinity
+    edge = rf"edge m1\.b2 → m2\.b3 has gate {bad!r}; .* must be finite"
+    with pytest.raises(GraphError, match=rf"^from_graph's graph: {edge}"):
+        connlearn.from_graph(text)
+    connlearn.register_topology("hand_made", lambda **options: BranchGraph.from_json(text))
+    with pytest.raises(GraphError, match=rf"^topology 'hand_made''s graph: {edge}"):
+        connlearn.build("hand_made")
+    (tmp_path / "g.json").write_text(text)
+    run = CifarRun(dataset="cifar10", connectivity=str(tmp_path / "g.json"), out=str(tmp_path / "run"))
+    with pytest.raises(GraphError, match=rf"^connectivity: .*g\.json: {edge}"):
+        _net_of_connectivity(run, 10)
+    next(e for e in doc["edges"] if (e["source"], e["target"]) == ("m1.b2", "m2.b3"))["gate"] = 0.5
+    assert connlearn.from_graph(json.dumps(doc)).K == 2  # the same graph with a finite gate builds
+
+
 @pytest.mark.parametrize(("kernel", "stride", "maxpool"), [(3, 1, False), (2, 2, False), (4, 1, True), (7, 2, True)])
 def test_the_stem_resolution_is_what_its_convolution_makes(kernel, stride, maxpool):
     net = connlearn.build(**tiny())
