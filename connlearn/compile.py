@@ -1002,7 +1002,11 @@ class ConnectivityNet(nn.Module):
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """As ``nn.Module.load_state_dict``; a state of another network (other shapes, missing or unexpected
-        keys) is a :class:`CheckpointError` that names the first difference."""
+        keys) is a :class:`CheckpointError` that names the first difference, and a value that is no tensor
+        names its key."""
+        if not isinstance(state_dict, Mapping):  # torch's own check, as a TypeError of connlearn's
+            raise ConfigTypeError(f"load_state_dict: the state dict must be a mapping of names to tensors (what "
+                                  f"net.state_dict() gives), got {type(state_dict).__name__}")
         try:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         except RuntimeError as exc:
@@ -1011,10 +1015,19 @@ class ConnectivityNet(nn.Module):
             gist = state_dict_mismatch(exc)
             keys = [str(k) for k in state_dict]
             wrapped = next((p for p in ("_orig_mod.", "module.") if any(k.startswith(p) for k in keys)), None)
-            hint = (f"its keys start with {wrapped!r}: it is the state of a wrapped network (torch.compile, DDP); "
-                    "load the state of the network inside" if wrapped else
-                    "build the network it came from (a checkpoint holds its graph: "
-                    "connlearn.checkpoint.net_from_checkpoint)")
+            # torch names such a value by its name within its module ("weight"), not by its key
+            own = self.state_dict(keep_vars=True)
+            untensored = next((k for k in keys if k in own and not k.endswith("_extra_state")
+                               and not isinstance(state_dict[k], torch.Tensor)), None)
+            if untensored is not None:
+                gist = f"{untensored!r} holds a value of type {type(state_dict[untensored]).__name__}, not a tensor"
+                hint = "every value but the _extra_state entries is a tensor, as net.state_dict() gives"
+            elif wrapped:
+                hint = (f"its keys start with {wrapped!r}: it is the state of a wrapped network (torch.compile, "
+                        "DDP); load the state of the network inside")
+            else:
+                hint = ("build the network it came from (a checkpoint holds its graph: "
+                        "connlearn.checkpoint.net_from_checkpoint)")
             raise StateDictError(f"the state dict does not fit this network: {gist}; {hint}", gist) from None
 
     def set_extra_state(self, state: dict[str, Any]) -> None:

@@ -82,15 +82,17 @@ class StateDictError(CheckpointError, RuntimeError):
 
 
 def state_dict_mismatch(exc: BaseException) -> str:
-    """The gist of a ``load_state_dict`` error: its lines that name keys (each cut to 200 characters), not
-    its empty first line."""
+    """The gist of a ``load_state_dict`` error: its lines that name keys (each cut to 200 characters), or
+    else its first line of detail, not its heading."""
     lines = [line.strip().rstrip(".") for line in str(exc).strip().splitlines() if line.strip()]
     keys = [line for line in lines[1:] if line.startswith(("Missing", "Unexpected"))]
     sizes = [line for line in lines[1:] if line.startswith("size mismatch")]
     if sizes:
         keys.append(sizes[0] + (f" (and {len(sizes) - 1} more)" if len(sizes) > 1 else ""))
     named = [line if len(line) <= 200 else line[:197] + "..." for line in keys]
-    return "; ".join(named) if named else (lines[0] if lines else type(exc).__name__)
+    if not named:  # another fault: torch's first line of detail, else its heading
+        named = [line if len(line) <= 200 else line[:197] + "..." for line in lines[1:2] or lines[:1]]
+    return "; ".join(named) if named else type(exc).__name__
 
 
 class DivergenceError(ConnlearnError, RuntimeError):

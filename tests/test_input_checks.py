@@ -112,6 +112,30 @@ def test_a_state_dict_of_another_network_is_a_checkpoint_error():
     assert loose.missing_keys == ["head.fc.weight", "head.fc.bias"]
 
 
+def test_a_state_dict_value_that_is_no_tensor_is_named_by_its_key():
+    net = connlearn.build(**tiny())
+    with pytest.raises(StateDictError, match=r"does not fit this network: 'stages\.0\.block\.conv1\.weight' holds a "
+                                             r"value of type str, not a tensor; every value but the _extra_state"):
+        net.load_state_dict({**net.state_dict(), "stages.0.block.conv1.weight": "x"})
+
+
+@pytest.mark.parametrize("bad", [[1, 2], None, "last.pt"])
+def test_a_state_dict_that_is_no_mapping_is_a_type_error_of_connlearn(bad):
+    with pytest.raises(ConfigTypeError, match=rf"load_state_dict: the state dict must be a mapping .* got "
+                                              rf"{type(bad).__name__}$"):
+        connlearn.build(**tiny()).load_state_dict(bad)
+
+
+def test_the_gist_of_a_state_dict_error_is_its_first_line_of_detail():
+    from connlearn.errors import state_dict_mismatch
+
+    heading = "Error(s) in loading state_dict for Linear:"
+    assert state_dict_mismatch(RuntimeError(f"{heading}\n\tWhile copying \"weight\", a fault.\n\tAnother.")) == \
+        'While copying "weight", a fault'
+    assert state_dict_mismatch(RuntimeError(heading)) == heading.rstrip(".")
+    assert state_dict_mismatch(RuntimeError("")) == "RuntimeError"
+
+
 def test_a_checkpoint_with_a_damaged_graph_is_named(tmp_path):
     ckpt = make_checkpoint(connlearn.build(**tiny()))
     path = tmp_path / "bad.pt"
