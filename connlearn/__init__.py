@@ -113,7 +113,8 @@ def _option_error(topology: str, exc: TypeError, options: dict[str, Any]) -> Con
         parts = parts[:-1]
     callee = ".".join(parts)
     return _no_such_option(f"topology {topology!r} has no option {name!r}: it passed the option on to {callee}(), "
-                           "which does not take it", f"{callee}()'s", name, _options_of(_function_named(exc, parts)))
+                           "which does not take it", f"{callee}()'s", name,
+                           _options_of(_function_named(exc, parts, qualname)))
 
 
 def _no_such_option(message: str, whose: str, name: str, allowed: list[str]) -> ConfigError:
@@ -124,9 +125,10 @@ def _no_such_option(message: str, whose: str, name: str, allowed: list[str]) -> 
     return ConfigError(message + (f"; did you mean {hint[0]!r}?" if hint else ""))
 
 
-def _function_named(exc: BaseException, parts: list[str]) -> Any:
-    """What the dotted name ``parts`` means in the innermost frame of ``exc``'s traceback (the call that
-    failed), or ``None``."""
+def _function_named(exc: BaseException, parts: list[str], qualname: str) -> Any:
+    """The callable that the call which failed (the innermost frame of ``exc``'s traceback) named: what the
+    dotted name ``parts`` means there, else one within reach whose own name is ``qualname`` (called under
+    another name, as an attribute or from a registry); ``None`` if none is found."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -136,7 +138,21 @@ def _function_named(exc: BaseException, parts: list[str]) -> Any:
     target = frame.f_locals.get(parts[0], frame.f_globals.get(parts[0]))
     for part in parts[1:]:
         target = getattr(target, part, None)
-    return target
+    if target is not None:
+        return target
+    seen = [*frame.f_locals.values(), *frame.f_globals.values()]
+    reach = [*seen, *(v for m in seen if inspect.ismodule(m) for v in vars(m).values()),
+             *(TOPOLOGIES.get(n) for n in TOPOLOGIES.names())]
+    own = (qualname, qualname.removesuffix(".__init__"))  # a function's, or a class's whose __init__ was called
+    return next((c for c in reach if callable(c) and _qualname(c) in own), None)
+
+
+def _qualname(obj: Any) -> str | None:
+    try:  # an object's own attribute lookup may raise anything
+        name = getattr(obj, "__qualname__", None)
+    except Exception:
+        return None
+    return name if isinstance(name, str) else None
 
 
 def _options_of(target: Any) -> list[str]:

@@ -354,6 +354,28 @@ def test_an_option_that_a_kwargs_topology_passes_on_is_named_with_the_options_of
     assert not isinstance(info.value, ConfigError)
 
 
+_ELSEWHERE = """
+import connlearn
+from connlearn.topologies.resnext import resnext as base
+
+def aliased(**options):
+    return base(**options)
+
+def from_the_registry(**options):
+    return connlearn.topologies.TOPOLOGIES.get("resnext")(**options)
+"""
+
+
+@pytest.mark.parametrize("forwarder", ["aliased", "from_the_registry"])
+def test_a_target_called_under_another_name_is_found_for_its_options(forwarder):
+    space: dict = {}
+    exec(_ELSEWHERE, space)  # a module of the user's, where no name 'resnext' is bound
+    connlearn.register_topology("mine", space[forwarder])
+    with pytest.raises(ConfigError, match=r"has no option 'wdith': it passed the option on to resnext\(\), which "
+                                          r"does not take it; resnext\(\)'s options: C, M, .*did you mean 'width'\?"):
+        connlearn.build("mine", wdith=2)
+
+
 def test_a_broken_entry_point_is_skipped_with_a_warning_and_named_when_asked_for(monkeypatch):
     group = "connlearn.test-blocks"
     points = [metadata.EntryPoint("broken", "connlearn_no_such_module:Block", group),
