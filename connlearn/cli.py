@@ -9,21 +9,47 @@ went away (``connlearn info last.pt | head``).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import functools
 import json
 import os
+import re
 import select
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest
 from connlearn.files import expand_home
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of a value that is not among an option's choices (or of an unknown
+    subcommand) also names the closest choice, as connlearn's own errors do."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.fullmatch(r"argument .+?: invalid choice: ('.*'|\".*\") \(choose from (.*)\)", message)
+        if found is not None and "did you mean" not in message:
+            choices = [_unquoted(c) for c in found.group(2).split(", ")]
+            hint = closest(_unquoted(found.group(1)), choices)
+            if hint:
+                message += f"; did you mean {hint[0]!r}?"
+        super().error(message)
+
+
+def _unquoted(text: str) -> str:
+    """A value as argparse's message writes it: quoted as Python writes a string (before Python 3.12.8), or
+    as it is."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, str) else text
 
 
 def _value(text: str) -> Any:
@@ -446,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     ``info``, ``export``, ``pack``)."""
     from connlearn.export import FORMATS, format_name
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="connlearn", description="Learn the connectivity of multi-branch networks (GateConnect)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -543,7 +569,7 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
     ``imagenet.py``): the ``train`` flags, dataset fixed."""
     from connlearn.experiment import run_cifar
 
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser, dataset=dataset)
     args = parser.parse_args(argv)
 

@@ -38,6 +38,36 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage: connlearn " + command in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("args", "closest"), [
+    (["infoo"], "info"),
+    (["train", "--dataset", "cifar11"], "cifar10"),
+    (["train", "--preset", "cifar-20-4-9"], "cifar-20-4-8"),
+    (["render", "x.pt", "-o", "y.svg", "--dead", "hid"], "hide"),
+    (["train", "--engine", "fusd"], "fused"),
+])
+def test_a_value_outside_an_options_choices_is_bad_usage_naming_the_closest(args, closest, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"invalid choice: {args[-1]!r}" in err and err.endswith(f"; did you mean {closest!r}?")
+
+
+def test_a_choice_with_nothing_close_names_the_choices_only(capsys):
+    from connlearn.cli import Parser
+
+    parser = Parser(prog="p")
+    parser.add_argument("--colour", choices=["red", "it's"])
+    for value in ("zzz", 'say "no"'):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--colour", value])
+        err = capsys.readouterr().err
+        assert "invalid choice" in err and "did you mean" not in err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--colour", "its"])  # a choice that argparse writes in double quotes is found too
+    assert capsys.readouterr().err.strip().endswith("""; did you mean "it's"?""")
+
+
 def test_the_console_script_module_runs():
     done = subprocess.run([sys.executable, "-m", "connlearn.cli", "--help"], capture_output=True, text=True,
                           timeout=120)
