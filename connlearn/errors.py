@@ -89,9 +89,8 @@ def state_dict_mismatch(exc: BaseException) -> str:
     sizes = [line for line in lines[1:] if line.startswith("size mismatch")]
     if sizes:
         keys.append(sizes[0] + (f" (and {len(sizes) - 1} more)" if len(sizes) > 1 else ""))
-    named = [line if len(line) <= 200 else line[:197] + "..." for line in keys]
-    if not named:  # another fault: torch's first line of detail, else its heading
-        named = [line if len(line) <= 200 else line[:197] + "..." for line in lines[1:2] or lines[:1]]
+    picked = keys or lines[1:2] or lines[:1]  # another fault: torch's first line of detail, else its heading
+    named = [line if len(line) <= 200 else line[:197] + "..." for line in picked]
     return "; ".join(named) if named else type(exc).__name__
 
 
