@@ -292,7 +292,8 @@ def test_a_graph_with_a_gate_that_is_not_finite_builds_no_network(tmp_path, bad,
     from connlearn.experiment import CifarRun, _net_of_connectivity
 
     doc = json.loads(connlearn.build(**tiny()).graph().to_json())
-    next(e for e in doc["edges"] if (e["source"], e["target"]) == ("m1.b2", "m2.b3"))["gate"] = bad
+    hand_edited = next(e for e in doc["edges"] if (e["source"], e["target"]) == ("m1.b2", "m2.b3"))
+    hand_edited["gate"] = bad
     text = json.dumps(doc)  # Python's json writes and reads NaN and Infinity
     edge = rf"edge m1\.b2 → m2\.b3 has gate {bad!r}; .* must be finite"
     with pytest.raises(GraphError, match=rf"^from_graph's graph: {edge}"):
@@ -304,7 +305,7 @@ def test_a_graph_with_a_gate_that_is_not_finite_builds_no_network(tmp_path, bad,
     run = CifarRun(dataset="cifar10", connectivity=str(tmp_path / "g.json"), out=str(tmp_path / "run"))
     with pytest.raises(GraphError, match=rf"^connectivity: .*g\.json: {edge}"):
         _net_of_connectivity(run, 10)
-    next(e for e in doc["edges"] if (e["source"], e["target"]) == ("m1.b2", "m2.b3"))["gate"] = 0.5
+    hand_edited["gate"] = 0.5
     assert connlearn.from_graph(json.dumps(doc)).K == 2  # the same graph with a finite gate builds
 
 

@@ -132,7 +132,7 @@ def test_the_gist_of_a_state_dict_error_is_its_first_line_of_detail():
     heading = "Error(s) in loading state_dict for Linear:"
     assert state_dict_mismatch(RuntimeError(f"{heading}\n\tWhile copying \"weight\", a fault.\n\tAnother.")) == \
         'While copying "weight", a fault'
-    assert state_dict_mismatch(RuntimeError(heading)) == heading.rstrip(".")
+    assert state_dict_mismatch(RuntimeError(heading)) == heading
     assert state_dict_mismatch(RuntimeError("")) == "RuntimeError"
 
 
