@@ -1,78 +1,21 @@
-"""Dead-block analysis and pruning.
+"""Pruning dead blocks: a smaller network that computes the same eval outputs.
 
-A block is dead when none of its outputs is used: no active edge leads from it to a live block or to the
-head (for unfrozen ``real`` gates: no edge its function reads, :meth:`BranchGraph.used_edges`). Dead
-blocks are found by reverse reachability from ``output`` along those edges, which is the fixed point of
-removing dead blocks repeatedly.
+A block is dead when no edge the function reads leads from it to a live block or the head
+(:func:`connlearn.graph.dead_blocks`); the pruner removes them from the IR, compiles the pruned IR and
+copies the surviving weights through the blocks' ``select()``.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import math
-from typing import cast
+from typing import Any, cast
 
 import attrs
-import networkx as nx
 import torch
 
-from connlearn.blocks import device_and_dtype, require_block_method
-from connlearn.compile import ConnectivityNet, FusedModule, ReferenceModule, check_net
-from connlearn.errors import ConfigError, check_bool, check_int
-from connlearn.graph import BranchGraph, check_graph
-
-
-def live_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks with a path to the head along the edges the function reads (the active ones)."""
-    check_graph(graph)
-    active = nx.DiGraph()
-    active.add_nodes_from(graph.nodes)
-    active.add_edges_from(graph.used_edges())
-    return {n for n in nx.ancestors(active, "output") if graph.nodes[n].get("kind") == "block"}
-
-
-def dead_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks without an active path to the head (what the pruner removes)."""
-    live = live_blocks(graph)  # checks that it is a graph
-    return set(graph.block_nodes()) - live
-
-
-def active_branches(graph: BranchGraph) -> dict[int, int]:
-    """Module index → number of live blocks (the paper's 'active branches', Figures 4-5). For ``real`` gates
-    before freezing, a block is live when an input of non-zero gate value reaches the head from it (what the
-    function reads), so the count drops to the top-K's when phase 2 freezes them; :func:`input_overlap`
-    compares the top-K sets throughout."""
-    live = live_blocks(graph)
-    return {m: sum(n in live for n in graph.branches(m)) for m in graph.modules()}
-
-
-def input_overlap(graph: BranchGraph) -> dict[int, float]:
-    """Module index → how alike its blocks' inputs are: the mean Jaccard similarity |A ∩ B| / |A ∪ B| of
-    the sets of active gate inputs, over every pair of the module's blocks (dead ones included), for each
-    module with at least two blocks that have gate inputs (a module of one block has no pairs and is left
-    out). 1 when every block reads the same inputs (Fixed-Full always),
-    0 when no two share one. Independent uniform draws of K of C inputs give :func:`random_overlap`;
-    a learned connectivity far above it has its blocks crowding onto the same few branches. Unfrozen
-    ``real`` gates weight every input; their active inputs are the top-K that ``net.freeze()`` keeps."""
-    check_graph(graph)
-    overlap = {}
-    for m in graph.modules():
-        sets = [{u for u, _, d in graph.gate_edges(n) if d.get("active", False)} for n in graph.branches(m)]
-        pairs = [(a, b) for a, b in itertools.combinations(sets, 2) if a | b]
-        if pairs:
-            overlap[m] = sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
-    return overlap
-
-
-def random_overlap(C: int, K: int) -> float:
-    """The expected :func:`input_overlap` of two blocks that each draw K of C inputs uniformly and
-    independently (Fixed-Random): the hypergeometric mean of i / (2K - i) over the shared count i."""
-    C, K = check_int("C", C, minimum=1), check_int("K", K, minimum=1)
-    if K > C:
-        raise ConfigError(f"random_overlap needs 1 <= K <= C, got C={C}, K={K}")
-    return sum(math.comb(K, i) * math.comb(C - K, K - i) * i / (2 * K - i)
-               for i in range(max(0, 2 * K - C), K + 1)) / math.comb(C, K)
+from connlearn.errors import ConfigError
+from connlearn.graph import active_branches, dead_blocks
+from connlearn.net import ConnectivityNet, FusedModule
 
 
 @attrs.frozen
@@ -83,88 +26,79 @@ class PruneReport:
     params_after: int
     blocks_before: int
     blocks_after: int
-    removed: dict[int, list[str]]  # module index -> removed block nodes
+    removed: dict[int, list[str]]  # module -> removed blocks
 
     @property
     def saving(self) -> float:
-        """Share of parameters removed."""
+        """The share of parameters removed."""
         return 1 - self.params_after / self.params_before
 
     def __str__(self) -> str:
         per_module = ", ".join(f"m{m}: -{len(r)}" for m, r in self.removed.items() if r) or "none"
-        return (f"params {self.params_before / 1e6:.3f}M -> {self.params_after / 1e6:.3f}M "
-                f"({100 * self.saving:.1f}% fewer); blocks {self.blocks_before} -> {self.blocks_after} "
-                f"(removed per module: {per_module})")
+        return (f"params {self.params_before / 1e6:.3f}M -> {self.params_after / 1e6:.3f}M ({100 * self.saving:.1f}% "
+                f"fewer); blocks {self.blocks_before} -> {self.blocks_after} (removed per module: {per_module})")
 
 
 def freezing_changes_outputs(net: ConnectivityNet) -> bool:
-    """Whether freezing ``net`` to its top-K (as pruning does) would change its eval outputs: its gates are
-    learned and evaluated by their values, not by their top-K (``real`` gates before phase 2)."""
-    check_net(net)
+    """Whether freezing ``net`` to its top-K would change its eval outputs (unfrozen ``real`` gates)."""
     return not net.fixed_connectivity and not net.evaluates_top_k()
 
 
 def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[ConnectivityNet, PruneReport]:
-    """A copy of ``net`` without its dead blocks, computing the same eval outputs, and a report.
-
-    ``net`` must have a fixed connectivity (``frozen``, ``random``, ``full``); ``freeze=True`` first
-    freezes a copy of a net with learnable gates (top-K of the real gates), where that keeps its eval
-    outputs (not for ``real`` gates, which weight every input: freeze those yourself if the top-K is what
-    you want). The pruned IR is compiled on the same engine (modules may now have fewer branches than C,
-    and a module none of whose blocks is read is left out) and the surviving weights are copied through the
-    blocks' ``select()``, on the net's device and dtype. ``net`` itself is left unchanged.
-    """
-    check_net(net)
-    freeze = check_bool("freeze", freeze)
+    """A copy of ``net`` without its dead blocks, with the same eval outputs, and a report. ``net`` must have a
+    fixed connectivity; ``freeze=True`` freezes a copy first where that keeps the eval outputs."""
     if not net.fixed_connectivity:
-        if not freeze:
-            raise ConfigError(
-                f"prune_dead_blocks needs a fixed connectivity, but the gates are {net.gate_kind!r}: "
-                "call net.freeze() first, or pass freeze=True"
-            )
-        if freezing_changes_outputs(net):
-            raise ConfigError(
-                f"gate kind {net.gate_kind!r} evaluates with its real gate values, not with their top-K, so "
-                "freezing it to prune would change the outputs; call net.freeze() first to keep the top-K (as "
-                "the Trainer does from phase 2 on), or keep the net unpruned"
-            )
+        if not freeze or freezing_changes_outputs(net):
+            raise ConfigError(f"prune_dead_blocks needs a fixed connectivity; the gates are {net.gate_kind!r}: "
+                              + ("call net.freeze() first, or pass freeze=True" if not freeze else
+                                 "they evaluate with their real values, which freezing would change"))
         net = copy.deepcopy(net).freeze()
     graph = net.graph()
     dead = dead_blocks(graph)
     removed = {m: [n for n in graph.branches(m) if n in dead] for m in graph.modules()}
-    before = net.num_parameters()
-    if not dead:
-        pruned = copy.deepcopy(net)
-    else:
-        pruned_graph = graph.copy()
-        pruned_graph.remove_nodes_from(dead)
-        with torch.random.fork_rng(devices=[]):
-            pruned = ConnectivityNet(pruned_graph, engine=net.engine).train(net.training)
-        pruned.stem = copy.deepcopy(net.stem)
-        pruned.head = copy.deepcopy(net.head)
+    pruned = copy.deepcopy(net)
+    if dead:
+        kept = graph.copy()
+        kept.remove_nodes_from(dead)
+        with torch.random.fork_rng(devices=[]):  # its weights are copied over
+            pruned = ConnectivityNet(kept, engine=net.engine)
+        pruned.stem, pruned.head = copy.deepcopy(net.stem), copy.deepcopy(net.head)
         stage_of = dict(zip(pruned.module_ids, pruned.stages, strict=True))
-        for old, module in zip(net.stages, net.module_ids, strict=True):
+        for module, old in zip(net.module_ids, net.stages, strict=True):
             keep = [j for j, n in enumerate(graph.branches(module)) if n not in dead]
             if not keep:  # no block of the module is read (a dense graph): the module goes
                 continue
-            new = stage_of[module]
-            new.training, new.proj = old.training, copy.deepcopy(old.proj)
-            if new.gate is not None and old.gate is not None:  # the pruned graph's gate, made afresh
-                new.gate.training = old.gate.training
-            if isinstance(old, FusedModule) and len(keep) == old.branches:
-                new.block = copy.deepcopy(old.block)
-            elif isinstance(old, FusedModule):
-                require_block_method(old.block, "select", "pruning dead blocks")
-                new.block = old.block.select(keep)  # type: ignore[operator]  # a block kind's method, checked above
+            new = cast(Any, stage_of[module])
+            new.proj = copy.deepcopy(old.proj)
+            if isinstance(old, FusedModule):
+                new.block = cast(Any, old.block).select(keep) if len(keep) < old.branches else copy.deepcopy(old.block)
             else:
-                old_blocks = cast(ReferenceModule, old).blocks
-                new.blocks = torch.nn.ModuleList(copy.deepcopy(old_blocks[j]) for j in keep)
-                new.blocks.training = old_blocks.training
+                new.blocks = torch.nn.ModuleList(copy.deepcopy(cast(Any, old).blocks[j]) for j in keep)
         pruned.generator.set_state(net.generator.get_state())
-    pruned = pruned.to(**device_and_dtype(net))  # the modules taken over keep their own training modes
-    pruned.activation_checkpointing = net.activation_checkpointing
-    report = PruneReport(
-        params_before=before, params_after=pruned.num_parameters(),
-        blocks_before=len(graph.block_nodes()), blocks_after=len(graph.block_nodes()) - len(dead), removed=removed,
-    )
+        param = next(net.parameters())
+        pruned = pruned.to(param.device, param.dtype).train(net.training)
+        pruned.activation_checkpointing = net.activation_checkpointing
+    report = PruneReport(net.num_parameters(), pruned.num_parameters(), len(graph.block_nodes()),
+                         len(graph.block_nodes()) - len(dead), removed)
     return pruned, report
+
+
+def summary(net: ConnectivityNet) -> str:
+    """A compact description of ``net``: one line per module (blocks, live blocks, inputs per block) and the
+    parameters before and after pruning its dead blocks."""
+    graph = net.graph()
+    live = active_branches(graph)
+    lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules, engine="
+             f"{net.engine}, {net.in_channels}x{graph.nodes['input']['image_size']}px in, {net.num_classes} out"]
+    for m in net.module_ids:
+        d = graph.nodes[graph.branches(m)[0]]
+        reads = f"{net.K} of {len(graph.candidates(m))} inputs" if graph.candidates(m) else "the stem"
+        lines.append(f"  module {m:>2}: {len(graph.branches(m))} x {d['block']} {d['in_channels']}->"
+                     f"{d['out_channels']} at {d['resolution']}px, {live[m]} live, each reads {reads}")
+    if freezing_changes_outputs(net):
+        lines.append(f"  parameters: {net.num_parameters() / 1e6:.3f}M (real gates: nothing to prune until frozen)")
+    else:
+        report = prune_dead_blocks(net, freeze=True)[1]
+        lines.append(f"  parameters: {report.params_before / 1e6:.3f}M, {report.params_after / 1e6:.3f}M after "
+                     f"pruning {report.blocks_before - report.blocks_after} dead blocks")
+    return "\n".join(lines)

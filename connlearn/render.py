@@ -1,257 +1,195 @@
-"""Drawings of a BranchGraph's connectivity, after the paper's Figure 3.
+"""Pictures of a BranchGraph's connectivity, after the paper's Figure 3.
 
-The stem (``input``) and the head (``output``) are circles; each module is one row of squares, one per
-residual block, rows stacked from the stem at the top to the head at the bottom; an arrow joins two nodes
-for every active connection. Inactive gate edges are not drawn. Dead blocks (no active path to the head,
-what the pruner removes) are drawn hollow and dashed grey, with their edges, or left out. A network whose
-function weights every input by its gate value (``real`` gates before ``freeze()``:
-``graph.weights_inputs()``) is drawn as it computes: every input of non-zero gate, weighted.
+The stem and the head are circles; each module is a row of squares, one per block, from the stem at the top
+to the head at the bottom; an arrow joins two nodes for every connection the function reads. Dead blocks
+(what the pruner removes) are hollow and dashed, or hidden. Where the function weights its inputs by their
+gates (unfrozen ``real`` gates) the edges are weighted. :func:`save` always writes the DOT source; it renders
+``.svg``/``.png``/``.pdf`` with Graphviz's ``dot`` where it is installed, and with matplotlib (the layout is
+a grid and needs no layout engine) where it is not.
 
-The DOT node names are the IR's node names (``input``, ``m{i}.b{j}``, ``output``), so a drawing can be
-matched to its graph one to one; :func:`side_by_side` prefixes them with ``resnext/`` and ``learned/``.
-Within a row, invisible edges (``style=invis``) between neighbouring branches keep the squares in branch
-order; they are layout aids, not connections.
-
-    >>> from connlearn import render
-    >>> render.save(net.graph(), "connectivity.svg")          # writes connectivity.dot and connectivity.svg
+    >>> connlearn.render.save(net.graph(), "connectivity.svg", beside_resnext=True)
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 import shutil
-import warnings
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import graphviz
 
-from connlearn.errors import ConfigError, ConfigTypeError, check_bool, check_name, check_path, check_title
-from connlearn.files import write_bytes_atomic
-from connlearn.graph import BranchGraph, check_graph
-from connlearn.prune import dead_blocks
+from connlearn.errors import ConfigError, check_choice
+from connlearn.files import path_of, write_atomic, write_text
+from connlearn.graph import BranchGraph, dead_blocks
 
-#: How dead blocks are drawn: ``hollow`` (dashed grey outline, edges dashed grey) or ``hide`` (left out).
 DEAD_STYLES = ("hollow", "hide")
-#: File suffixes :func:`save` writes; ``.dot`` is always written, the others are rendered by Graphviz.
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
-
-_CIRCLE = {"shape": "circle", "style": "filled", "fillcolor": "#d9534f", "color": "#a02622", "width": "0.35"}
-_BLOCK = {"shape": "square", "style": "filled", "fillcolor": "#5cb85c", "color": "#2d6a2d", "width": "0.3"}
-_DEAD_BLOCK = {"shape": "square", "style": "dashed", "fillcolor": "none", "color": "gray60", "width": "0.3"}
-_DEAD_EDGE = {"style": "dashed", "color": "gray60"}
-_MIN_PEN, _MAX_PEN = 0.3, 2.0  # pen widths (points) of the weakest and strongest edge when weighted
+_RED, _GREEN, _GREY = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999"
 
 
-def to_dot(
-    graph: BranchGraph, *, weighted: bool | None = None, dead: str = "hollow", title: str | None = None
-) -> graphviz.Digraph:
-    """Draw ``graph`` like the paper's Figure 3, as a ``graphviz.Digraph`` (its ``.source`` is DOT).
+def pruned(graph: BranchGraph) -> bool:
+    """Whether pruning took blocks or modules from ``graph`` (against the C and depth it was built with)."""
+    options = graph.graph.get("options", {})
+    return len(graph.modules()) < (options.get("depth", 2) - 2) // 3 or any(
+        len(graph.branches(m)) < options.get("C", 0) for m in graph.modules())
 
-    Args:
-        graph: the connectivity, e.g. ``net.graph()``.
-        weighted: if True, an edge's pen width and darkness follow its real gate value ``gate``, divided by
-            the largest gate value of the receiving block's row (fixed edges count as 1). ``None`` (the
-            default): only where the graph's function weights its inputs so (``graph.weights_inputs()``).
-        dead: ``"hollow"`` draws dead blocks and their active edges dashed grey; ``"hide"`` leaves them out.
-        title: a first line above the legend ``gate=topk K=4, 60/72 blocks live``.
-    """
-    _check_graph(graph, "to_dot")
-    _check_dead(dead)
-    check_title(title)
+
+def resnext_of(graph: BranchGraph) -> BranchGraph:
+    """ResNeXt's connectivity on ``graph``'s blocks: every gate edge active with gate 1."""
+    if pruned(graph):
+        raise ConfigError("this connectivity was pruned, so ResNeXt cannot be derived from it: draw the unpruned "
+                          "network (the run's last.pt), or pass the reference graph")
+    full = graph.copy()
+    full.graph.pop("weighted_inputs", None)
+    for *_, d in full.edges(data=True):
+        if d.get("kind") == "gate":
+            d.update(gate=1.0, active=True)
+    full.graph.update(gate="full", K=max((len(full.gate_edges(n)) for n in full.block_nodes()), default=graph.K))
+    return full
+
+
+def to_dot(graph: BranchGraph, *, weighted: bool | None = None, dead: str = "hollow",
+           title: str | None = None) -> graphviz.Digraph:
+    """``graph`` as a ``graphviz.Digraph`` (``.source`` is DOT), node names those of the IR. ``weighted``:
+    edge width follows the gate value over its row's largest (default: where the function weights so)."""
     dot = graphviz.Digraph(name="connectivity")
     dot.attr(label=_legend(graph, title), labelloc="t", fontsize="12")
-    _draw(dot, graph, prefix="", weighted=weighted, dead=dead)
+    _draw_dot(dot, graph, "", weighted, check_choice("dead-block style", dead, DEAD_STYLES))
     return dot
 
 
-def side_by_side(
-    learned: BranchGraph,
-    reference: BranchGraph | None = None,
-    *,
-    weighted: bool | None = None,
-    dead: str = "hollow",
-    title: str | None = None,
-) -> graphviz.Digraph:
-    """ResNeXt's fixed connectivity (left) next to the learned one (right), like the paper's Figure 3.
-
-    The two drawings are the clusters ``cluster_resnext`` and ``cluster_learned``; their node names are the
-    IR's names prefixed with ``resnext/`` and ``learned/``. Without ``reference``, ResNeXt is derived from
-    ``learned``: the same nodes with every gate edge active (gate value 1).
-    """
-    _check_graph(learned, "side_by_side")
-    _check_dead(dead)
-    check_title(title)
-    if reference is None:
-        pruned = pruned_away(learned)
-        if pruned:
-            raise ConfigError(f"this connectivity was pruned ({pruned}), so ResNeXt cannot be derived from it: draw "
-                              "the unpruned network (e.g. the run's last.pt) side by side (or, in Python, pass "
-                              "side_by_side the graph to compare with as reference=)")
-        reference = _full_connectivity(learned)
-    _check_graph(reference, "side_by_side")
+def side_by_side(learned: BranchGraph, reference: BranchGraph | None = None, *, weighted: bool | None = None,
+                 dead: str = "hollow", title: str | None = None) -> graphviz.Digraph:
+    """ResNeXt (``reference``, by default :func:`resnext_of` ``learned``) beside the learned connectivity, as
+    the clusters ``cluster_resnext`` and ``cluster_learned`` (node names prefixed ``resnext/`` and ``learned/``)."""
+    reference = resnext_of(learned) if reference is None else reference
     dot = graphviz.Digraph(name="connectivity")
-    # dot's last crossing reduction, run where a graph has clusters, would reorder the blocks of a row
-    dot.attr(remincross="false")
-    if title:
-        dot.attr(label=title, labelloc="t", fontsize="14")
+    dot.attr(remincross="false", **({"label": title, "labelloc": "t"} if title else {}))
     for name, graph in (("resnext", reference), ("learned", learned)):
         with dot.subgraph(name=f"cluster_{name}") as cluster:
             cluster.attr(label=_legend(graph, "ResNeXt" if name == "resnext" else "learned"), color="gray80")
-            _draw(cluster, graph, prefix=f"{name}/", weighted=weighted, dead=dead)
+            _draw_dot(cluster, graph, f"{name}/", weighted, check_choice("dead-block style", dead, DEAD_STYLES))
     return dot
 
 
-def pruned_away(graph: BranchGraph) -> str | None:
-    """What pruning took from ``graph``, measured against the modules and C its ``options`` record: whole
-    modules, or blocks of a module; ``None`` if nothing."""
-    options = graph.graph.get("options", {})
-    C, depth = options.get("C"), options.get("depth")
-    if isinstance(depth, int) and len(graph.modules()) < (depth - 2) // 3:
-        return f"{(depth - 2) // 3 - len(graph.modules())} of its modules are gone"
-    short = [m for m in graph.modules() if C and len(graph.branches(m)) < C]
-    return f"module {short[0]} has {len(graph.branches(short[0]))} of C={C} blocks" if short else None
-
-
-def _check_graph(graph: Any, caller: str) -> None:
-    check_graph(graph, f"the graph that {caller}() draws")
-
-
-def save(obj: BranchGraph | graphviz.Digraph, path: str | os.PathLike[str], **to_dot_kwargs: Any) -> list[Path]:
-    """Write a drawing; return the paths written.
-
-    ``<stem>.dot`` (the DOT source) is always written; if ``path`` ends in ``.svg``, ``.png`` or ``.pdf``
-    that file is rendered too with Graphviz's ``dot`` program. Without ``dot`` installed, only the ``.dot``
-    file is written and a warning says what to install. Files are replaced atomically. ``to_dot_kwargs``
-    go to :func:`to_dot` when ``obj`` is a BranchGraph.
-    """
-    path = check_path("path", path)
-    suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise ConfigError(
-            f"cannot save a drawing as {str(path)!r}: unsupported suffix {suffix or '(none)'!r}; "
-            f"allowed: {' '.join(SUFFIXES)}"
-        )
-    if isinstance(obj, BranchGraph):
-        options = [p for p in inspect.signature(to_dot).parameters if p != "graph"]
-        for key in to_dot_kwargs:
-            check_name("to_dot option", key, options)
-        dot = to_dot(obj, **to_dot_kwargs)
-    elif isinstance(obj, graphviz.Digraph):
-        if to_dot_kwargs:
-            raise ConfigError(
-                f"options {sorted(to_dot_kwargs)} apply only when saving a BranchGraph; this is already a drawing"
-            )
-        dot = obj
-    else:
-        raise ConfigTypeError(f"save() draws a BranchGraph or a graphviz.Digraph, got {type(obj).__name__}")
-
+def save(graph: BranchGraph, path: str | os.PathLike, *, beside_resnext: bool = False,
+         reference: BranchGraph | None = None, weighted: bool | None = None, dead: str = "hollow",
+         title: str | None = None) -> list[Path]:
+    """Draw ``graph`` (with ResNeXt beside it where ``beside_resnext``) to ``path``; returns the files written:
+    ``<stem>.dot`` always, and ``path`` itself for ``.svg``/``.png``/``.pdf``, by Graphviz's ``dot`` where it
+    is installed and by matplotlib where not."""
+    path = path_of(path)
+    suffix = check_choice("drawing suffix", path.suffix.lower(), SUFFIXES)
+    graphs = [resnext_of(graph) if reference is None else reference, graph] if beside_resnext else [graph]
+    options: dict[str, Any] = {"weighted": weighted, "dead": dead, "title": title}
+    dot = side_by_side(graphs[1], graphs[0], **options) if beside_resnext else to_dot(graph, **options)
     path.parent.mkdir(parents=True, exist_ok=True)
-    dot_path = path.with_suffix(".dot")
-    write_bytes_atomic(dot_path, dot.source.encode("utf-8"))
+    files = [write_text(path.with_suffix(".dot"), dot.source)]
     if suffix == ".dot":
-        return [dot_path]
-    if shutil.which("dot") is None:
-        _warn_no_dot(path)
-        return [dot_path]
-    try:
-        data = dot.pipe(format=suffix[1:])
-    except graphviz.ExecutableNotFound:
-        _warn_no_dot(path)
-        return [dot_path]
-    except (graphviz.CalledProcessError, OSError) as exc:  # e.g. a Graphviz built without this format
-        said = getattr(exc, "stderr", None) or b""
-        said = (said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said)).strip() or str(exc)
-        warnings.warn(f"cannot render {str(path)!r}: Graphviz's 'dot' failed: {said.splitlines()[0]}; the .dot file "
-                      f"was written ({str(dot_path)!r})", stacklevel=2)
-        return [dot_path]
-    write_bytes_atomic(path, data)
-    return [dot_path, path]
-
-
-# ---------------------------------------------------------------------------- drawing
-def _draw(container: graphviz.Digraph, graph: BranchGraph, *, prefix: str, weighted: bool | None,
-          dead: str) -> None:
-    weighted = graph.weights_inputs() if weighted is None else check_bool("weighted", weighted)
-    dead_set = dead_blocks(graph)
-    hidden = dead_set if dead == "hide" else set()
-    container.node(prefix + "input", label="", tooltip="input (stem)", **_CIRCLE)
-    above: dict[int, str] = {}
-    for module in graph.modules():
-        kept = [n for n in graph.branches(module) if n not in hidden]
-        with container.subgraph(name=f"{prefix}m{module}") as row:
-            row.attr(rank="same")
-            for node in kept:
-                row.node(prefix + node, label="", tooltip=node, **(_DEAD_BLOCK if node in dead_set else _BLOCK))
-            for left, right in itertools.pairwise(kept):
-                row.edge(prefix + left, prefix + right, style="invis")
-        # heavy invisible edges down each branch column keep the rows aligned as a grid
-        for node in kept:
-            branch = graph.nodes[node]["branch"]
-            if branch in above:
-                container.edge(prefix + above[branch], prefix + node, style="invis", weight="10")
-            above[branch] = node
-    container.node(prefix + "output", label="", tooltip="output (head)", **_CIRCLE)
-
-    strength = _edge_strength(graph) if weighted else {}
-    for u, v in graph.used_edges():  # the active edges, or every input a real gate weights
-        if u in hidden or v in hidden:
-            continue
-        attrs = dict(arrowsize="0.4")
-        if weighted:
-            s = strength[u, v]
-            alpha = round(64 + 191 * s)
-            attrs.update(penwidth=f"{_MIN_PEN + (_MAX_PEN - _MIN_PEN) * s:.2f}", color=f"#000000{alpha:02x}")
-        if u in dead_set or v in dead_set:
-            attrs.update(_DEAD_EDGE)
-        container.edge(prefix + u, prefix + v, **attrs)
-
-
-def _edge_strength(graph: BranchGraph) -> dict[tuple[str, str], float]:
-    """Every active edge's gate value divided by the largest gate of its receiving block's row, in [0, 1]."""
-    strength: dict[tuple[str, str], float] = {}
-    for u, v, d in graph.edges(data=True):
-        if d.get("kind") != "gate":
-            strength[u, v] = 1.0
-            continue
-        row_max = max(float(e.get("gate", 0.0)) for _, _, e in graph.gate_edges(v))
-        value = float(d.get("gate", 0.0))
-        strength[u, v] = min(max(value / row_max, 0.0), 1.0) if row_max > 0 else 1.0
-    return strength
+        return files
+    if shutil.which("dot") is not None:
+        try:
+            data = dot.pipe(format=suffix[1:])
+        except (graphviz.CalledProcessError, subprocess.SubprocessError, OSError):
+            data = None  # a Graphviz built without this format: matplotlib draws it
+        if data:
+            return [*files, write_atomic(path, lambda f: f.write(data))]
+    return [*files, _draw_matplotlib(graphs, path, weighted, dead, title)]
 
 
 def _legend(graph: BranchGraph, title: str | None) -> str:
     blocks = graph.block_nodes()
-    live = len(blocks) - len(dead_blocks(graph))
-    reads = " (every input, weighted by its gate)" if graph.weights_inputs() else ""
-    legend = (f"gate={graph.gate_label()} K={graph.graph.get('K', '?')}{reads}, "
-              f"{live}/{len(blocks)} blocks live")
+    reads = " (every input, weighted by its gate)" if graph.graph.get("weighted_inputs") else ""
+    legend = (f"gate={graph.gate_label()} K={graph.K}{reads}, "
+              f"{len(blocks) - len(dead_blocks(graph))}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
 
 
-def _full_connectivity(graph: BranchGraph) -> BranchGraph:
-    """ResNeXt's connectivity on ``graph``'s nodes: every gate edge active with gate value 1."""
-    full = graph.copy()
-    full.graph.pop("weighted_inputs", None)
-    for _, _, d in full.edges(data=True):
-        if d.get("kind") == "gate":
-            d.update(gate=1.0, active=True)
-    fan_in = [len(full.gate_edges(n)) for n in full.block_nodes()]
-    full.graph.update(gate="full", K=max(fan_in, default=graph.graph.get("K")))
-    return full
+def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str], float]:
+    """Each used edge's gate over the largest of its row, in [0, 1] (1 for every edge when not weighted)."""
+    weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
+    strength = {}
+    for u, v in graph.used_edges():
+        d = graph.edges[u, v]
+        top = max((float(e.get("gate", 0.0)) for *_, e in graph.gate_edges(v)), default=0.0)
+        if weighted and d.get("kind") == "gate" and top > 0:
+            strength[u, v] = min(max(float(d.get("gate", 0.0)) / top, 0.0), 1.0)
+        else:
+            strength[u, v] = 1.0
+    return strength
 
 
-def _check_dead(dead: str) -> None:
-    check_name("dead-block style", dead, DEAD_STYLES)
+def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: bool | None, dead: str) -> None:
+    weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
+    dead_set = dead_blocks(graph)
+    hidden = dead_set if dead == "hide" else set()
+    circle = {"shape": "circle", "style": "filled", "fillcolor": _RED[0], "color": _RED[1], "width": "0.35"}
+    dot.node(prefix + "input", label="", tooltip="input (stem)", **circle)
+    above: dict[int, str] = {}
+    for module in graph.modules():
+        kept = [n for n in graph.branches(module) if n not in hidden]
+        with dot.subgraph(name=f"{prefix}m{module}") as row:
+            row.attr(rank="same")
+            for node in kept:
+                style = ({"style": "dashed", "fillcolor": "none", "color": _GREY} if node in dead_set else
+                         {"style": "filled", "fillcolor": _GREEN[0], "color": _GREEN[1]})
+                row.node(prefix + node, label="", tooltip=node, shape="square", width="0.3", **style)
+            for left, right in itertools.pairwise(kept):  # keeps the squares of a row in branch order
+                row.edge(prefix + left, prefix + right, style="invis")
+        for node in kept:  # heavy invisible edges down each column keep the rows a grid
+            branch = graph.nodes[node]["branch"]
+            if branch in above:
+                dot.edge(prefix + above[branch], prefix + node, style="invis", weight="10")
+            above[branch] = node
+    dot.node(prefix + "output", label="", tooltip="output (head)", **circle)
+    for (u, v), s in _strength(graph, weighted).items():
+        if u in hidden or v in hidden:
+            continue
+        attrs = {"arrowsize": "0.4"}
+        if weighted:
+            attrs.update(penwidth=f"{0.3 + 1.7 * s:.2f}", color=f"#000000{round(64 + 191 * s):02x}")
+        if u in dead_set or v in dead_set:
+            attrs.update(style="dashed", color=_GREY)
+        dot.edge(prefix + u, prefix + v, **attrs)
 
 
-# ---------------------------------------------------------------------------- messages
-def _warn_no_dot(path: Path) -> None:
-    warnings.warn(
-        f"cannot render {str(path)!r}: Graphviz's 'dot' program was not found. To render drawings, install "
-        "Graphviz: apt-get install graphviz / brew install graphviz / conda install graphviz; "
-        f"the .dot file was written ({str(path.with_suffix('.dot'))!r})",
-        stacklevel=3,
-    )
+def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | None, dead: str,
+                     title: str | None) -> Path:
+    """The same picture on a grid, drawn by matplotlib (Agg, no pyplot) to ``path``."""
+    from matplotlib.figure import Figure
+
+    widths = [max(len(g.branches(m)) for m in g.modules()) for g in graphs]
+    rows = max(len(g.modules()) for g in graphs) + 2
+    fig = Figure(figsize=(sum(0.45 * w + 1.2 for w in widths), 0.45 * rows + 1.0), layout="constrained")
+    for ax, graph, width, name in zip(fig.subplots(1, len(graphs), squeeze=False)[0], graphs, widths,
+                                      ["ResNeXt", "learned"][-len(graphs):], strict=True):
+        dead_set = dead_blocks(graph)
+        hidden = dead_set if dead == "hide" else set()
+        thin = min(1.0, 3.0 / max((len(graph.candidates(m)) for m in graph.modules()), default=1))  # ResNeXt's many
+        where = {"input": ((width - 1) / 2, 0.0), "output": ((width - 1) / 2, -(len(graph.modules()) + 1.0))}
+        for row, module in enumerate(graph.modules(), 1):
+            for node in graph.branches(module):
+                where[node] = (graph.nodes[node]["branch"] - 1.0, -float(row))
+        for (u, v), s in _strength(graph, weighted).items():
+            if u not in hidden and v not in hidden:
+                grey = u in dead_set or v in dead_set
+                ax.annotate("", xy=where[v], xytext=where[u], arrowprops={
+                    "arrowstyle": "-|>", "lw": (0.3 + 1.2 * s) * thin, "alpha": 0.25 + 0.75 * s, "shrinkA": 5,
+                    "shrinkB": 5,
+                    "color": _GREY if grey else "black", "linestyle": "--" if grey else "-", "mutation_scale": 6})
+        for node, (x, y) in where.items():
+            if node in ("input", "output"):
+                ax.scatter([x], [y], s=160, c=_RED[0], edgecolors=_RED[1], zorder=3)
+            elif node not in hidden:
+                live = node not in dead_set
+                ax.scatter([x], [y], s=90, marker="s", zorder=3, c=_GREEN[0] if live else "white",
+                           edgecolors=_GREEN[1] if live else _GREY, linestyle="-" if live else "--")
+        ax.set_title(_legend(graph, name if len(graphs) > 1 else title), fontsize=8)
+        ax.set_axis_off()
+        ax.margins(0.08)
+    if title and len(graphs) > 1:
+        fig.suptitle(title)
+    return write_atomic(path, lambda f: fig.savefig(f, format=path.suffix[1:], dpi=150))

@@ -1,0 +1,465 @@
+"""ConnectivityNet: a BranchGraph compiled into a trainable ``nn.Module``.
+
+Module i, with C_i branches reading the outputs y_k of its candidate sources through gate matrix G::
+
+    x_j = ReLU( (1/K) · Σ_k G_jk · y_k )          first module: x_j = the stem's output for every branch
+    y_j = P(x_j) + F_j(x_j)                       P: identity, or one 1x1 conv + BN per module, shared
+    logits = Linear( avgpool( ReLU( (1/C_M) · Σ_k y_k ) ) )
+
+Engines compute the same function from the same weights:
+
+- ``fused`` (default): a module's activations are one tensor ``[B, C·ch, H, W]`` (branch-major channels);
+  the gate mix is one batched matmul over the branch axis, the blocks are grouped convolutions;
+- ``reference``: one block per branch and plain loops: the oracle of the tests, and the engine of modules
+  whose blocks differ;
+- ``single-stream``: gate ``full`` with a block kind that has a ``single_stream`` form (the bottleneck)
+  compiles to the genuine ResNeXt, ``y = ReLU(P(x) + F(x))`` with a grouped 3x3 convolution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from connlearn.blocks import BLOCKS, scales_residual
+from connlearn.errors import CheckpointError, ConfigError, check_choice
+from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
+from connlearn.graph import BranchGraph
+
+ENGINES = ("fused", "reference", "auto")
+
+
+def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
+    """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, H, W]`` (N = Σ N_s branches), ``mix``
+    ``[C, N]`` → ``[B, C·ch, H, W]``, in the inputs' memory format: one batched GEMM."""
+    b, _, h, w = inputs[0].shape
+    c, n = mix.shape
+    if inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous():
+        parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
+        return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
+    parts = [t.reshape(b, t.shape[1] // ch, ch * h * w) for t in inputs]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, h, w)
+
+
+class Stem(nn.Sequential):
+    """Input convolution → BN → ReLU (→ 3x3 max-pool, stride 2)."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, maxpool: bool) -> None:
+        conv = nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, bias=False)
+        pool = nn.MaxPool2d(3, stride=2, padding=1) if maxpool else nn.Identity()
+        super().__init__(OrderedDict(conv=conv, bn=nn.BatchNorm2d(out_ch), relu=nn.ReLU(inplace=True), pool=pool))
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+
+
+class Projection(nn.Sequential):
+    """The shortcut P where the shape changes: one 1x1 conv (stride) + BN, shared by a module's branches."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
+        super().__init__(conv, nn.BatchNorm2d(out_ch))
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+
+
+class Head(nn.Module):
+    """Global average pooling and a linear classifier."""
+
+    def __init__(self, in_ch: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_ch, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class FusedModule(nn.Module):
+    """All branches of a module as one tensor ``[B, C·ch, H, W]``."""
+
+    def __init__(self, block: nn.Module, proj: nn.Module | None, gate: Gate | None, in_ch: int, out_ch: int,
+                 branches: int) -> None:
+        super().__init__()
+        self.block, self.proj, self.gate = block, proj, gate
+        self.in_ch, self.out_ch, self.branches = in_ch, out_ch, branches
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        c, ch = self.branches, self.in_ch
+        if mix is None:  # the first module: every branch reads the stem, whose shortcut is computed once
+            b, _, h, w = inputs[0].shape
+            x = inputs[0].unsqueeze(1).expand(b, c, ch, h, w).reshape(b, c * ch, h, w)
+            out = self.block(x)
+            short = inputs[0] if self.proj is None else self.proj(inputs[0])
+            oh, ow = short.shape[-2:]
+            return (out.reshape(b, c, self.out_ch, oh, ow) + short.unsqueeze(1)).reshape(b, c * self.out_ch, oh, ow)
+        x = mix_branches(inputs, mix, ch)
+        b, _, h, w = x.shape
+        out = self.block(x)
+        if self.proj is None:
+            return x + out
+        short = self.proj(x.reshape(b * c, ch, h, w))
+        return short.reshape(b, c * self.out_ch, *short.shape[-2:]) + out
+
+
+class ReferenceModule(nn.Module):
+    """One block per branch and plain loops; inputs and outputs are lists of ``[B, ch, H, W]``."""
+
+    def __init__(self, blocks: list[nn.Module], proj: nn.Module | None, gate: Gate | None) -> None:
+        super().__init__()
+        self.blocks, self.proj, self.gate = nn.ModuleList(blocks), proj, gate
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> list[torch.Tensor]:
+        if mix is None:
+            short = inputs[0] if self.proj is None else self.proj(inputs[0])
+            return [short + block(inputs[0]) for block in self.blocks]
+        xs = [sum((mix[j, k] * y for k, y in enumerate(inputs[1:], 1)), mix[j, 0] * inputs[0]).relu()
+              for j in range(len(self.blocks))]
+        if self.proj is None:
+            shorts = xs
+        elif self.training:  # one call: its batch norm sees every branch's batch, as the fused engine's does
+            shorts = list(self.proj(torch.cat(xs)).chunk(len(xs)))
+        else:
+            shorts = [self.proj(x) for x in xs]
+        return [s + block(x) for s, block, x in zip(shorts, self.blocks, xs, strict=True)]
+
+
+class SingleStreamModule(nn.Module):
+    """The genuine ResNeXt module: ``ReLU(P(x) + F(x))``, F the aggregated residual function."""
+
+    def __init__(self, body: nn.Module, proj: nn.Module | None) -> None:
+        super().__init__()
+        self.body, self.proj = body, proj
+        self.gate: Gate | None = None
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        short = inputs[0] if self.proj is None else self.proj(inputs[0])
+        return (short + self.body(inputs[0])).relu()
+
+
+Stage = FusedModule | ReferenceModule | SingleStreamModule
+
+
+class ConnectivityNet(nn.Module):
+    """A multi-branch network compiled from a :class:`BranchGraph`: ``[B, in_channels, H, W]`` images →
+    ``[B, num_classes]`` logits.
+
+    In training mode a stochastic gate kind (``topk``) draws every module's connectivity once per forward
+    pass, in one batched call, from the network's own CPU generator (seeded from the graph's seed and saved
+    in ``state_dict``): checkpoints resume the same draws and DDP's ranks draw alike. ``sample_temperature``
+    (1: the paper's) sharpens the draws below 1. In eval mode the connectivity is each block's top-K.
+    ``activation_checkpointing`` recomputes each module in the backward pass, with the forward pass's draw.
+    """
+
+    def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
+        super().__init__()
+        graph.validate()
+        self._graph, self.K, self.gate_kind = copy.deepcopy(graph), graph.K, graph.gate_kind
+        gate_cls = GATES.get(self.gate_kind)
+        inp, out = graph.nodes["input"], graph.nodes["output"]
+        self.in_channels, self.num_classes = inp["in_channels"], out["num_classes"]
+        self.stem = Stem(inp["in_channels"], inp["out_channels"], **inp["stem"])
+        self.module_ids = graph.modules()
+        position = {m: p for p, m in enumerate(self.module_ids)}
+        self._sources = [_sources(graph, m, position) for m in self.module_ids]
+        self.engine = _engine(graph, check_choice("engine", engine, ENGINES), self._sources)
+        self.stages = cast("list[Stage]", nn.ModuleList(self._stage(graph, m, gate_cls) for m in self.module_ids))
+        self._init_residuals(graph)
+        self._init_convs(graph)
+        self.head = Head(out["in_channels"], out["num_classes"])
+        self.generator = draw_generator(graph.seed)
+        ties = tie_generator(graph.seed)
+        for module, gate in self.gates():
+            if hasattr(gate, "tie_order"):  # the graph's ties; a graph without them: from the seed
+                given = graph.tie_matrix(module)
+                rows, cols = gate.shape
+                order = random_tie_order(rows, cols, ties) if given is None else torch.tensor(given)
+                cast(torch.Tensor, gate.tie_order).copy_(order)
+        self.sample_temperature = 1.0
+        self.activation_checkpointing = False
+        self.last_draw: dict[int, torch.Tensor] = {}  # the latest training draw, by stage position
+        self._hold: list[dict[int, torch.Tensor]] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the draw runs eagerly, first: under torch.compile the rest of the pass is one graph
+        drawn = self._draw() if self.training and self.stochastic else {}
+        mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / self.K for i, s in enumerate(self.stages)]
+        h = self.stem(x)
+        outputs: list[Any] = []
+        for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
+            inputs = [h] if not plan else [t for pos, chosen in plan for t in self._pick(outputs[pos], chosen, stage)]
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                outputs.append(torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix,
+                                                                 use_reentrant=False))
+            else:
+                outputs.append(stage(inputs, mix))
+        last = outputs[-1]
+        if self.engine == "fused":
+            b, n, hh, ww = last.shape
+            c = cast(FusedModule, self.stages[-1]).branches
+            last = last.reshape(b, c, n // c, hh, ww).mean(dim=1).relu()
+        elif self.engine == "reference":
+            last = torch.stack(last, dim=1).mean(dim=1).relu()
+        return self.head(last)
+
+    def _pick(self, out: Any, chosen: list[int] | None, stage: nn.Module) -> list[torch.Tensor]:
+        """The branches ``chosen`` (None: all) of a source module's output, as the engine's inputs."""
+        if self.engine == "reference":
+            return list(out) if chosen is None else [out[i] for i in chosen]
+        if chosen is None:
+            return [out]
+        b, n, h, w = out.shape
+        ch = cast(FusedModule, stage).in_ch
+        return [out.reshape(b, n // ch, ch, h, w)[:, chosen].reshape(b, len(chosen) * ch, h, w)]
+
+    @torch._disable_dynamo
+    def _draw(self) -> dict[int, torch.Tensor]:
+        if self._hold:
+            return self._hold[0]
+        if torch._C._current_graph_task_id() != -1:  # a forward pass inside a backward pass: a recomputation
+            raise ConfigError("a training forward pass ran in a backward pass (torch.utils.checkpoint around the "
+                              "network?): it would draw another connectivity; set net.activation_checkpointing = "
+                              "True, or run forward and backward inside `with net.hold_draw():`")
+        # keyed by stage position, not by gate: torch.compile would guard on each gate object
+        at = {i: s.gate for i, s in enumerate(self.stages) if s.gate is not None and s.gate.stochastic}
+        drawn: dict[int, torch.Tensor] = {}
+        for cls in dict.fromkeys(type(g) for g in at.values()):
+            index = [i for i, g in at.items() if type(g) is cls]
+            draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature)
+            drawn.update(zip(index, draws, strict=True))
+        if self._hold is not None:
+            self._hold.append(drawn)
+        self.last_draw = drawn
+        return drawn
+
+    @contextlib.contextmanager
+    def hold_draw(self) -> Iterator[ConnectivityNet]:
+        """Within the block every training forward pass uses the first one's draw: for gradient accumulation
+        over the micro-batches of one step (the paper draws once per mini-batch)."""
+        if self._hold is not None:
+            yield self
+            return
+        self._hold = []
+        try:
+            yield self
+        finally:
+            self._hold = None
+
+    # ------------------------------------------------------------------------------------------ queries
+    def gates(self) -> Iterator[tuple[int, Gate]]:
+        """``(module index, gate)`` of every module with gates."""
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            if stage.gate is not None:
+                yield module, stage.gate
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether training forward passes draw the connectivity."""
+        return any(g.stochastic for _, g in self.gates())
+
+    @property
+    def fixed_connectivity(self) -> bool:
+        """Whether no gate is learned or drawn (``frozen``, ``random``, ``full``): freeze has nothing to do."""
+        return not any(g.learnable or g.stochastic for _, g in self.gates())
+
+    def evaluates_top_k(self) -> bool:
+        """Whether every gate evaluates with its binary top-K (then freezing keeps the eval outputs); not so
+        for unfrozen ``real`` gates, which weight every input."""
+        with torch.no_grad():
+            return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in self.gates())
+
+    def gate_parameters(self) -> list[nn.Parameter]:
+        """The learnable gates: their own param group (own lr, no weight decay)."""
+        return [p for _, g in self.gates() for p in g.real_parameters()]
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """Every parameter that is not a gate."""
+        gates = {id(p) for p in self.gate_parameters()}
+        return [p for p in self.parameters() if id(p) not in gates]
+
+    def no_weight_decay(self) -> set[str]:
+        """The names of the gates in ``named_parameters()``, for optimizer builders that ask (timm's)."""
+        gates = {id(p) for p in self.gate_parameters()}
+        return {name for name, p in self.named_parameters() if id(p) in gates}
+
+    def num_parameters(self, gates: bool = False) -> int:
+        """Trainable parameters, without the gates unless ``gates``."""
+        return sum(p.numel() for p in (self.parameters() if gates else self.weight_parameters()))
+
+    def connectivity(self) -> dict[int, torch.Tensor]:
+        """The evaluation connectivity: module → boolean ``[C_i, N_i]`` (columns: ``graph().candidates(i)``)."""
+        if self.engine == "single-stream":
+            return {m: torch.tensor(self._graph.gate_matrix(m)[1]) for m in self.module_ids
+                    if self._graph.candidates(m)}
+        return {m: g.active().cpu() for m, g in self.gates()}
+
+    def graph(self) -> BranchGraph:
+        """The IR with the current gate values and active connections; ``weighted_inputs`` where the function
+        weights every input by its gate (unfrozen ``real`` gates)."""
+        g = copy.deepcopy(self._graph)
+        g.graph["gate"] = self.gate_kind
+        g.graph.pop("weighted_inputs", None)
+        if self.engine == "single-stream":
+            return g
+        if not self.evaluates_top_k():
+            g.graph["weighted_inputs"] = True
+        for module, gate in self.gates():
+            values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
+            ties = cast(torch.Tensor, gate.tie_order).cpu().tolist() if hasattr(gate, "tie_order") else None
+            for j, node in enumerate(g.branches(module)):
+                for k, src in enumerate(g.candidates(module)):
+                    edge = g.edges[src, node]
+                    edge.update(gate=float(values[j][k]), active=bool(active[j][k]))
+                    edge.pop("tie", None) if ties is None else edge.update(tie=int(ties[j][k]))
+        return g
+
+    # ------------------------------------------------------------------------------------------ changes
+    def freeze(self, connectivity: dict[int, torch.Tensor] | None = None) -> ConnectivityNet:
+        """Fix the connectivity (gate kind ``frozen``): every block keeps the top-K of its gates, or the
+        ``connectivity`` given (module → boolean ``[rows, cols]``, as :meth:`connectivity` gives; e.g. the
+        trained network's, for an EMA copy made before the freeze). Returns ``self``."""
+        mine = self.connectivity()
+        if connectivity is not None and (not isinstance(connectivity, dict) or set(connectivity) != set(mine) or any(
+                connectivity[m].dtype != torch.bool or connectivity[m].shape != mine[m].shape
+                or (connectivity[m].sum(dim=1) != self.K).any() for m in mine)):
+            raise ConfigError(f"connectivity must give modules {sorted(mine)} a boolean [rows, cols] tensor with K="
+                              f"{self.K} ones per row, as net.connectivity() does")
+        if self.fixed_connectivity:
+            if connectivity is not None and any(not torch.equal(connectivity[m].cpu(), mine[m]) for m in mine):
+                raise ConfigError(f"this network's connectivity is fixed ({self.gate_kind}); it cannot take another")
+            return self
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            if stage.gate is not None:
+                values = stage.gate.values()
+                active = mine[module] if connectivity is None else connectivity[module]
+                stage.gate = FrozenGate(values, active.to(values.device), self.K).to(values.device)
+        self._graph.graph["frozen_from"] = self.gate_kind
+        self.gate_kind = "frozen"
+        self._graph = self.graph()
+        return self
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "temperature": self.sample_temperature, "K": self.K,
+                "gate": self.gate_kind}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if (state.get("K"), state.get("gate")) != (self.K, self.gate_kind):
+            raise CheckpointError(f"this state is of a network with K={state.get('K')} gate={state.get('gate')}; "
+                                  f"this one has K={self.K} gate={self.gate_kind}")
+        self.generator.set_state(state["generator"])
+        self.sample_temperature = state["temperature"]
+
+    # ------------------------------------------------------------------------------------------ building
+    def _stage(self, graph: BranchGraph, module: int, gate_cls: type[Gate]) -> Stage:
+        nodes = graph.branches(module)
+        d = graph.nodes[nodes[0]]
+        in_ch, out_ch, stride, kind = d["in_channels"], d["out_channels"], d["stride"], BLOCKS.get(d["block"])
+        proj = Projection(in_ch, out_ch, stride) if in_ch != out_ch or stride != 1 else None
+        if self.engine == "single-stream":
+            return SingleStreamModule(kind.single_stream(in_ch, out_ch, stride, len(nodes), **d["params"]), proj)
+        gate = None
+        if graph.candidates(module):
+            values, active = graph.gate_matrix(module)
+            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K)
+        if self.engine == "fused":
+            return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"]), proj, gate, in_ch, out_ch,
+                               len(nodes))
+        blocks = [BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"])
+                  for n in nodes]
+        return ReferenceModule(blocks, proj, gate)
+
+    def _blocks(self) -> Iterator[tuple[int, nn.Module]]:
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            for block in [stage.block] if isinstance(stage, FusedModule) else getattr(stage, "blocks", []):
+                yield module, block
+
+    def _init_residuals(self, graph: BranchGraph) -> None:
+        """Each branch's output starts at the scale ``residual_init`` says (see ``topologies.resnext``)."""
+        init = graph.graph.get("residual_init", "one")
+        if init == "one":
+            return
+        head = len(graph.in_edges("output"))
+        for module, block in self._blocks():
+            edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
+            gated = any(d.get("kind") == "gate" for d in edges)
+            scale = 0.0 if init == "zero" else math.sqrt(graph.K if gated else head)
+            if init != "auto" or scales_residual(block):
+                cast(Any, block).init_residual_scale(scale)
+
+    def _init_convs(self, graph: BranchGraph) -> None:
+        """With ``conv_init="resnext"`` the inner convolutions start at 1/sqrt(C) of one branch's scale."""
+        if graph.graph.get("conv_init", "branch") == "resnext":
+            for module, block in self._blocks():
+                cast(Any, block).init_conv_scale(1.0 / math.sqrt(len(graph.branches(module))))
+
+
+class _Recomputable:
+    """``stage(inputs, mix)`` for ``torch.utils.checkpoint``: the recomputation in the backward pass leaves
+    the stage's buffers as it found them, so the batch norms count each batch once."""
+
+    def __init__(self, stage: nn.Module) -> None:
+        self.stage, self.calls = stage, 0
+
+    def __call__(self, inputs: list[Any], mix: torch.Tensor | None) -> Any:
+        self.calls += 1
+        if self.calls == 1 or torch.compiler.is_compiling():
+            return self.stage(inputs, mix)
+        kept = [(b, b.detach().clone()) for b in self.stage.buffers()]
+        try:
+            return self.stage(inputs, mix)
+        finally:
+            with torch.no_grad():
+                for buffer, value in kept:
+                    buffer.copy_(value)
+
+
+def _sources(graph: BranchGraph, module: int, position: dict[int, int]) -> list[tuple[int, list[int] | None]]:
+    """For each source module of ``module``: its position and which of its branches are candidates (None:
+    all)."""
+    cols = set(graph.candidates(module))
+    plan: list[tuple[int, list[int] | None]] = []
+    for src in sorted({graph.nodes[c]["module"] for c in cols}):
+        chosen = [i for i, n in enumerate(graph.branches(src)) if n in cols]
+        plan.append((position[src], None if len(chosen) == len(graph.branches(src)) else chosen))
+    return plan
+
+
+def _engine(graph: BranchGraph, engine: str, sources: list[list[tuple[int, list[int] | None]]]) -> str:
+    """The engine a graph compiles to: single-stream for a full ResNeXt whose block has that form."""
+    kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
+    one_stream = all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources)
+    if graph.gate_kind == "full" and one_stream and len(kinds) == 1 and hasattr(BLOCKS.get(kinds.pop()),
+                                                                                "single_stream"):
+        return "single-stream"
+    alike = all(len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(m)}) == 1
+                for m in graph.modules())
+    if engine == "fused" and not alike:
+        raise ConfigError("the fused engine needs the blocks of a module to share kind and params; use "
+                          "engine='reference' or 'auto'")
+    return engine if engine != "auto" else "fused" if alike else "reference"
+
+
+def to_engine(net: ConnectivityNet, engine: str) -> ConnectivityNet:
+    """A copy of ``net`` on ``engine`` (fused or reference), with the same weights, gates and draws."""
+    if net.engine in (check_choice("engine", engine, ("fused", "reference")), "single-stream"):
+        return copy.deepcopy(net)
+    param = next(net.parameters())
+    with torch.random.fork_rng(devices=[]):  # its weights are replaced: the global RNG is left alone
+        new = ConnectivityNet(net.graph(), engine).to(param.device, param.dtype)
+    for old, stage in zip(cast(list[Any], net.stages), cast(list[Any], new.stages), strict=True):
+        if engine == "reference":
+            stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
+        else:
+            stage.block = type(old.blocks[0]).merge(list(old.blocks))
+    new.load_state_dict({**new.state_dict(), **{k: v for k, v in net.state_dict().items()
+                                                 if k.split(".")[2:3] not in (["block"], ["blocks"])}})
+    new.train(net.training)
+    new.activation_checkpointing = net.activation_checkpointing
+    return new

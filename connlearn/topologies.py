@@ -1,0 +1,191 @@
+"""Topologies: functions of keyword options that emit a :class:`~connlearn.graph.BranchGraph`.
+
+``resnext`` and ``dense`` build ResNeXt-style networks of M modules of C parallel residual blocks, in
+stages of equal resolution. Conventions (they give the paper's gated parameter counts, and ResNeXt for
+``gate="full"``): depth D = 2 + 3M; CIFAR and Mini-ImageNet: three stages of M/3 modules, stage s with
+``base·2^s`` output channels (base 64, or 256 for w >= 64) and bottleneck width ``w·2^s``, a 3x3 stem of 16
+channels (64 for w >= 64), Mini-ImageNet with a max-pool after it; ImageNet: ResNeXt-50/101/152's stage
+depths, a 7x7 stride-2 stem of 64 channels and a max-pool, four stages of ``256·2^s`` outputs. Every stage
+but the first halves the resolution in its first module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from connlearn.blocks import BLOCKS, takes
+from connlearn.errors import ConfigError, check_choice, check_float, check_int
+from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
+from connlearn.graph import BranchGraph, block_name
+from connlearn.registry import Registry
+
+#: image size, stem (kernel, stride, max-pool), classes and, for ImageNet, the stage depths of each depth
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "cifar": {"image_size": 32, "stem": (3, 1, False), "num_classes": 100},
+    "miniimagenet": {"image_size": 64, "stem": (3, 1, True), "num_classes": 100},
+    "imagenet": {"image_size": 224, "stem": (7, 2, True), "num_classes": 1000,
+                 "stages": {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}},
+}
+
+#: The architectures of the paper's tables, ``{layout}-{D}-{w}-{C}``.
+PRESETS: dict[str, dict[str, Any]] = {
+    f"{layout}-{d}-{w}-{c}": {"layout": layout, "depth": d, "width": w, "C": c}
+    for layout, d, w, c in [("cifar", 20, 4, 8), ("cifar", 29, 4, 8), ("cifar", 29, 8, 8), ("cifar", 29, 64, 8),
+                            ("miniimagenet", 20, 4, 8), ("miniimagenet", 29, 8, 8), ("imagenet", 50, 4, 32),
+                            ("imagenet", 101, 4, 32), ("imagenet", 101, 4, 64)]
+}
+RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
+CONV_INITS = ("branch", "resnext")
+
+
+def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = None, width: int | None = None,
+            K: int | None = None, gate: str = "topk", num_classes: int | None = None, preset: str | None = None,
+            layout: str | None = None, block: str = "bottleneck", block_params: dict[str, Any] | None = None,
+            seed: int = 0, gate_init: float | str = 0.5, stem_channels: int | None = None,
+            base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
+            residual_init: str = "auto", conv_init: str = "branch", dense: bool = False) -> BranchGraph:
+    """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
+
+    Args:
+        C: branches per module. M, or depth = 2 + 3M: modules. width: a branch's bottleneck width in the first
+            stage (doubled every stage). K: each block's fan-in, 1..C (default C // 2; C for ``full``).
+        gate: gate kind (``list_gates()``). preset: one of :data:`PRESETS`, the defaults of layout, depth,
+            width and C. layout: ``cifar`` (32x32), ``miniimagenet`` (64x64) or ``imagenet`` (224x224).
+        block: block kind (``list_blocks()``), given the stage's ``width`` where it takes one, and
+            ``block_params`` (JSON values, the same in every module).
+        seed: the weights, the initial gates, the Fixed-Random draw, the tie orders and the draws.
+        gate_init: the initial real gates, a value in [0, 1] or ``"uniform"``.
+        stem_channels, base_channels, in_channels, image_size: override the layout's.
+        residual_init: each branch's output starts at ``sqrt_k``: sqrt(K), the fan-in of the mean reading it
+            (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
+            ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
+        conv_init: the convolutions before each branch's last one start at ``branch`` scale (Kaiming, one
+            branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers).
+        dense: blocks may read every earlier module of their stage (DenseNet-style).
+    """
+    base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
+                                                                    if preset is not None else {})}
+    lay = LAYOUTS[check_choice("layout", layout or base["layout"], LAYOUTS)]
+    C = check_int("C", base["C"] if C is None else C, 1)
+    width = check_int("width", base["width"] if width is None else width, 1)
+    stages = _stages(lay, M, base["depth"] if M is None and depth is None else depth)
+    K = _fan_in(gate, K, C)
+    if gate_init != "uniform":
+        gate_init = check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
+    check_choice("residual_init", residual_init, RESIDUAL_INITS)
+    check_choice("conv_init", conv_init, CONV_INITS)
+    seed = check_int("seed", seed, 0, 2**64 - 1)
+    kernel, stride, maxpool = lay["stem"]
+    wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
+    stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
+    base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
+    size = check_int("image_size", lay["image_size"] if image_size is None else image_size, 1)
+    params = dict(block_params or {})
+    if "width" in params:
+        raise ConfigError("block_params may not set 'width': every stage has its own; use width=")
+    if takes(BLOCKS.get(block), "width"):
+        params["width"] = width
+
+    g = BranchGraph(gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
+                    conv_init=conv_init, options={"preset": preset, "layout": layout or base["layout"],
+                                                  "depth": 2 + 3 * sum(stages), "width": width, "C": C})
+    res = math.ceil(math.ceil(size / stride) / (2 if maxpool else 1))
+    g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
+               image_size=size, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
+    values_rng, ties = torch.Generator().manual_seed(seed), tie_generator(seed)
+    module, prev = 0, stem_ch
+    for s, count in enumerate(stages):
+        stage_modules: list[int] = []
+        for p in range(count):
+            module, step = module + 1, 2 if s > 0 and p == 0 else 1
+            res = math.ceil(res / step)
+            branch_params = {**params, "width": width * 2**s} if "width" in params else params
+            for j in range(1, C + 1):
+                g.add_node(block_name(module, j), kind="block", module=module, branch=j, block=block,
+                           in_channels=prev, out_channels=base_ch * 2**s, stride=step, resolution=res,
+                           params=dict(branch_params))
+            if module == 1:
+                g.add_edges_from((("input", block_name(1, j)) for j in range(1, C + 1)), kind="fixed", active=True)
+            else:
+                sources = stage_modules if dense and p > 0 else [module - 1]
+                cols = [block_name(m, k) for m in sources for k in range(1, C + 1)]
+                _add_gates(g, module, cols, _initial_gates(gate, C, len(cols), K, gate_init, values_rng, ties))
+            stage_modules.append(module)
+            prev = base_ch * 2**s
+    classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
+    g.add_node("output", kind="output", in_channels=prev, num_classes=classes)
+    g.add_edges_from(((block_name(module, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
+    return g.validate()
+
+
+def dense(**options: Any) -> BranchGraph:
+    """:func:`resnext` whose blocks may read every earlier module of their stage (same channels and
+    resolution): the paper's proposed DenseNet-style skip connectivity. Takes :func:`resnext`'s options."""
+    if options.get("gate") == "full":
+        raise ConfigError("gate 'full' is ResNeXt's connectivity: use the topology 'resnext'")
+    return resnext(**options, dense=True)
+
+
+def _fan_in(gate: str, K: int | None, C: int) -> int:
+    """The fan-in K of gate kind ``gate`` (checked) for C branches."""
+    GATES.get(gate)
+    if gate == "frozen":
+        raise ConfigError("gate 'frozen' is what freeze() leaves; build 'topk' (and freeze it) or 'random'")
+    if gate == "full" and K not in (None, C):
+        raise ConfigError(f"gate 'full' reads every input: K must be C={C} (or left out), got K={K}")
+    return check_int("K", C if gate == "full" else max(1, C // 2) if K is None else K, 1, C)
+
+
+def _stages(lay: dict[str, Any], M: int | None, depth: int | None) -> tuple[int, ...]:
+    if depth is not None:
+        if (check_int("depth", depth, 5) - 2) % 3 or (M is not None and (depth - 2) // 3 != M):
+            raise ConfigError(f"depth must be 2 + 3M (20, 29, 50, 101, ...), got depth={depth}" +
+                              (f" with M={M}" if M is not None else ""))
+        M = (depth - 2) // 3
+    M = check_int("M", M, 1)
+    if "stages" in lay:
+        by_m = {sum(s): s for s in lay["stages"].values()}
+        if M not in by_m:
+            raise ConfigError(f"the imagenet layout has depths {', '.join(map(str, lay['stages']))}; got M={M}")
+        return by_m[M]
+    if M % 3:
+        raise ConfigError(f"three stages of M/3 modules: M must be a multiple of 3, got M={M}")
+    return (M // 3,) * 3
+
+
+def _add_gates(g: BranchGraph, module: int, cols: list[str],
+               gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> None:
+    """The gate edges into ``module`` from ``cols``, of the initial values, flags and ties ``gates``."""
+    values, active, order = gates
+    for j in range(values.shape[0]):
+        for c, src in enumerate(cols):
+            tie = {} if order is None else {"tie": int(order[j, c])}
+            g.add_edge(src, block_name(module, j + 1), kind="gate", gate=float(values[j, c]),
+                       active=bool(active[j, c]), **tie)
+
+
+def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | str, values_rng: torch.Generator,
+                   ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One module's initial gate values, active flags and (for learned gates) tie ranks."""
+    if gate == "full":
+        return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool), None
+    if gate == "random":
+        mask = random_connectivity(rows, cols, K, values_rng)
+        return mask.float(), mask, None
+    values = (torch.rand(rows, cols, generator=values_rng) if gate_init == "uniform"
+              else torch.full((rows, cols), float(gate_init)))
+    order = random_tie_order(rows, cols, ties)
+    return values, topk_mask(values, K, order), order
+
+
+def _check_topology(name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"topology {name!r} must be a function of keyword options returning a BranchGraph")
+
+
+TOPOLOGIES: Registry[Any] = Registry("topology", "connlearn.topologies", check=_check_topology)
+TOPOLOGIES.register("resnext", resnext)
+TOPOLOGIES.register("dense", dense)

@@ -1,0 +1,368 @@
+"""Image datasets in memory: the packed file format, conversions, a generated stand-in, and finding data.
+
+An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB) with int64
+labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
+image files joined end to end, uint8), ``{split}_offsets`` (N+1 integers: image ``i`` is
+``buf[off[i]:off[i+1]]``) and ``{split}_labels``; ``class_names``; ``encoding`` (``png``; JPEG where absent).
+:func:`pack` writes it from an ImageDataset, a torchvision dataset or an image folder (``connlearn pack``).
+
+:func:`load_dataset` finds a dataset by name where :func:`data_folders` says, and for CIFAR downloads it
+there if it can; nothing found is one DataError saying where it looked and how to fix it.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import io
+import math
+import os
+import zipfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from PIL import Image
+
+from connlearn.errors import ConfigError, DataError, check_choice, check_int
+from connlearn.files import path_of, write_atomic
+
+DATA_ENV = "CONNLEARN_DATA"
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100, "imagenet": 1000}
+PACK_MINIIMAGENET = "connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz"
+ENCODINGS = ("png", "jpeg")
+CACHE = Path("~/.cache/connlearn")
+
+
+def balanced(labels: np.ndarray, num_classes: int, n: int, from_end: bool = False) -> np.ndarray:
+    """The mask of the first (or, ``from_end``, the last) ``n // num_classes`` samples of every class."""
+    per_class = check_int("a class-balanced count", n, num_classes) // num_classes
+    counts = np.bincount(labels, minlength=num_classes)
+    if counts.min() < per_class:
+        raise ConfigError(f"{n} class-balanced samples need {per_class} of each class, but class "
+                          f"{int(counts.argmin())} has {counts.min()}; use at most {counts.min() * num_classes}")
+    order = np.argsort(labels, kind="stable")
+    rank = np.empty(len(labels), dtype=np.int64)
+    rank[order] = np.arange(len(labels)) - np.concatenate([[0], np.cumsum(counts)[:-1]])[labels[order]]
+    return (counts[labels] - 1 - rank if from_end else rank) < per_class
+
+
+class ClassBalanced:
+    """Class-balanced subsets and hold-outs of a dataset with ``labels``, ``num_classes`` and ``_take``."""
+
+    labels: np.ndarray
+
+    def subset(self, n: int) -> Any:
+        """The first ``n // num_classes`` samples of each class, in order."""
+        return self._take(balanced(self.labels, self.num_classes, n))  # type: ignore[attr-defined]
+
+    def split(self, n: int) -> tuple[Any, Any]:
+        """``(rest, held_out)``: the last ``n // num_classes`` samples of each class held out (a validation
+        split of a training set), and the others, both in order."""
+        held = balanced(self.labels, self.num_classes, n, from_end=True)  # type: ignore[attr-defined]
+        if held.all():
+            raise ConfigError(f"holding out {n} of {len(held)} samples leaves none to train on")
+        return self._take(~held), self._take(held)  # type: ignore[attr-defined]
+
+
+@attrs.frozen(eq=False)
+class ImageDataset(ClassBalanced):
+    """uint8 ``images [N, H, W, C]`` and int64 ``labels [N]`` in ``0 .. len(class_names) - 1``."""
+
+    images: np.ndarray = attrs.field(converter=np.ascontiguousarray)
+    labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+
+    def __attrs_post_init__(self) -> None:
+        if self.images.dtype != np.uint8 or self.images.ndim != 4 or not len(self.images):
+            raise DataError(f"images must be uint8 [N, H, W, C] with N >= 1, got {self.images.dtype} "
+                            f"{list(self.images.shape)}")
+        labels = self.labels
+        if labels.shape != (len(self.images),) or not 0 <= labels.min() <= labels.max() < self.num_classes:
+            raise DataError(f"labels must be {len(self.images)} integers in 0..{self.num_classes - 1} (one per "
+                            f"image and class name), got {list(self.labels.shape)}")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __repr__(self) -> str:
+        n, h, w, c = self.images.shape
+        return f"ImageDataset({n} images of {h}x{w}x{c}, {self.num_classes} classes)"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.images.shape[1]), int(self.images.shape[2])
+
+    @property
+    def channels(self) -> int:
+        return int(self.images.shape[3])
+
+    def _take(self, keep: np.ndarray) -> ImageDataset:
+        return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
+
+
+@attrs.frozen(eq=False)
+class ImageFiles(ClassBalanced):
+    """The image files of a dataset: ``paths[i]`` has label ``labels[i]``."""
+
+    paths: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
+    labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _take(self, keep: np.ndarray) -> ImageFiles:
+        return ImageFiles([p for p, k in zip(self.paths, keep, strict=True) if k], self.labels[keep], self.class_names)
+
+
+def image_files(folder: str | os.PathLike) -> ImageFiles:
+    """The files of ``folder`` (one folder of images per class), in torchvision ImageFolder's order."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    try:
+        classes, index = find_classes(str(path_of(folder)))
+        samples = make_dataset(str(path_of(folder)), index, extensions=IMG_EXTENSIONS)
+    except OSError as exc:
+        raise DataError(f"{folder}: {' '.join(str(exc).split())} (expected one folder of images per class)") from None
+    return ImageFiles([p for p, _ in samples], [label for _, label in samples], classes)
+
+
+def pixel_mean(dataset: ImageDataset) -> torch.Tensor:
+    """The per-pixel mean image, float32 ``[C, H, W]`` in [0, 1]."""
+    mean = dataset.images.mean(axis=0, dtype=np.float64) / 255.0
+    return torch.from_numpy(np.ascontiguousarray(mean.transpose(2, 0, 1), dtype=np.float32))
+
+
+# ------------------------------------------------------------------------------------------- packed files
+def _in_chunks(count: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over ``range(count)`` in chunks on a thread pool (Pillow releases the GIL)."""
+    workers = max(1, min(8, os.cpu_count() or 1))
+    bounds = [count * k // min(count, workers * 4) for k in range(min(count, workers * 4) + 1)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, bounds[:-1], bounds[1:]))
+
+
+def _decode(buffer: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
+    """The images of a split, decoded: JPEG by torchvision's batched decoder (the same libjpeg-turbo pixels,
+    several times faster), anything else or a failure by Pillow, which names the image at fault."""
+    data = buffer.tobytes()
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        decoded = decode_jpeg([raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)],
+                              mode=ImageReadMode.UNCHANGED)
+        if len({d.shape for d in decoded}) == 1:
+            return torch.stack(decoded).permute(0, 2, 3, 1).contiguous().numpy()
+    except RuntimeError:  # not JPEG files
+        pass
+
+    def image(i: int) -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]])) as opened:
+                array = np.asarray(opened if opened.mode in ("L", "RGB") else opened.convert("RGB"))
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DataError(f"{where}: image {i} is not a readable image file ({exc})") from None
+        return array[:, :, None] if array.ndim == 2 else array
+
+    first = image(0)
+    images = np.empty((len(offsets) - 1, *first.shape), dtype=np.uint8)
+
+    def decode_range(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            found = image(i)
+            if found.shape != first.shape:
+                raise DataError(f"{where}: image {i} is {list(found.shape)}, image 0 {list(first.shape)}")
+            images[i] = found
+
+    _in_chunks(len(images), decode_range)
+    return images
+
+
+def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
+    """``(train, test)`` of a packed ``.npz`` file (the format of this module's docstring)."""
+    path = path_of(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            names = tuple(str(n) for n in np.atleast_1d(archive["class_names"]))
+            splits = []
+            for split in ("train", "test"):
+                buffer, offsets, labels = (archive[f"{split}_{k}"] for k in ("jpeg", "offsets", "labels"))
+                if len(offsets) != len(labels) + 1 or offsets[0] != 0 or offsets[-1] != len(buffer):
+                    raise DataError(f"{path}: the {split} offsets do not cut its buffer into {len(labels)} images")
+                splits.append(ImageDataset(_decode(buffer, offsets, f"{path} ({split})"), labels, names))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{path} is not a readable packed dataset ({type(exc).__name__}: {exc}); write one with "
+                        "connlearn pack") from None
+    return splits[0], splits[1]
+
+
+def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> ImageDataset:
+    """``dataset`` as an ImageDataset: an ImageDataset, or an indexable dataset of ``(image, label)`` (a
+    torchvision dataset; images PIL, or uint8 / [0, 1] float arrays or tensors, HWC or CHW, one size)."""
+    if isinstance(dataset, ImageDataset):
+        return dataset if class_names is None else ImageDataset(dataset.images, dataset.labels, class_names)
+    names = class_names or getattr(dataset, "classes", None)
+    if names is None:
+        raise ConfigError(f"{type(dataset).__name__} has no .classes: give class_names")
+    data = getattr(dataset, "data", None)
+    stored = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4
+    if stored and getattr(dataset, "transform", None) is None:
+        return ImageDataset(data, np.asarray(dataset.targets), names)  # torchvision's CIFAR, as stored
+    images, labels = [], []
+    for image, label in (dataset[i] for i in range(len(dataset))):
+        if isinstance(image, Image.Image):
+            array = np.asarray(image if image.mode in ("L", "RGB") else image.convert("RGB"))
+        else:
+            array = image.numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+            if isinstance(image, torch.Tensor) and array.ndim == 3:
+                array = array.transpose(1, 2, 0)
+            array = np.rint(array * 255.0) if np.issubdtype(array.dtype, np.floating) else array
+        images.append((array[:, :, None] if array.ndim == 2 else array).astype(np.uint8))
+        labels.append(int(label))
+    if len({a.shape for a in images}) > 1:
+        raise DataError(f"{type(dataset).__name__}'s images differ in size; resize them to one (transform=Resize)")
+    return ImageDataset(np.stack(images), labels, names)
+
+
+def read_image_folder(folder: str | os.PathLike, size: int | None = None) -> ImageDataset:
+    """The images of ``folder`` (one folder of images per class, as torchvision's ImageFolder), resized to
+    ``size x size`` if given (else they must share one size)."""
+    files = image_files(folder)
+
+    def read(path: str) -> np.ndarray:
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+        return np.asarray(image if size is None else image.resize((size, size), Image.Resampling.BILINEAR))
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        arrays = list(pool.map(read, files.paths))
+    if len({a.shape for a in arrays}) > 1:
+        raise DataError(f"the images of {folder} differ in size; give size (--size) to resize them to one")
+    return ImageDataset(np.stack(arrays), files.labels, files.class_names)
+
+
+def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
+    """Write ``train`` and ``test`` (ImageDatasets or torchvision datasets) as a packed ``.npz`` file;
+    ``png`` is lossless, ``jpeg`` smaller. Returns its path."""
+    check_choice("image format", format, ENCODINGS)
+    train = as_image_dataset(train)
+    test = as_image_dataset(test, train.class_names)
+    arrays: dict[str, Any] = {"class_names": np.array(train.class_names, dtype=str), "encoding": np.array(format)}
+    for split, dataset in (("train", train), ("test", test)):
+        files: list[bytes] = [b""] * len(dataset)
+        options = {"format": "PNG"} if format == "png" else {"format": "JPEG", "quality": quality, "subsampling": 0}
+
+        def encode(lo: int, hi: int, dataset: ImageDataset = dataset, files: list[bytes] = files,
+                   options: dict[str, Any] = options) -> None:
+            for i in range(lo, hi):
+                out = io.BytesIO()
+                Image.fromarray(dataset.images[i].squeeze(2) if dataset.channels == 1 else dataset.images[i]).save(
+                    out, **options)
+                files[i] = out.getvalue()
+
+        _in_chunks(len(dataset), encode)
+        arrays[f"{split}_jpeg"] = np.frombuffer(b"".join(files), dtype=np.uint8)
+        arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum([len(f) for f in files])]).astype(np.int64)
+        arrays[f"{split}_labels"] = dataset.labels
+    path = path_of(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def synthetic(num_classes: int = 10, n_train: int = 500, n_test: int = 200, size: int = 32, seed: int = 0,
+              channels: int = 3) -> tuple[ImageDataset, ImageDataset]:
+    """A small generated ``(train, test)`` that a small CNN learns in a few epochs: class ``c`` is a disc of
+    its own colour at its own place on a grid, jittered, on a random grey, with noise. Labels cycle, so every
+    prefix of ``k · num_classes`` images is class-balanced."""
+    colours = np.array([colorsys.hsv_to_rgb(c / num_classes, 0.8, 0.9) for c in range(num_classes)]) * 255
+    grid = math.ceil(math.sqrt(num_classes))
+    cells = np.stack([np.arange(num_classes) // grid, np.arange(num_classes) % grid], axis=1)
+    splits = []
+    for index, n in enumerate((n_train, n_test)):
+        rng = np.random.default_rng([seed, index])
+        labels = np.arange(n, dtype=np.int64) % num_classes
+        centres = (cells[labels] + 0.5) * size / grid + rng.uniform(-size / 16, size / 16, (n, 2))
+        rows, cols = np.mgrid[0:size, 0:size]
+        blob = (rows - centres[:, 0, None, None]) ** 2 + (cols - centres[:, 1, None, None]) ** 2 <= max(
+            size / (2 * grid), 2.0) ** 2
+        background = rng.uniform(40, 215, (n, 1, 1, 1)) * np.ones(3)
+        images = np.where(blob[..., None], colours[labels][:, None, None, :] * rng.uniform(0.8, 1.2, (n, 1, 1, 1)),
+                          background)
+        images = np.clip(np.rint(images + rng.normal(0.0, 16.0, images.shape)), 0, 255).astype(np.uint8)
+        if channels == 1:
+            images = np.rint(images @ np.array([0.299, 0.587, 0.114]))[..., None].astype(np.uint8)
+        splits.append(ImageDataset(images, labels, [f"class{c}" for c in range(num_classes)]))
+    return splits[0], splits[1]
+
+
+# ------------------------------------------------------------------------------------------ finding data
+def data_folders(data: str | os.PathLike | None = None) -> list[Path]:
+    """Where datasets are looked for, in order: ``data`` alone when given; else ``$CONNLEARN_DATA``, the
+    folders ``data`` and ``../shared/data`` of the current directory (a checkout's), and the cache
+    ``~/.cache/connlearn``, where CIFAR downloads go."""
+    if data is not None:
+        return [path_of(data)]
+    env = os.environ.get(DATA_ENV)
+    return [*([path_of(env)] if env else []), Path("data"), Path("../shared/data"), path_of(CACHE)]
+
+
+def find_packed(name: str, data: str | os.PathLike | None = None) -> Path | None:
+    """The packed file of dataset ``name``: ``data`` itself where it is a file, else ``{name}_jpeg.npz`` or
+    ``{name}.npz`` in the first of :func:`data_folders` that holds one."""
+    if data is not None and path_of(data).is_file():
+        return path_of(data)
+    if data is not None and not path_of(data).exists():
+        raise DataError(f"--data {data}: no such file or folder")
+    for folder in data_folders(data):
+        for file in (folder / f"{name}_jpeg.npz", folder / f"{name}.npz"):
+            if file.is_file():
+                return file
+    return None
+
+
+def load_dataset(name: str, data: str | os.PathLike | None = None,
+                 download: bool = True) -> tuple[ImageDataset, ImageDataset]:
+    """``(train, test)`` of ``cifar10``, ``cifar100`` or ``miniimagenet``: its packed file (:func:`find_packed`),
+    else for CIFAR torchvision's files in one of :func:`data_folders`, downloaded into the cache if needed."""
+    classes = NUM_CLASSES[check_choice("dataset", name, ("cifar10", "cifar100", "miniimagenet"))]
+    packed = find_packed(name, data)
+    if packed is not None:
+        train, test = load_packed(packed)
+        if train.num_classes != classes:
+            raise DataError(f"{packed} has {train.num_classes} classes; {name} has {classes}")
+        return train, test
+    folders = data_folders(data)
+    looked = f"looked in {', '.join(map(str, folders))}"
+    if name == "miniimagenet":
+        raise DataError(f"no miniimagenet.npz found ({looked}): make it once with {PACK_MINIIMAGENET}")
+    import torchvision.datasets
+
+    cifar = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    for root in folders:
+        if (root / cifar.base_folder).is_dir():
+            splits = [cifar(str(root), train=t, download=False) for t in (True, False)]
+            return as_image_dataset(splits[0]), as_image_dataset(splits[1])
+    try:
+        if not download:
+            raise OSError("download=False")
+        splits = [cifar(str(path_of(CACHE)), train=t, download=True) for t in (True, False)]
+    except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError... when it cannot download
+        raise DataError(f"no {name} data found ({looked}; the download failed: {' '.join(str(exc).split())[:200]}). "
+                        f"Pass --data FILE_OR_FOLDER, set {DATA_ENV}, or pack it where there is internet: "
+                        f"connlearn pack {name} -o {name}.npz") from None
+    return as_image_dataset(splits[0]), as_image_dataset(splits[1])

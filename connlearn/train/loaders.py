@@ -1,0 +1,187 @@
+"""Loaders: batches ``(x float32 [B, C, crop, crop], y int64 [B])`` on the device, with the paper's CIFAR
+augmentation (the per-pixel mean subtracted, zero padding, a random crop, a horizontal flip) at any size.
+
+- :class:`BatchLoader`: the dataset as one uint8 tensor on the device, augmented per batch there, no workers
+  (GPU-resident on CUDA, and the default on the CPU: CIFAR fits in memory);
+- :class:`DataLoaderPath`: torch's ``DataLoader``, augmenting per sample in workers.
+
+A loader is ``len()`` (batches per epoch) and ``epoch(e, start=0)`` (the batches of epoch ``e`` from batch
+``start`` on). Every random choice of an epoch comes from ``(seed, epoch)`` alone: an epoch read again, or
+after a resume, gives the same batches. Under DDP rank ``r`` reads positions ``r, r + world_size, ...`` of
+every epoch's order: ``count // world_size`` of them in training, every sample between the ranks in evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from connlearn.errors import ConfigError, check_choice
+from connlearn.train.data import ImageDataset, pixel_mean
+from connlearn.train.signals import start_workers, worker_init
+
+MAX_SEED = 2**40
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator behind every random choice of ``epoch``."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
+class ShardedBatches:
+    """What every loader shares: batch size, train/eval defaults, device, seed, the DDP split, ``len()``."""
+
+    def __init__(self, count: int, batch_size: int, *, train: bool, device: str | torch.device = "cpu",
+                 seed: int = 0, drop_last: bool | None = None, shuffle: bool | None = None, rank: int = 0,
+                 world_size: int = 1, channels_last: bool = False) -> None:
+        self.batch_size, self.train, self.device, self.seed = batch_size, train, torch.device(device), seed
+        self.drop_last = train if drop_last is None else drop_last
+        self.shuffle = train if shuffle is None else shuffle
+        self.rank, self.world_size, self.channels_last, self.count = rank, world_size, channels_last, count
+        self.num_samples = count // world_size if train else len(range(rank, count, world_size))
+        if self.num_samples == 0 or (self.drop_last and self.num_samples < batch_size):
+            raise ConfigError(f"each of {world_size} rank(s) gets {self.num_samples} of {count} images, fewer than a "
+                              f"batch of {batch_size}: use a smaller batch size or more data")
+
+    def __len__(self) -> int:
+        return self.num_samples // self.batch_size if self.drop_last else math.ceil(self.num_samples / self.batch_size)
+
+    def order(self, epoch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The samples this rank reads in ``epoch``, in order."""
+        generator = epoch_generator(self.seed, epoch) if generator is None else generator
+        order = torch.randperm(self.count, generator=generator) if self.shuffle else torch.arange(self.count)
+        return order[self._positions()]
+
+    def _positions(self) -> torch.Tensor:
+        return torch.arange(self.rank, self.count, self.world_size)[:self.num_samples]
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+
+class _Augmented(ShardedBatches):
+    """The crops and flips of the CIFAR augmentation, for :class:`BatchLoader` and :class:`DataLoaderPath`."""
+
+    def __init__(self, dataset: ImageDataset, batch_size: int, *, train: bool, mean: torch.Tensor | None = None,
+                 pad: int = 4, crop: int | None = None, **options: Any) -> None:
+        super().__init__(len(dataset), batch_size, train=train, **options)
+        self.dataset = dataset
+        height, width = dataset.image_size
+        self.pad = pad if train else 0
+        self.crop = min(height, width) if crop is None else crop
+        if self.crop > min(height, width) + 2 * self.pad:
+            raise ConfigError(f"crop {self.crop} is larger than the {height}x{width} images padded by {self.pad}")
+        mean = pixel_mean(dataset) if mean is None else torch.as_tensor(mean, dtype=torch.float32)
+        self.mean = mean.expand(dataset.channels, height, width)
+
+    def plan(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's samples, crop corners ``[n, 2]`` (row, column, in the padded image) and flips of
+        ``epoch``, drawn for the whole dataset, so that every rank sees the same draws."""
+        generator = epoch_generator(self.seed, epoch)
+        order = torch.randperm(self.count, generator=generator) if self.shuffle else torch.arange(self.count)
+        height, width = self.dataset.image_size
+        if self.train:
+            tops = torch.randint(0, height + 2 * self.pad - self.crop + 1, (self.count,), generator=generator)
+            lefts = torch.randint(0, width + 2 * self.pad - self.crop + 1, (self.count,), generator=generator)
+            corners, flips = torch.stack([tops, lefts], dim=1), torch.rand(self.count, generator=generator) < 0.5
+        else:
+            corners = torch.tensor([(height - self.crop) // 2, (width - self.crop) // 2]).expand(self.count, 2)
+            flips = torch.zeros(self.count, dtype=torch.bool)
+        at = self._positions()
+        return order[at], corners[at].contiguous(), flips[at]
+
+
+class BatchLoader(_Augmented):
+    """The images as one uint8 tensor on ``device``, augmented per batch there, vectorised over the batch.
+
+    Args: ``dataset``, ``batch_size`` (per rank), ``train`` (augment, shuffle and drop the last partial
+    batch, unless ``shuffle``/``drop_last`` say otherwise), ``device``, ``seed``, ``mean`` (``[C, H, W]`` or
+    broadcastable; default the dataset's pixel mean: give the test loader the train set's), ``pad``,
+    ``crop`` (default the image size), ``rank``/``world_size`` (DDP), ``channels_last``.
+    """
+
+    def __init__(self, dataset: ImageDataset, batch_size: int, *, train: bool, **options: Any) -> None:
+        super().__init__(dataset, batch_size, train=train, **options)
+        self._images = torch.from_numpy(dataset.images).to(self.device)
+        self._labels = torch.from_numpy(dataset.labels).to(self.device)
+        self._mean = self.mean.to(self.device)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch`` from its batch ``start`` on."""
+        indices, corners, flips = (t.to(self.device) for t in self.plan(epoch))
+        window = torch.arange(self.crop, device=self.device)
+        channels = torch.arange(self.dataset.channels, device=self.device)[None, :, None, None]
+        for lo in range(start * self.batch_size, len(self) * self.batch_size, self.batch_size):
+            rows = indices[lo:min(lo + self.batch_size, self.num_samples)]
+            x = self._images[rows].permute(0, 3, 1, 2).to(torch.float32).div_(255.0).sub_(self._mean)
+            if self.pad:
+                x = F.pad(x, (self.pad,) * 4)
+            top, left = corners[lo:lo + len(rows), 0, None], corners[lo:lo + len(rows), 1, None]
+            xs = left + torch.where(flips[lo:lo + len(rows), None], self.crop - 1 - window, window)
+            batch = torch.arange(len(rows), device=self.device)[:, None, None, None]
+            x = x[batch, channels, (top + window)[:, None, :, None], xs[:, None, None, :]]
+            yield self._finish(x), self._labels[rows]
+
+
+class _Samples(torch.utils.data.Dataset):
+    """Samples keyed by ``(epoch, index)``, their crop and flip drawn from ``(seed, epoch, index)``."""
+
+    def __init__(self, loader: DataLoaderPath) -> None:
+        self.images, self.labels, self.mean = loader.dataset.images, loader.dataset.labels, loader.mean.contiguous()
+        self.train, self.pad, self.crop, self.seed = loader.train, loader.pad, loader.crop, loader.seed
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key
+        height, width = self.images.shape[1:3]
+        x = torch.from_numpy(self.images[index]).permute(2, 0, 1).to(torch.float32).div_(255.0).sub_(self.mean)
+        if self.train:
+            rng = np.random.default_rng([self.seed, epoch, index])
+            top = int(rng.integers(0, height + 2 * self.pad - self.crop + 1))
+            left = int(rng.integers(0, width + 2 * self.pad - self.crop + 1))
+            x = F.pad(x, (self.pad,) * 4)[:, top:top + self.crop, left:left + self.crop]
+            x = x.flip(2) if rng.random() < 0.5 else x
+        else:
+            top, left = (height - self.crop) // 2, (width - self.crop) // 2
+            x = x[:, top:top + self.crop, left:left + self.crop]
+        return x.contiguous(), int(self.labels[index])
+
+
+class DataLoaderPath(_Augmented):
+    """torch's ``DataLoader``, augmenting per sample in ``num_workers`` workers: :class:`BatchLoader`'s
+    arguments, order and kind of augmentation (other draws: from ``(seed, epoch, index)``, so the batches do
+    not depend on the workers), plus ``num_workers`` and ``pin_memory``."""
+
+    def __init__(self, dataset: ImageDataset, batch_size: int, *, train: bool, num_workers: int = 2,
+                 pin_memory: bool = False, **options: Any) -> None:
+        super().__init__(dataset, batch_size, train=train, **options)
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = self.plan(epoch)[0][start * self.batch_size:].tolist()
+        loader = torch.utils.data.DataLoader(
+            _Samples(self), batch_size=self.batch_size, sampler=[(epoch, i) for i in order], drop_last=self.drop_last,
+            num_workers=self.num_workers, pin_memory=self.pin_memory, worker_init_fn=worker_init(),
+            generator=epoch_generator(self.seed, epoch))  # not the global RNG
+        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True))
+                for x, y in start_workers(loader))
+
+
+def make_loaders(train: ImageDataset, test: ImageDataset, batch_size: int, *, device: str | torch.device,
+                 seed: int = 0, path: str = "auto", eval_batch_size: int | None = None,
+                 **options: Any) -> tuple[BatchLoader | DataLoaderPath, BatchLoader | DataLoaderPath]:
+    """The train and test loaders: ``path`` ``auto`` (:class:`BatchLoader`) or ``dataloader``
+    (:class:`DataLoaderPath`); ``options`` go to both (``drop_last`` and ``shuffle`` to the train loader only).
+    The test loader subtracts the train set's pixel mean and keeps its last partial batch."""
+    cls = BatchLoader if check_choice("loader path", path, ("auto", "dataloader")) == "auto" else DataLoaderPath
+    options.setdefault("mean", pixel_mean(train))
+    train_only = {k: options.pop(k) for k in ("drop_last", "shuffle") if k in options}
+    return (cls(train, batch_size, train=True, device=device, seed=seed, **train_only, **options),
+            cls(test, eval_batch_size or batch_size, train=False, device=device, seed=seed, **options))

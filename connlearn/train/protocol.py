@@ -1,0 +1,351 @@
+"""The paper's protocols (CIFAR-10/100, Mini-ImageNet, ImageNet) and the same for a dataset of your own, as one
+call: data, network, phased training, pruning and pictures.
+
+``run(RunConfig(...))`` is what ``connlearn train`` and ``examples/`` run. Everything lands in ``out``:
+``log.jsonl``, ``gates.jsonl``, the checkpoints, ``pruned.pt``, ``connectivity.svg`` (``.dot`` beside it),
+``resnext_vs_learned.svg``, plots and ``summary.json``. The same command again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+import connlearn
+from connlearn import plots, render
+from connlearn.errors import ConfigError, DataError, check_choice
+from connlearn.files import path_of, remove_leftovers, write_text
+from connlearn.gates import GATES
+from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
+from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
+from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS
+from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
+from connlearn.train.data import NUM_CLASSES, ImageDataset, ImageFiles, load_dataset, load_packed, synthetic
+from connlearn.train.folders import folder_loaders, load_imagenet
+from connlearn.train.loaders import MAX_SEED, make_loaders
+from connlearn.train.recipe import Recipe, get_recipe
+from connlearn.train.signals import STOP_SIGNALS
+from connlearn.train.trainer import AMP_MODES, COMPILE_MODES, Trainer
+from connlearn.updater import GRAD_MODES
+
+
+@attrs.frozen
+class DatasetProtocol:
+    """What a dataset's protocol fixes: its presets (the first the default), recipe, stored image size, and the
+    crop (random after ``pad`` zero padding in training, the centre one in evaluation)."""
+
+    presets: tuple[str, ...]
+    recipe: str
+    image_size: int | None  # None: the data's own
+    crop: int | None = None
+    pad: int = 4
+
+
+_CIFAR = tuple(p for p in PRESETS if p.startswith("cifar"))
+PROTOCOLS = {
+    "cifar10": DatasetProtocol(("cifar-29-8-8", *_CIFAR), "cifar", 32),
+    "cifar100": DatasetProtocol(("cifar-29-8-8", *_CIFAR), "cifar", 32),
+    "miniimagenet": DatasetProtocol(("miniimagenet-29-8-8", "miniimagenet-20-4-8"), "miniimagenet", 84, 64, 0),
+    "imagenet": DatasetProtocol(tuple(p for p in PRESETS if p.startswith("imagenet")), "imagenet", 224, None, 0),
+    "custom": DatasetProtocol(("cifar-20-4-8", *_CIFAR), "cifar", None),  # a packed file of any size (--data)
+}
+#: The options a resumed run may change (where to run, how fast, what to show); every other must stay.
+MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
+              "activation_checkpointing", "snapshot_every")
+
+
+def _choice(known: Any) -> Any:
+    return lambda _, a, value: value is None or check_choice(a.name, value, known)
+
+
+def _count(low: int) -> Any:
+    return lambda _, a, value: value is None or connlearn.errors.check_int(a.name, value, low)
+
+
+@attrs.frozen
+class RunConfig:
+    """One run of a dataset's protocol. Options left None take the protocol's value: ``preset`` its first,
+    ``gate`` topk, ``epochs`` the paper's schedule (CIFAR: 120/100/50/50), which any other ``epochs`` scales
+    (``phases`` gives each phase's epochs instead). ``train_subset``/``test_subset``: class-balanced subsets;
+    ``val_split``: hold that many training images out and evaluate on them. ``C``, ``M``, ``width``,
+    ``base_channels``, ``stem_channels`` override the preset. ``connectivity`` (a checkpoint or a graph JSON)
+    trains that connectivity from scratch: the architecture and each block's top-K inputs from the file, new
+    weights from ``seed``. ``synthetic``: train on a small generated stand-in of the dataset (a smoke run)."""
+
+    dataset: str = attrs.field(default="cifar100", validator=_choice(PROTOCOLS))
+    preset: str | None = attrs.field(default=None, validator=_choice(PRESETS))
+    gate: str | None = None
+    K: int | None = attrs.field(default=None, validator=_count(1))
+    epochs: int | None = attrs.field(default=None, validator=_count(1))
+    phases: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    seed: int = attrs.field(default=0, validator=lambda _, a, v: connlearn.errors.check_int(a.name, v, 0, MAX_SEED))
+    data: str | None = None
+    out: str | None = None
+    batch_size: int | None = attrs.field(default=None, validator=_count(1))
+    device: str | None = None
+    amp: str = attrs.field(default="auto", validator=_choice(AMP_MODES))
+    compile: bool | str = attrs.field(default=False, validator=_choice((False, True, *COMPILE_MODES)))
+    activation_checkpointing: bool = False
+    engine: str = attrs.field(default="fused", validator=_choice(("fused", "reference", "auto")))
+    loader: str = attrs.field(default="auto", validator=_choice(("auto", "dataloader")))
+    workers: int | None = attrs.field(default=None, validator=_count(0))
+    gate_rule: str = attrs.field(default="plain", validator=_choice(GRAD_MODES))
+    gate_init: float | str = 0.5
+    gate_lr: float | None = None
+    gate_momentum: float | None = None
+    gate_temperature: float = 1.0
+    gate_temperature_end: float | None = None
+    residual_init: str | None = attrs.field(default=None, validator=_choice(RESIDUAL_INITS))
+    conv_init: str | None = attrs.field(default=None, validator=_choice(CONV_INITS))
+    connectivity: str | None = None
+    train_subset: int | None = attrs.field(default=None, validator=_count(1))
+    test_subset: int | None = attrs.field(default=None, validator=_count(1))
+    val_split: int | None = attrs.field(default=None, validator=_count(1))
+    C: int | None = attrs.field(default=None, validator=_count(1))
+    M: int | None = attrs.field(default=None, validator=_count(1))
+    width: int | None = attrs.field(default=None, validator=_count(1))
+    base_channels: int | None = attrs.field(default=None, validator=_count(1))
+    stem_channels: int | None = attrs.field(default=None, validator=_count(1))
+    snapshot_every: int = 100
+    checkpoint_every: int = 0
+    tensorboard: bool = False
+    progress: bool = True
+    synthetic: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        protocol = PROTOCOLS[self.dataset]
+        if self.preset is not None and self.preset not in protocol.presets:
+            raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s: {', '.join(protocol.presets)}")
+        if self.gate is not None:
+            GATES.get(self.gate)  # a typo is named before any data is read
+        fixed = [k for k in ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels",
+                             "residual_init", "conv_init") if getattr(self, k) is not None]
+        if self.connectivity is not None and fixed:
+            raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
+                              f"{', '.join(fixed)}")
+        if self.dataset == "custom" and self.data is None and not self.synthetic:
+            raise ConfigError("dataset 'custom' trains on a packed file of your own: give data (--data FILE.npz)")
+        self.recipe()  # a phase split or a temperature out of range is named now
+
+    @property
+    def output(self) -> str:
+        return self.out or f"runs/{self.dataset}"
+
+    def recipe(self) -> Recipe:
+        """The protocol's recipe scaled to ``epochs`` (or split as ``phases``), with this run's batch size and
+        gate settings."""
+        paper = get_recipe(PROTOCOLS[self.dataset].recipe)
+        recipe = (paper.with_phase_epochs(self.phases) if self.phases
+                  else paper.scaled(self.epochs or paper.total_epochs))
+        if self.epochs is not None and recipe.total_epochs != self.epochs:
+            raise ConfigError(f"phases {self.phases} add up to {recipe.total_epochs} epochs, not epochs={self.epochs}")
+        first = attrs.evolve(recipe.phases[0], temperature=self.gate_temperature,
+                             temperature_end=self.gate_temperature_end,
+                             gate_lr=recipe.phases[0].gate_lr if self.gate_lr is None else self.gate_lr)
+        return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]), batch_size=self.batch_size or recipe.batch_size,
+                            gate_momentum=self.gate_momentum, gate_rule=self.gate_rule)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _say(message: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def load_data(config: RunConfig) -> tuple[Any, Any, str]:
+    """The train and evaluation sets of ``config`` and where they came from."""
+    protocol, classes = PROTOCOLS[config.dataset], NUM_CLASSES.get(config.dataset, 10)
+    train: Any
+    test: Any
+    if config.synthetic:
+        size = protocol.image_size or 32
+        train, test = synthetic(classes, max(2000, 20 * classes), max(500, 5 * classes), size, config.seed)
+        source = f"a generated stand-in of {config.dataset}"
+    elif config.dataset == "imagenet":
+        (train, test), source = load_imagenet(config.data), "imagenet"
+    elif config.dataset == "custom":
+        (train, test), source = load_packed(str(config.data)), str(config.data)
+    else:
+        (train, test), source = load_dataset(config.dataset, config.data), config.dataset
+    if isinstance(train, ImageDataset) and protocol.image_size and train.image_size != (protocol.image_size,) * 2:
+        raise DataError(f"the {config.dataset} data found has {train.image_size} images; its protocol takes "
+                        f"{protocol.image_size}x{protocol.image_size} (or train it as --dataset custom)")
+    if config.val_split:
+        train, test = train.split(config.val_split)
+        source += f" (a validation split of {len(test)} training images)"
+    train = train.subset(config.train_subset) if config.train_subset and config.train_subset < len(train) else train
+    test = test.subset(config.test_subset) if config.test_subset and config.test_subset < len(test) else test
+    return train, test, source
+
+
+def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.ConnectivityNet:
+    """The network ``config`` trains: its preset with the overrides, or the connectivity of its file."""
+    if config.connectivity is not None:
+        path = path_of(config.connectivity)
+        if path.resolve().parent == path_of(config.output).resolve():
+            raise ConfigError(f"connectivity {path} lies in the run's own folder, whose checkpoints it overwrites")
+        text = path.read_text(encoding="utf-8-sig") if path.suffix == ".json" else load_checkpoint(path)["graph"]
+        graph = BranchGraph.from_json(text)
+        check_finite_gates(graph.validate(), f"connectivity {path}")
+        if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
+            graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
+        net = connlearn.from_graph(graph, engine=config.engine, seed=config.seed).freeze()
+        channels = train.channels if isinstance(train, ImageDataset) else 3
+        if (net.in_channels, net.num_classes) != (channels, train.num_classes):
+            raise ConfigError(f"connectivity {path}: its network takes {net.in_channels} channels to {net.num_classes} "
+                              f"classes; the data has {channels} and {train.num_classes}")
+        return net
+    protocol = PROTOCOLS[config.dataset]
+    options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K",
+                                               "residual_init", "conv_init") if getattr(config, k) is not None}
+    if protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
+        options.update(image_size=train.image_size[0], in_channels=train.channels)
+    elif protocol.crop:
+        options["image_size"] = protocol.crop
+    return connlearn.build("resnext", preset=config.preset or protocol.presets[0], gate=config.gate or "topk",
+                           num_classes=train.num_classes, seed=config.seed, gate_init=config.gate_init,
+                           engine=config.engine, **options)
+
+
+def data_facts(train: Any, test: Any) -> dict[str, Any]:
+    """What a run records of its data, to refuse resuming on other data under the same path."""
+    names = hashlib.sha256("\n".join(train.class_names).encode()).hexdigest()[:16]
+    return {"train_images": len(train), "eval_images": len(test), "class_names_sha256": names,
+            "image_size": list(train.image_size) if isinstance(train, ImageDataset) else None}
+
+
+def _check_same_run(ckpt: dict[str, Any], config: RunConfig, facts: dict[str, Any]) -> None:
+    started = ckpt["meta"].get("run", {})
+    differ = [f"{k}={started[k]!r} there, {v!r} here" for k, v in config.to_dict().items()
+              if k not in MAY_CHANGE and k in started and started[k] != v]
+    differ += [f"data {k}={ckpt['meta']['data'].get(k)!r} there, {v!r} here" for k, v in facts.items()
+               if ckpt["meta"].get("data", {}).get(k) != v]
+    if differ:
+        raise ConfigError(f"{config.output} holds a run started with other settings ({'; '.join(differ)}): run the "
+                          "command that started it to resume it, or give another --out")
+    _say(f"connlearn: resuming the run in {config.output} after epoch {ckpt['epoch']}")
+
+
+def run(config: RunConfig, time_limit: float | None = None, stop_signals: Any = "auto") -> dict[str, Any] | None:
+    """Train, prune and draw one run; returns (and writes to ``out/summary.json``) its results, or None where
+    ``time_limit`` (seconds) stopped it before the end (calling again resumes). Stop signals (default Ctrl-C,
+    SIGTERM, SIGUSR1 in the main thread) stop it at the next step with a checkpoint.
+
+    Under ``torchrun --nproc_per_node N`` every process joins the group and takes the GPU of its LOCAL_RANK
+    (gloo on the CPU) and reads 1/N of every batch (the batch size is the global one); rank 0 writes the files
+    and returns the results, the others None."""
+    started = time.perf_counter()
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    joined = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized()
+    if joined:
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if stop_signals == "auto":
+        stop_signals = STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
+    try:
+        return _run(config, device, time_limit, stop_signals, started)
+    finally:
+        if joined:
+            dist.destroy_process_group()
+
+
+def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop_signals: Any,
+         started: float) -> dict[str, Any] | None:
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    recipe, out = config.recipe(), path_of(config.output)
+    if recipe.batch_size % world:
+        raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes")
+    if rank:  # rank 0 reads (and perhaps downloads) the data first
+        dist.barrier()
+    train, test, source = load_data(config)
+    if world > 1 and not rank:
+        dist.barrier()
+    net = build_net(config, train)
+    net.activation_checkpointing = config.activation_checkpointing
+    out.mkdir(parents=True, exist_ok=True)
+    protocol, batch = PROTOCOLS[config.dataset], recipe.batch_size // world
+    shards = {"rank": rank, "world_size": world, **({} if config.workers is None else {"num_workers": config.workers})}
+    loaders: tuple[Any, Any]
+    if isinstance(train, ImageFiles):
+        loaders = folder_loaders(train, test, batch, device=device, seed=config.seed,
+                                 eval_batch_size=max(batch, 256 // world), size=protocol.image_size or 224, **shards)
+    else:
+        loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
+                               eval_batch_size=max(batch, 256 // world), crop=protocol.crop, pad=protocol.pad, **shards)
+    shape = net.graph().graph["options"]
+    _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
+         f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
+         f"{source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
+         f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {world} process(es) on {device}")
+    facts = data_facts(train, test)
+    trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
+                      compile=config.compile,
+                      snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
+                      tensorboard=config.tensorboard, progress=config.progress,
+                      meta={"run": config.to_dict(), "source": source, "data": facts},
+                      resume_check=lambda ckpt: _check_same_run(ckpt, config, facts))
+    left = None if time_limit is None else time_limit - (time.perf_counter() - started)
+    history = trainer.fit(time_limit=left, stop_signals=stop_signals)
+    if trainer.epoch < recipe.total_epochs:
+        _say(f"connlearn: stopped after epoch {trainer.epoch} of {recipe.total_epochs} (time limit); run again to "
+             "resume")
+        return None
+    if rank:
+        return None
+    with folder_lock(out, "a run's pruning and pictures"):
+        remove_leftovers(out)
+        return _finish(config, trainer, history, source, out)
+
+
+def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], source: str,
+            out: Any) -> dict[str, Any]:
+    """Prune, write ``summary.json`` and the pictures, and say what the run gave."""
+    net, graph = trainer.net, trainer.net.graph()
+    overlap = input_overlap(graph)
+    report = None
+    if not freezing_changes_outputs(net):
+        pruned, report = prune_dead_blocks(net, freeze=True)
+        save_checkpoint(make_checkpoint(pruned, meta={"run": config.to_dict(), "source": source, "prune": str(report),
+                                                      "params_train": report.params_before,
+                                                      "top1": history[-1].get("test_top1")},
+                                        epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
+    chance = {m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
+    summary = {"dataset": source, "preset": config.preset, "gate": net.gate_kind, "K": net.K,
+               "epochs": trainer.recipe.total_epochs, "test_top1": history[-1].get("test_top1"),
+               "best_top1": trainer.best_top1, "params_train": report.params_before if report else net.num_parameters(),
+               "params_test": report.params_after if report else None,
+               "active_branches": {str(m): n for m, n in active_branches(graph).items()},
+               "input_overlap": {str(m): v for m, v in overlap.items()},
+               "input_overlap_chance": {str(m): v for m, v in chance.items()},
+               "wall_time_s": sum(r["epoch_time"] + r.get("eval_time", 0.0) for r in history),
+               "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
+               "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
+                                                  "gate_at_1", "connectivity_changed")} for r in history],
+               "run": config.to_dict(), "environment": environment()}
+    pictures = render.save(graph, out / "connectivity.svg")
+    if not render.pruned(graph):  # a run of a pruned connectivity has no ResNeXt to draw beside it
+        pictures += render.save(graph, out / "resnext_vs_learned.svg", beside_resnext=True)
+    pictures += plots.plot_run(graph, out, net.K, log=history, snapshots=out / "gates.jsonl",
+                               eval_set="validation" if config.val_split else "test")
+    summary["files"] = [str(p) for p in pictures]
+    write_text(out / "summary.json", json.dumps(summary, indent=2))
+    _say(f"top-1: {summary['test_top1']:.2f}% (last epoch), best {summary['best_top1']:.2f}%"
+         + (f" -- on {source}, not real data" if config.synthetic else ""))
+    _say(f"parameters: {summary['params_train'] / 1e6:.3f}M train" + (
+        f", {report.params_after / 1e6:.3f}M test after pruning {report.blocks_before - report.blocks_after} dead "
+        "blocks" if report else " (not pruned: its real gates were never frozen)"))
+    _say(f"active branches per module: {' '.join(str(n) for n in active_branches(graph).values())}")
+    _say(f"connectivity: {', '.join(str(p) for p in pictures[:4] if p.suffix != '.dot')}")
+    return summary

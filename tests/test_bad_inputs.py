@@ -1,0 +1,115 @@
+"""Every bad value where it enters (builder options, graphs, configs, files, registries) is refused with the
+error class and the fragments a user needs: the value, what is allowed, the closest name."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny
+
+import connlearn
+from connlearn import ConfigError, DataError, GraphError
+from connlearn.errors import CheckpointError
+from connlearn.export import export
+from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
+from connlearn.train.signals import check_signals
+from connlearn.updater import GateUpdater
+
+
+def _graph(**changes):
+    graph = connlearn.build(**tiny()).graph()
+    for (u, v), values in changes.get("edges", {}).items():
+        graph.edges[u, v].update(values)
+    for node, values in changes.get("nodes", {}).items():
+        graph.nodes[node].update(values)
+    return graph
+
+
+def _file(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+def _pickled_net(tmp_path):
+    torch.save(connlearn.build(**tiny()), tmp_path / "net.pt")
+    return tmp_path / "net.pt"
+
+
+def _other_version(tmp_path):
+    from connlearn.train.checkpoint import make_checkpoint, save_checkpoint
+
+    return save_checkpoint({**make_checkpoint(connlearn.build(**tiny())), "version": 1}, tmp_path / "old.pt")
+
+
+CASES = [
+    # the builder and its topology
+    (lambda _: connlearn.build("resnxt"), ConfigError, ["unknown topology 'resnxt'", "did you mean 'resnext'"]),
+    (lambda _: connlearn.build(gate="topkk"), ConfigError, ["unknown gate kind 'topkk'", "did you mean 'topk'"]),
+    (lambda _: connlearn.build(preset="cifar-29-8"), ConfigError, ["unknown preset", "cifar-29-8-8"]),
+    (lambda _: connlearn.build(C=0), ConfigError, ["C must be in [1", "got 0"]),
+    (lambda _: connlearn.build(C=4, K=5), ConfigError, ["K must be in [1, 4]", "got 5"]),
+    (lambda _: connlearn.build(depth=30), ConfigError, ["2 + 3M", "depth=30"]),
+    (lambda _: connlearn.build(M=4), ConfigError, ["multiple of 3", "M=4"]),
+    (lambda _: connlearn.build(gate_init=2), ConfigError, ["gate_init", "[0.0, 1.0]", "got 2"]),
+    (lambda _: connlearn.build(gate_init="unifrom"), ConfigError, ["gate_init", "'unifrom'"]),
+    (lambda _: connlearn.build(residual_init="sqrtk"), ConfigError, ["residual_init 'sqrtk'", "'sqrt_k'"]),
+    (lambda _: connlearn.build(block="bottleneckk"), ConfigError, ["block kind 'bottleneckk'", "'bottleneck'"]),
+    (lambda _: connlearn.build(gate="frozen"), ConfigError, ["what freeze() leaves"]),
+    (lambda _: connlearn.build(gate="full", C=4, K=2), ConfigError, ["K must be C=4", "K=2"]),
+    (lambda _: connlearn.build(block_params={"width": 3}), ConfigError, ["may not set 'width'"]),
+    (lambda _: connlearn.build(Cc=8), TypeError, ["unexpected keyword argument 'Cc'"]),
+    (lambda _: connlearn.build(engine="fast"), ConfigError, ["unknown engine 'fast'", "fused"]),
+    # graphs
+    (lambda _: connlearn.from_graph(_graph(edges={("m1.b1", "m2.b1"): {"gate": math.nan}})), GraphError,
+     ["m1.b1 → m2.b1", "nan"]),
+    (lambda _: connlearn.from_graph(_graph(nodes={"m2.b1": {"in_channels": 5}})), GraphError,
+     ["joins 8 channels", "takes 5"]),
+    (lambda _: connlearn.from_graph(_graph(nodes={"m2.b1": {"stride": 0}})), GraphError, ["m2.b1", "stride", "got 0"]),
+    (lambda _: connlearn.from_graph('{"format": "x"}'), GraphError, ["not a BranchGraph JSON document"]),
+    (lambda _: connlearn.from_graph(connlearn.build(**tiny())), ConfigError,
+     ["takes a BranchGraph", "ConnectivityNet"]),
+    (lambda _: connlearn.build(**tiny()).freeze({2: torch.ones(4, 4, dtype=torch.bool)}), ConfigError,
+     ["modules [2, 3]", "K=2 ones per row"]),
+    # the protocol's settings
+    (lambda _: RunConfig(dataset="cifar"), ConfigError, ["unknown dataset 'cifar'", "did you mean"]),
+    (lambda _: RunConfig(dataset="cifar10", preset="imagenet-50-4-32"), ConfigError, ["not one of cifar10's"]),
+    (lambda _: RunConfig(gate="topkk"), ConfigError, ["'topkk'", "did you mean 'topk'"]),
+    (lambda _: RunConfig(dataset="custom"), ConfigError, ["--data"]),
+    (lambda _: RunConfig(connectivity="last.pt", K=2), ConfigError, ["fixes the architecture", "K"]),
+    (lambda _: RunConfig(phases=(1, 1, 1, 1), epochs=5), ConfigError, ["add up to 4", "epochs=5"]),
+    (lambda _: RunConfig(gate_temperature=0.0), ConfigError, ["temperature", "got 0.0"]),
+    (lambda _: RunConfig(compile="fastest"), ConfigError, ["unknown compile 'fastest'", "reduce-overhead"]),
+    (lambda _: Trainer(connlearn.build(**tiny()), [], None, connlearn.train.get_recipe("cifar"), out_dir=".",
+                       amp="fp32"), ConfigError, ["unknown amp mode 'fp32'", "'fp16'"]),
+    (lambda _: check_signals(["TERMM"]), ConfigError, ["stop signal 'SIGTERMM'", "'SIGTERM'"]),
+    (lambda _: check_signals(["KILL"]), ConfigError, ["'SIGKILL'"]),
+    (lambda _: GateUpdater(connlearn.build(**tiny()), grad_mode="centred"), ConfigError, ["'centered'"]),
+    (lambda t: export(connlearn.build(**tiny()), t / "m", "onnxx"), ConfigError, ["export format 'onnxx'", "'onnx'"]),
+    # files being loaded
+    (lambda t: load_checkpoint(t / "none.pt"), CheckpointError, ["no checkpoint at", "none.pt"]),
+    (lambda t: load_checkpoint(_file(t, "x.pt", json.dumps({"a": 1}).encode())), CheckpointError,
+     ["x.pt is not a readable checkpoint"]),
+    (lambda t: load_checkpoint(_pickled_net(t)), CheckpointError, ["net.pt is not a readable checkpoint", "Weights"]),
+    (lambda t: load_checkpoint(_other_version(t)), CheckpointError, ["version 1", "reads version 2"]),
+    (lambda t: load_packed(_file(t, "d.npz", b"PK\x03\x04")), DataError, ["d.npz is not a readable packed dataset"]),
+    (lambda t: ImageDataset(np.zeros((2, 4, 4, 3)), [0, 1], ["a", "b"]), DataError, ["uint8", "float64"]),
+    (lambda t: ImageDataset(np.zeros((2, 4, 4, 3), np.uint8), [0, 2], ["a", "b"]), DataError, ["0..1"]),
+    # registries
+    (lambda _: connlearn.register_gate("odd", int), ConfigError,
+     ["gate kind 'odd'", "subclass of connlearn.gates.Gate"]),
+    (lambda _: connlearn.register_block("bottleneck", connlearn.blocks.Basic), ConfigError,
+     ["'bottleneck' is already registered", "overwrite=True"]),
+]
+
+
+@pytest.mark.parametrize(("make", "error", "fragments"), CASES)
+def test_a_bad_input_is_one_clear_error(make, error, fragments, tmp_path, clean_registries):
+    with pytest.raises(error) as raised:
+        make(tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message.strip()
+    for fragment in fragments:
+        assert fragment in message

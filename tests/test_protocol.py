@@ -1,0 +1,135 @@
+"""The protocols and the command, end to end: a run trains, prunes, draws and resumes; every subcommand works on
+its files; a dataset of its own size and channels trains; bad settings and missing data are one line each."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import connlearn
+from connlearn.cli import main
+from connlearn.train import RunConfig, load_checkpoint, net_from_checkpoint, run
+from connlearn.train.data import pack, synthetic
+
+TINY = ["--synthetic", "--M", "3", "--C", "4", "--K", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
+        "4", "--train-subset", "200", "--test-subset", "100", "--batch-size", "32", "--no-progress", "--snapshot-every",
+        "3"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    assert main(["train", "--dataset", "cifar10", "--epochs", "3", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def test_a_run_writes_its_checkpoints_pictures_and_summary(finished):
+    summary = json.loads((finished / "summary.json").read_text())
+    assert summary["epochs"] == 3 and summary["params_test"] <= summary["params_train"]
+    for name in ("last.pt", "best.pt", "pruned.pt", "log.jsonl", "gates.jsonl", "connectivity.dot", "connectivity.svg",
+                 "resnext_vs_learned.svg", "active_branches.png", "gate_heatmaps.png", "curves.png", "draws.png",
+                 "gate_evolution.png"):
+        assert (finished / name).is_file(), name
+    trained, pruned = net_from_checkpoint(finished / "last.pt").eval(), net_from_checkpoint(finished / "pruned.pt")
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(pruned.eval()(x), trained(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_same_command_resumes_and_other_settings_are_refused(finished, capsys):
+    assert main(["train", "--dataset", "cifar10", "--epochs", "3", "--out", str(finished), *TINY]) == 0
+    assert "resuming the run" in capsys.readouterr().out
+    assert main(["train", "--dataset", "cifar10", "--epochs", "3", "--seed", "1", "--out", str(finished), *TINY]) == 1
+    assert "seed=0 there, 1 here" in capsys.readouterr().err
+
+
+def test_a_time_limit_stops_between_epochs_and_the_run_goes_on(tmp_path):
+    config = RunConfig(dataset="cifar10", synthetic=True, epochs=2, M=3, C=4, K=2, width=2, base_channels=8,
+                       stem_channels=4, train_subset=100, test_subset=50, batch_size=25, out=str(tmp_path),
+                       progress=False)
+    assert run(config, time_limit=0.0) is None
+    assert run(config)["epochs"] == 2
+
+
+def test_every_subcommand_works_on_a_runs_files(finished, tmp_path, capsys):
+    assert main(["info", str(finished / "last.pt"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["gate"] == "frozen from topk" and info["epochs_done"] == 3 and info["evaluated_on"] == "test"
+    assert main(["prune", str(finished / "last.pt"), "-o", str(tmp_path / "p.pt")]) == 0
+    assert load_checkpoint(tmp_path / "p.pt")["meta"]["params_train"] == info["params_train"]
+    assert main(["render", str(finished / "last.pt"), "-o", str(tmp_path / "c.png"), "--side-by-side"]) == 0
+    assert (tmp_path / "c.png").is_file() and (tmp_path / "c.dot").is_file()
+    assert main(["plot", str(finished / "last.pt"), "-o", str(tmp_path / "plots")]) == 0
+    assert main(["plot", str(finished / "gates.jsonl"), "-o", str(tmp_path / "g"), "--K", "2"]) == 0
+    assert (tmp_path / "plots" / "curves.png").is_file() and (tmp_path / "g" / "gate_evolution.png").is_file()
+    images, reference = torch.randn(3, 3, 32, 32), net_from_checkpoint(finished / "pruned.pt").eval()
+    for format, load in (("torchscript", torch.jit.load), ("export", lambda p: torch.export.load(p).module())):
+        assert main(["export", str(finished / "last.pt"), "--format", format, "-o", str(tmp_path / f"m.{format}")]) == 0
+        torch.testing.assert_close(load(str(tmp_path / f"m.{format}"))(images), reference(images))
+
+
+def test_onnx_export_computes_the_same_outputs(finished, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    assert main(["export", str(finished / "last.pt"), "--format", "onnx", "-o", str(tmp_path / "m.onnx")]) == 0
+    images = torch.randn(3, 3, 32, 32)
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    out = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(out), net_from_checkpoint(finished / "pruned.pt").eval()(images),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_a_learned_connectivity_trains_again_from_scratch(finished, tmp_path):
+    config = RunConfig(dataset="cifar10", synthetic=True, epochs=2, connectivity=str(finished / "last.pt"),
+                       train_subset=100, test_subset=50, batch_size=25, out=str(tmp_path), progress=False, seed=5)
+    run(config)
+    learned, again = net_from_checkpoint(finished / "last.pt"), net_from_checkpoint(tmp_path / "last.pt")
+    assert all(torch.equal(a, b) for a, b in zip(learned.connectivity().values(), again.connectivity().values(),
+                                                            strict=True))
+    assert not torch.equal(learned.stem.conv.weight, again.stem.conv.weight)
+
+
+def test_a_dataset_of_its_own_size_and_channels_trains_with_the_cifar_protocol(tmp_path):
+    train, test = synthetic(num_classes=5, n_train=100, n_test=25, size=28, channels=1)
+    data = pack(tmp_path / "grey28.npz", train, test)
+    summary = run(RunConfig(dataset="custom", data=str(data), epochs=2, M=3, C=4, K=2, width=2, base_channels=8,
+                            stem_channels=4, batch_size=20, out=str(tmp_path / "run"), progress=False))
+    net = net_from_checkpoint(tmp_path / "run" / "last.pt")
+    assert (net.in_channels, net.num_classes, net.graph().nodes["input"]["image_size"]) == (1, 5, 28)
+    assert summary["epochs"] == 2
+
+
+def test_without_data_the_examples_stop_with_one_line_saying_where_they_looked(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "CONNLEARN_DATA": str(tmp_path / "none")}
+    env.pop("PYTHONPATH", None)
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "cifar100.py")
+    done = subprocess.run([sys.executable, script, "--out", str(tmp_path / "run")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "no cifar100 data found (looked in" in done.stderr and "--data" in done.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_config_file_gives_the_options_and_flags_override_it(tmp_path, capsys):
+    (tmp_path / "run.toml").write_text('epochs = 1\nseed = 3\nsynthetic = true\n')
+    from connlearn.cli import build_parser, config_from
+
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "run.toml"), "--seed", "4"])
+    assert (config_from(args).epochs, config_from(args).seed, config_from(args).synthetic) == (1, 4, True)
+    (tmp_path / "bad.json").write_text('{"epoch": 2}')
+    assert main(["train", "--config", str(tmp_path / "bad.json")]) == 1
+    assert "unknown option 'epoch'; did you mean 'epochs'?" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(finished):
+    info = subprocess.Popen([sys.executable, "-m", "connlearn.cli", "info", str(finished / "last.pt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    info.stdout.close()  # the reader is gone before the command writes
+    assert info.wait(timeout=60) == 141 and info.stderr.read() == b""
+
+
+def test_summary_says_modules_live_blocks_and_parameters_before_and_after_pruning():
+    text = connlearn.summary(connlearn.build(preset="cifar-29-8-8", K=1).freeze())
+    assert text.count("\n  module") == 9 and "0.858M" in text and "after pruning" in text
