@@ -40,17 +40,16 @@ from typing import Any
 
 import attrs
 
+import connlearn
 from connlearn import plots
-from connlearn.blocks import CONV_INITS, DEFAULT_CONV_INIT, DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS, starts_of
-from connlearn.checkpoint import folder_lock
-from connlearn.errors import ConfigError, ConnlearnError, unknown_name
-from connlearn.experiment import CIFAR_PRESETS, CifarRun, eval_set_of, run_cifar
-from connlearn.files import write_text_atomic
-from connlearn.prune import random_overlap
-from connlearn.recipe import get_recipe
-from connlearn.signals import STOP_SIGNALS
-from connlearn.topologies import PRESETS, resnext
-from connlearn.train import COMPILE_MODES, read_jsonl
+from connlearn.errors import ConfigError, ConnlearnError, check_choice
+from connlearn.files import read_jsonl, write_text
+from connlearn.topologies import CONV_INITS, RESIDUAL_INITS, resnext
+from connlearn.train.checkpoint import folder_lock
+from connlearn.train.protocol import RunConfig, run
+from connlearn.train.recipe import get_recipe
+from connlearn.train.signals import STOP_SIGNALS
+from connlearn.train.trainer import AMP_MODES, COMPILE_MODES
 from connlearn.updater import GRAD_MODES
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -72,22 +71,22 @@ PAPER_CIFAR10 = {
 
 RUN_NAME = re.compile(r"(?P<arm>[a-z0-9-]+?)-s(?P<seed>\d+)")
 LEARNED = ("topk", "real")  # the gate kinds whose gates a gate-gradient rule updates
+CIFAR_PRESETS = connlearn.list_presets("cifar-*")
+#: The protocol's starts, which a run's record holds as None where the command line left them out.
+DEFAULT_STARTS = {"residual_init": "auto", "conv_init": "branch"}
 
 
 def parse_arm(name: str) -> tuple[str, str | None]:
     """``"topk4-centered"`` → ``("topk4", "centered")``; ``"full"`` → ``("full", None)``. Raises a
     :class:`~connlearn.errors.ConnlearnError` naming what is allowed and the closest valid name."""
     base, _, rule = name.partition("-")
-    if base not in ARMS:
-        raise unknown_name("arm", base, ARMS)
+    check_choice("arm", base, ARMS)
     if not rule:
         return base, None
     if ARMS[base]["gate"] not in LEARNED:
         learned = ", ".join(a for a in ARMS if ARMS[a]["gate"] in LEARNED)
         raise ConfigError(f"arm {name!r}: only arms with learned gates ({learned}) take a gate-gradient rule")
-    if rule not in GRAD_MODES:
-        raise unknown_name("gate-gradient rule", rule, GRAD_MODES)
-    return base, rule
+    return base, check_choice("gate-gradient rule", rule, GRAD_MODES)
 
 
 def _arm(name: str) -> str:
@@ -108,8 +107,9 @@ def _known(arm: str) -> bool:
 
 
 ARCHITECTURE_OPTIONS = ("M", "C", "width", "base_channels", "stem_channels")
+#: The RunConfig fields the command line may set (``--gate-grad`` sets ``gate_rule``).
 OVERRIDES = ("M", "C", "width", "base_channels", "stem_channels", "train_subset", "test_subset", "val_split",
-             "batch_size", "gate_grad", "gate_lr", "gate_momentum", "gate_init", "gate_temperature",
+             "batch_size", "gate_rule", "gate_lr", "gate_momentum", "gate_init", "gate_temperature",
              "gate_temperature_end", "residual_init", "conv_init", "phases", "device", "amp", "compile", "data")
 
 
@@ -132,14 +132,19 @@ def collect(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def _eval_set(options: dict[str, Any]) -> str:
+    """The data runs of ``options`` (a sweep's config, a run's ``RunConfig.to_dict()``) were evaluated on."""
+    return "validation" if options.get("val_split") else "test"
+
+
 def _save(out: Path, state: dict[str, Any]) -> None:
-    write_text_atomic(out / "sweep.json", json.dumps(state, indent=2))  # an interrupted save leaves the old one
+    write_text(out / "sweep.json", json.dumps(state, indent=2))  # an interrupted save leaves the old one
     if state["runs"]:
         write_table(out, state)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    """The CifarRun options given on the command line."""
+    """The RunConfig options given on the command line."""
     return {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
 
 
@@ -148,11 +153,11 @@ def run_one(args: argparse.Namespace, arm: str, seed: int, time_limit: float | N
     base, rule = parse_arm(arm)
     spec, options = ARMS[base], _options(args)
     if rule:
-        options["gate_grad"] = rule
-    run = CifarRun(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
-                   seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress,
-                   **options)
-    return run_cifar(run, time_limit=time_limit)
+        options["gate_rule"] = rule
+    config = RunConfig(dataset="cifar10", preset=args.preset, gate=spec["gate"], K=spec["K"], epochs=args.budget,
+                       seed=seed, out=str(Path(args.out) / f"{arm}-s{seed}"), progress=not args.no_progress,
+                       **options)
+    return run(config, time_limit=time_limit)
 
 
 # options that change how a sweep runs, not what it measures: they may differ from one call to the next
@@ -162,16 +167,12 @@ HOW_IT_RUNS = ("device", "amp", "compile", "data", "parallel")
 def _check_same_sweep(out: Path, before: dict[str, Any] | None, config: dict[str, Any],
                       settings: dict[str, Any] | None = None) -> None:
     """Refuse to add runs to a sweep folder whose runs were trained with other settings (budget,
-    architecture, data, gate options): its table would mix them under one heading. ``settings``: the
-    first command's settings with the defaults of its day, as the folder recorded them (folders from before
-    that record, and settings added since, fall back to today's defaults)."""
+    architecture, data, gate options): its table would mix them under one heading. ``before``: the first
+    command's options; ``settings``: every setting of it with the defaults of its day, as the folder recorded
+    them (a setting added since falls back to today's default)."""
     if before is None:
         return
-    now = _resolved(config)
-    try:
-        was = {**_resolved(before), **(settings or {})}
-    except ConnlearnError:  # an old record that no longer builds: what the folder recorded decides
-        was = {**now, **before, **(settings or {})}
+    now, was = _resolved(config), {**_resolved(before), **(settings or {})}
     differ = sorted(k for k in set(was) | set(now) if k not in HOW_IT_RUNS and was.get(k) != now.get(k))
     if differ:
         listed = "; ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
@@ -183,8 +184,8 @@ def _resolved(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the options it leaves out at their defaults (today's), so that an option given at its
     default value and one left out compare equal. The architecture's come from the network the options
     build (the stem and first-stage channels depend on the width)."""
-    defaults = {f.name: f.default for f in attrs.fields(CifarRun) if f.name in OVERRIDES}
-    defaults["batch_size"] = get_recipe("cifar").batch_size
+    defaults = {f.name: f.default for f in attrs.fields(RunConfig) if f.name in OVERRIDES}
+    defaults.update(DEFAULT_STARTS, batch_size=get_recipe("cifar").batch_size)
     given = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     graph = resnext(preset=config.get("preset"), gate="full", **given)
     first = graph.branches(graph.modules()[0])[0]
@@ -210,7 +211,7 @@ def _sweep(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, An
     state_path = out / "sweep.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"runs": {}}
     config = {"preset": args.preset, "budget": args.budget, **_options(args), "parallel": args.parallel}
-    CifarRun(dataset="cifar10", preset=args.preset, epochs=args.budget, **_options(args))  # refused before recorded
+    RunConfig(dataset="cifar10", preset=args.preset, epochs=args.budget, **_options(args))  # refused before recorded
     _check_same_sweep(out, state.get("config"), config, state.get("settings"))
     state["config"] = config
     state.setdefault("settings", _resolved(config))  # every setting of the first command, defaults included
@@ -300,12 +301,12 @@ def _order(arm: str) -> tuple[int, int]:
     return list(ARMS).index(base), -1 if rule is None else GRAD_MODES.index(rule)
 
 
-def _rule(summary: dict[str, Any], config: dict[str, Any]) -> str | None:
+def _rule(summary: dict[str, Any]) -> str | None:
     """The gate-gradient rule a run trained with (``None`` for arms without learned gates)."""
     base, rule = parse_arm(summary["arm"])
     if ARMS[base]["gate"] not in LEARNED:
         return None
-    return rule or summary.get("run", {}).get("gate_grad") or config.get("gate_grad") or "plain"
+    return rule or summary["run"]["gate_rule"]
 
 
 def _phase1_topk_share(log: list[dict[str, Any]]) -> float | None:
@@ -367,7 +368,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     "draws = top-K" is how often, in the last epoch of phase 1, a block's draw equalled its top-K (the
     connectivity that phase 2 freezes): near 1 / C(C,K) for draws that follow nothing, near 1 for settled
     gates (or for draws at a small sampling temperature, which that epoch ends with when it is annealed).
-    "input overlap" is ``connlearn.prune.input_overlap`` of the final connectivity, averaged over modules
+    "input overlap" is ``connlearn.graph.input_overlap`` of the final connectivity, averaged over modules
     and seeds, with its value for independent random draws in brackets: far above it, the blocks crowd onto
     the same inputs."""
     config = state.get("config", {})
@@ -375,7 +376,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for summary in state["runs"].values():
         by_arm.setdefault(summary["arm"], []).append(summary)
-    eval_set = eval_set_of(config)
+    eval_set = _eval_set(config)
     evaluated_on = {"validation": "validation split", "test": "test set"}[eval_set]
     changed = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     arch = preset + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
@@ -400,21 +401,19 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         runs = by_arm[arm]
         top1 = [r["test_top1"] for r in runs]
         base, _ = parse_arm(arm)
-        rules = {_rule(r, config) for r in runs}
+        rules = {_rule(r) for r in runs}
         rule = rules.pop() if len(rules) == 1 else "mixed"
         label = ARMS[base]["label"] + (f", {rule} rule" if rule not in (None, "plain") else "")
-        # a run recorded before an option existed started as then ("one", "branch"); the command line speaks
-        # only for runs without a record of their own
-        starts = [starts_of(r.get("run", config)) for r in runs]
+        starts = [{k: r["run"][k] or default for k, default in DEFAULT_STARTS.items()} for r in runs]
         inits = {s["residual_init"] for s in starts}
         # Fixed-Full's single stream is never rescaled; "auto" is "sqrt_k" for the bottleneck of these presets
-        if ARMS[base]["gate"] != "full" and not inits <= {DEFAULT_RESIDUAL_INIT, "sqrt_k"}:
+        if ARMS[base]["gate"] != "full" and not inits <= {"auto", "sqrt_k"}:
             label += f", residual_init {inits.pop() if len(inits) == 1 else 'mixed'}"
         convs = {s["conv_init"] for s in starts}
-        if ARMS[base]["gate"] != "full" and convs != {DEFAULT_CONV_INIT}:  # Fixed-Full's single stream: unchanged
+        if ARMS[base]["gate"] != "full" and convs != {"branch"}:  # Fixed-Full's single stream: unchanged
             label += f", conv_init {convs.pop() if len(convs) == 1 else 'mixed'}"
         if ARMS[base]["gate"] == "topk":  # the arms that draw
-            temperatures = {_temperature(r.get("run", config)) for r in runs}
+            temperatures = {_temperature(r["run"]) for r in runs}
             if temperatures != {"1"}:
                 label += f", temperature {temperatures.pop() if len(temperatures) == 1 else 'mixed'}"
         own_settings = (not changed and not gates and rule in (None, "plain") and "residual_init" not in label
@@ -425,10 +424,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         overlaps = [v for r in runs for v in r.get("input_overlap", {}).values()]
         overlap = ""
         if overlaps and ARMS[base]["gate"] != "full":
-            chances = [v for r in runs for v in r.get("input_overlap_chance", {}).values()]
-            # summaries written before the chance was recorded: every module chooses among C inputs
-            chance = (statistics.mean(chances) if chances
-                      else random_overlap(config.get("C") or PRESETS[preset]["C"], runs[0]["K"]))
+            chance = statistics.mean(v for r in runs for v in r["input_overlap_chance"].values())
             overlap = f"{statistics.mean(overlaps):.2f} ({chance:.2f})"
         lines.append(
             f"| {label} | {runs[0]['K']} | {len(runs)} | {runs[0]['params_train'] / 1e6:.3f}M | "
@@ -439,7 +435,7 @@ def write_table(out: Path, state: dict[str, Any]) -> Path:
         )
     lines += _paired_by_density(by_arm)
     path = out / "results.md"
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     if logs:
         plots.plot_training_curves(_mean_curves(by_arm, logs), out / "accuracy_curves.png", keys=("test_top1",),
                                    eval_set=eval_set)
@@ -482,18 +478,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("M", "C", "width", "base-channels", "stem-channels", "train-subset", "test-subset", "val-split",
                  "batch-size"):
         parser.add_argument(f"--{name}", type=int)
-    parser.add_argument("--gate-grad", choices=GRAD_MODES, help="the rule of learned arms without a -RULE suffix")
+    parser.add_argument("--gate-grad", dest="gate_rule", choices=GRAD_MODES,
+                        help="the rule of learned arms without a -RULE suffix")
     parser.add_argument("--gate-lr", type=float)
     parser.add_argument("--gate-momentum", type=float, help="the gates' own SGD momentum (default: the weights')")
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v))
     parser.add_argument("--gate-temperature", type=float, help="phase 1's sampling temperature (default 1)")
     parser.add_argument("--gate-temperature-end", type=float, help="anneal it geometrically to this over phase 1")
     parser.add_argument("--residual-init", choices=RESIDUAL_INITS,
-                        help=f"every arm's branches (default {DEFAULT_RESIDUAL_INIT})")
+                        help=f"every arm's branches (default {DEFAULT_STARTS['residual_init']})")
     parser.add_argument("--conv-init", choices=CONV_INITS,
-                        help=f"every gated arm's inner convolutions (default {DEFAULT_CONV_INIT})")
+                        help=f"every gated arm's inner convolutions (default {DEFAULT_STARTS['conv_init']})")
     parser.add_argument("--device")
-    parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"))
+    parser.add_argument("--amp", choices=AMP_MODES)
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE")
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
     parser.add_argument("--parallel", type=int, default=1,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
+from connlearn.blocks import Bottleneck, ResNeXtBottleneck
 from connlearn.cli import build_parser
 from connlearn.cli import main as connlearn_main
 

@@ -28,9 +28,10 @@ import torch
 from accuracy import ARMS
 
 import connlearn
-from connlearn.data import load_dataset, make_loaders
-from connlearn.recipe import Phase, Recipe
-from connlearn.train import COMPILE_MODES, Trainer
+from connlearn.train.data import load_dataset
+from connlearn.train.loaders import make_loaders
+from connlearn.train.recipe import Phase, Recipe
+from connlearn.train.trainer import COMPILE_MODES, Trainer
 
 FULL_EPOCH = 50_000
 
@@ -53,7 +54,7 @@ def epoch_times(arch: str, arm: str, loader, device: torch.device, compile: str 
     recipe = Recipe("bench", [Phase(1 + repeats, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
-                          channels_last=channels_last, snapshot_every=0, progress=False, verbose=False)
+                          channels_last=channels_last, snapshot_every=0, progress=False)
         return [r["epoch_time"] for r in trainer.fit()[1:]]
 
 

@@ -22,17 +22,20 @@ import json
 import math
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
 import connlearn
-from connlearn.blocks import DEFAULT_RESIDUAL_INIT, RESIDUAL_INITS
-from connlearn.checkpoint import net_from_checkpoint
-from connlearn.data import BatchLoader, load_dataset, make_loaders
+from connlearn.files import read_jsonl
 from connlearn.plots import gate_statistics, settled_epoch
-from connlearn.recipe import Phase, Recipe
-from connlearn.train import Trainer, read_jsonl
+from connlearn.topologies import RESIDUAL_INITS
+from connlearn.train.checkpoint import net_from_checkpoint
+from connlearn.train.data import load_dataset
+from connlearn.train.loaders import BatchLoader, make_loaders
+from connlearn.train.recipe import Phase, Recipe
+from connlearn.train.trainer import Trainer
 from connlearn.updater import GRAD_MODES
 
 
@@ -176,16 +179,10 @@ def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, fl
     sums = {i: torch.zeros(3) for i, _ in gated}
     count = 0
     for images, labels in batches:
-        state, recorded = net.generator.get_state(), net._draws
-        net._draws = None  # this extra draw is not one of training's
-        with torch.no_grad():
-            matrices = net.gate_matrices()
-        net._draws = recorded
-        net.generator.set_state(state)  # the forward pass draws the same connectivity again
         net.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(net(images), labels).backward()
-        for i, stage in gated:
-            grad, drawn = stage.gate.real.grad.detach().float().cpu(), (matrices[i] != 0).cpu()
+        for i, stage in gated:  # net.last_draw: the connectivity this forward pass drew, by stage position
+            grad, drawn = stage.gate.real.grad.detach().float().cpu(), (net.last_draw[i] != 0).cpu()
             sums[i] += torch.stack([(grad * drawn).sum(1).mean(), (grad * ~drawn).sum(1).mean(),
                                     grad.std(1).mean()])
         count += 1
@@ -230,7 +227,7 @@ def main() -> None:
     parser.add_argument("--gate-momentum", type=float,
                         help="the gates' own SGD momentum (default: the weights', 0.9; 0: Algorithm 1's plain step)")
     parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
-    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, default=DEFAULT_RESIDUAL_INIT,
+    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, default="auto",
                         help="the branches' starting scale ('one' reproduces the studies made before the option)")
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="of the weights (gates never decay)")
     parser.add_argument("--batch-size", type=int, default=128)
@@ -268,7 +265,7 @@ def main() -> None:
         net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, gate_init=args.gate_init,
                               residual_init=args.residual_init,
                               **options)
-        trainer = Trainer(net, *loaders, recipe, out_dir=out / rule, device=device, gate_grad=rule,
+        trainer = Trainer(net, *loaders, attrs.evolve(recipe, gate_rule=rule), out_dir=out / rule, device=device,
                           snapshot_every=args.snapshot_every, progress=False)
         logs[rule] = trainer.fit()
         snapshots = read_jsonl(out / rule / "gates.jsonl")

@@ -52,7 +52,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl &&
     export PYTHONPATH="$PYTHONPATH:$site"
 fi
-if ! python3 -c 'import connlearn.experiment' 2>"$results/import.log"; then
+if ! python3 -c 'import connlearn.train.protocol' 2>"$results/import.log"; then
   cat "$results/import.log" >&2
   echo "connlearn does not import here; put wheels of the missing packages in .whl/, e.g." \
     "python -m pip download --no-deps --only-binary=:all: -d .whl graphviz" >&2

@@ -1,6 +1,6 @@
 """A plainly written CIFAR ResNeXt (Xie et al. 2017), independent of connlearn.
 
-It serves as the oracle that ``gate="full"`` must equal (tests/test_resnext.py) and as the baseline of
+It serves as the oracle that ``gate="full"`` must equal (tests/test_laws.py) and as the baseline of
 the speed benchmark. Its parameters are registered in the same order as connlearn's single-stream
 ResNeXt, so a state dict can be copied across by position.
 """

@@ -46,11 +46,11 @@ import torch
 from matplotlib.figure import Figure
 
 import connlearn
-import connlearn.experiment
-from connlearn.checkpoint import load_checkpoint
-from connlearn.compile import FusedModule
+import connlearn.train.protocol
+from connlearn.files import read_jsonl
 from connlearn.graph import BranchGraph
-from connlearn.train import read_jsonl
+from connlearn.net import FusedModule
+from connlearn.train.checkpoint import load_checkpoint
 
 FIRST_MODULE = 1  # the module whose branches are planted
 READER = 2  # the module whose gates choose among them
@@ -61,18 +61,20 @@ def plant_noise(uninformative: list[int], branches: int) -> None:
     (1-based), for networks whose first module has ``branches`` branches. Once per process: a second call
     with another setting raises."""
     setting = (tuple(uninformative), branches)
-    planted = getattr(FusedModule._first, "planted", None)
+    planted = getattr(FusedModule.forward, "planted", None)
     if planted is not None:
         if planted != setting:
             raise RuntimeError(f"planted.py: the first module already outputs noise for {planted}; "
                                f"cannot plant {setting} in the same process")
         return
-    original = FusedModule._first
+    original = FusedModule.forward
     keep = torch.ones(branches)
     keep[[j - 1 for j in uninformative]] = 0.0
 
-    def first(self: FusedModule, stem: torch.Tensor) -> torch.Tensor:
-        out = original(self, stem)
+    def forward(self: FusedModule, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        out = original(self, inputs, mix)
+        if mix is not None:  # a gated module; the first one alone reads the stem, without a gate mix
+            return out
         if self.branches != branches:
             raise RuntimeError(f"planted.py: module 1 has {self.branches} branches here, the plant was made for "
                                f"{branches} (a pruned network?)")
@@ -82,8 +84,8 @@ def plant_noise(uninformative: list[int], branches: int) -> None:
         k = keep.to(device=y.device, dtype=y.dtype).view(1, branches, 1, 1, 1)
         return (y * k + torch.randn_like(y) * rms * (1 - k)).view_as(out)
 
-    first.planted = setting
-    FusedModule._first = first
+    forward.planted = setting
+    FusedModule.forward = forward
 
 
 def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> connlearn.ConnectivityNet:
@@ -96,7 +98,7 @@ def rewire_oracle(net: connlearn.ConnectivityNet, uninformative: list[int]) -> c
     informative = [u for u in graph.candidates(READER) if u not in noise]
     if len(informative) < graph.K:
         sys.exit(f"planted.py: --oracle needs at least K={graph.K} informative branches, there are {len(informative)}")
-    rng = np.random.default_rng(graph.graph.get("seed", 0))
+    rng = np.random.default_rng(graph.seed)
     for node in graph.branches(READER):
         chosen = set(rng.choice(informative, size=graph.K, replace=False).tolist())
         for u, _, d in graph.gate_edges(node):
@@ -129,15 +131,16 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
 
     setting = {"uninformative": uninformative, "module": FIRST_MODULE, "oracle": oracle,
                "noise": "Gaussian, at the branch's root mean square over the batch (detached)"}
+    protocol = connlearn.train.protocol
     # the library's own, also when an earlier call in this process replaced it
-    original = getattr(connlearn.experiment.build_net, "unplanted", connlearn.experiment.build_net)
+    original = getattr(protocol.build_net, "unplanted", protocol.build_net)
 
-    def build_net(run, num_classes):
-        out = Path(run.out)
-        _check_folder(out, setting, run.connectivity)
-        if oracle and run.connectivity is not None:
+    def build_net(config, train):
+        out = Path(config.output)
+        _check_folder(out, setting, config.connectivity)
+        if oracle and config.connectivity is not None:
             sys.exit("planted.py: --oracle rewires a new random connectivity; it does not take --connectivity")
-        net = original(run, num_classes)
+        net = original(config, train)
         graph = net.graph()
         numbers = [graph.nodes[n]["branch"] for n in graph.branches(FIRST_MODULE)]
         if numbers != list(range(1, len(numbers) + 1)):
@@ -148,7 +151,7 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
         if net.engine != "fused":
             sys.exit(f"planted.py: the plant is made in the fused engine; this network runs {net.engine!r}")
         plant_noise(uninformative, len(numbers))
-        torch.manual_seed(run.seed)  # the noise comes from the global RNG: seeded by the run, restored by a resume
+        torch.manual_seed(config.seed)  # the noise comes from the global RNG: seeded by the run, restored by a resume
         if oracle:
             net = rewire_oracle(net, uninformative)
         out.mkdir(parents=True, exist_ok=True)  # the run makes its folder only once this returns
@@ -156,7 +159,7 @@ def train(argv: list[str], uninformative: list[int], oracle: bool) -> int:
         return net
 
     build_net.unplanted = original
-    connlearn.experiment.build_net = build_net
+    protocol.build_net = build_net
     return connlearn_main(["train", *argv])
 
 
@@ -209,7 +212,8 @@ def report(folders: list[str], png: str | None = None) -> str:
         share, chance = connectivity_share(BranchGraph.from_json(load_checkpoint(path / "last.pt")["graph"]), bad)
         shares = curves[str(path)] = share_curve(path, summary["K"], bad)
         settled = next((e for i, (e, _) in enumerate(shares) if all(v == 0 for _, v in shares[i:])), None)
-        gate = summary["gate"] + (" (oracle)" if setting["oracle"] else "")
+        run = summary["run"]  # the gate it trained with; summary["gate"] is the network's at the end ("frozen")
+        gate = ("frozen" if run["connectivity"] else run["gate"] or "topk") + (" (oracle)" if setting["oracle"] else "")
         rows.append(f"| {path} | {gate} | {summary['test_top1']:.2f} | {share:.3f} ({chance:.2f}) | "
                     f"{'–' if settled is None else f'{settled:.1f}'} | {summary['active_branches'].get('1')} |")
     if png and any(curves.values()):

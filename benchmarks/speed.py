@@ -30,7 +30,7 @@ from plain_resnext import PlainResNeXt
 import connlearn
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import PRESETS
-from connlearn.train import COMPILE_MODES
+from connlearn.train.trainer import COMPILE_MODES
 
 
 def _sync(device: torch.device) -> None:

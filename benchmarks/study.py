@@ -5,7 +5,7 @@ or sampling temperature cannot share a sweep folder). This gathers them into one
 seed's last top-1, the mean ± std over seeds, the difference to the reference arm paired by seed (the
 same data order, so the seed-to-seed spread both share drops out), and the measures that say what the
 gates did: top-1 at the end of phase 1, Params-Test after pruning (and the share it keeps), the final
-input overlap (``connlearn.prune.input_overlap``; independent random draws in brackets), how often a
+input overlap (``connlearn.graph.input_overlap``; independent random draws in brackets), how often a
 draw equalled the block's top-K in phase 1's last epoch, and the real gates then.
 
     python benchmarks/study.py --reference "Fixed-Random K=1" \\
@@ -30,10 +30,7 @@ from accuracy import mean_curve
 
 from connlearn import plots
 from connlearn.errors import ConfigError, ConnlearnError
-from connlearn.experiment import eval_set_of
-from connlearn.prune import random_overlap
-from connlearn.topologies import PRESETS
-from connlearn.train import read_jsonl
+from connlearn.files import read_jsonl
 
 SEED = re.compile(r"-s(\d+)$")
 
@@ -72,10 +69,8 @@ def measures(run: Path) -> dict[str, Any]:
     log = read_jsonl(run / "log.jsonl")
     phase1 = [r for r in log if r.get("phase") == 1]
     end1 = phase1[-1] if phase1 else {}
-    overlaps = list(summary.get("input_overlap", {}).values())
-    chances = list(summary.get("input_overlap_chance", {}).values())
-    run_options = summary.get("run", {})
-    C = run_options.get("C") or PRESETS.get(run_options.get("preset") or summary.get("preset"), {}).get("C")
+    overlaps = list(summary["input_overlap"].values())
+    chances = list(summary["input_overlap_chance"].values())
     full = summary["gate"] == "full"
     return {
         "top1": summary["test_top1"],
@@ -83,11 +78,11 @@ def measures(run: Path) -> dict[str, Any]:
         "params_train": summary["params_train"],
         "params_test": summary["params_test"],
         "overlap": statistics.mean(overlaps) if overlaps and not full else None,
-        "chance": statistics.mean(chances) if chances else (random_overlap(C, summary["K"]) if C else None),
+        "chance": statistics.mean(chances) if chances else None,
         "share": end1.get("drawn_topk_share"),
         "gates": (end1.get("gate_mean"), end1.get("gate_row_std"), end1.get("gate_at_1")),
         "log": log,
-        "eval_set": eval_set_of(run_options),
+        "eval_set": "validation" if summary["run"]["val_split"] else "test",
     }
 
 

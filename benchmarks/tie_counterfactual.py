@@ -4,7 +4,8 @@ A run's checkpoint keeps the real gate values it froze (``FrozenGate.gate_values
 equal gates by the tie order that ``resnext`` now draws from the run's seed (module by module), and compares
 the two connectivities: how many rows had gates tied across the top-K boundary, the input overlap, the
 dead blocks and the parameters left after pruning, "as frozen" (the index order, for runs from before the
-seeded order) and under the seeded order.
+seeded order) and under the seeded order. The checkpoints this connlearn reads (version 2) were all frozen
+with the seeded order, so for them the two agree: what is left is a check of that.
 
     python benchmarks/tie_counterfactual.py runs/sweep30/topk4-s0/last.pt ...
 """
@@ -16,10 +17,11 @@ import statistics
 
 import torch
 
-from connlearn.checkpoint import load_checkpoint, net_from_checkpoint
-from connlearn.compile import ConnectivityNet
 from connlearn.gates import random_tie_order, tie_generator, topk_mask
-from connlearn.prune import dead_blocks, input_overlap, prune_dead_blocks
+from connlearn.graph import dead_blocks, input_overlap
+from connlearn.net import ConnectivityNet
+from connlearn.prune import prune_dead_blocks
+from connlearn.train.checkpoint import net_from_checkpoint
 
 
 def measure(net: ConnectivityNet) -> tuple[float, int, int]:
@@ -33,13 +35,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="last.pt of runs whose connectivity was frozen")
     for path in parser.parse_args(argv).checkpoints:
-        net = net_from_checkpoint(load_checkpoint(path))
+        net = net_from_checkpoint(path)
         K, gated = net.K, [s.gate for s in net.stages if s.gate is not None]
         tied = sum(int((v[:, K - 1] == v[:, K]).sum()) for v in
                    (torch.sort(g.gate_values, dim=-1, descending=True).values for g in gated))
         rows = sum(g.gate_values.shape[0] for g in gated)
         before = measure(net)
-        ties = tie_generator(int(net.graph().graph.get("seed", 0)))
+        ties = tie_generator(net.graph().seed)
         for gate in gated:  # module by module, as the topology draws them
             gate.mask.copy_(topk_mask(gate.gate_values, K, random_tie_order(*gate.gate_values.shape, ties)))
         after = measure(net)

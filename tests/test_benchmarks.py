@@ -1,0 +1,196 @@
+"""The benchmark scripts: the commands that BENCHMARKS.md and docs/results print, and those benchmarks/gpu_suite.sh
+runs, parse with the scripts' own options; the suite asks for the runs of each mode, and stops at once where
+connlearn does not import."""
+
+import argparse
+import importlib.util
+import inspect
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
+
+
+class _ParsedSignal(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by the patched ``parse_args`` once a command's options have parsed."""
+
+
+@pytest.fixture
+def parses(tmp_path_factory, monkeypatch):
+    """``parses(script, argv)`` asserts that ``python script argv...`` parses its options (and does nothing
+    else: ``parse_args`` raises once they have parsed, and nothing may be written before)."""
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):
+        parse_args(self, args, namespace)
+        raise _ParsedSignal
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+    here = tmp_path_factory.mktemp("parsing")
+    monkeypatch.chdir(here)  # a script that wrote before parsing (none should) writes here
+    from connlearn.blocks import Bottleneck, ResNeXtBottleneck
+
+    for cls in (Bottleneck, ResNeXtBottleneck):  # branch_init.py patches them after parsing (it should not get there)
+        monkeypatch.setattr(cls, "__init__", cls.__init__)
+    modules = {}
+
+    def check(script, argv, where=""):
+        if script not in modules:
+            spec = importlib.util.spec_from_file_location(f"_documented_{Path(script).stem}", ROOT / script)
+            modules[script] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(modules[script])
+        module = modules[script]
+        monkeypatch.setattr("sys.argv", [script, *argv])
+        with pytest.raises(_ParsedSignal):
+            try:
+                module.main(argv) if inspect.signature(module.main).parameters else module.main()
+            except SystemExit as exc:  # argparse's usage error, printed above
+                raise AssertionError(f"{where}python {script} {shlex.join(argv)} does not parse") from exc
+        assert not list(here.iterdir()), f"{script} wrote before it parsed its options"
+
+    return check
+
+
+def _benchmark_commands():
+    """The ``python benchmarks/X.py ...`` commands of BENCHMARKS.md and docs/results, as (document, script,
+    argv), with their placeholders filled: ``SEED`` is 0, ``ARM`` topk4, ``NAME`` a name, ``FLAGS`` none,
+    ``...`` after an option a value (else dropped), ``[--flag]`` the flag; shell redirections end the command."""
+    for doc in [ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]:
+        text = doc.read_text().replace("\\\n", " ")
+        for match in re.finditer(r"python3? (benchmarks/\w+\.py)([^`\n]*)", text):
+            argv: list[str] = []
+            filled = re.sub(r"SEED(?!S)", "0", match.group(2))
+            filled = re.sub(r"\bFLAGS\b", "", re.sub(r"\bARM\b", "topk4", re.sub(r"\bNAME\b", "name", filled)))
+            for word in shlex.split(filled, comments=True):
+                if word in (">", "|", "&&", ";", "2>&1"):
+                    break
+                if word == "...":
+                    if argv and argv[-1].startswith("--"):
+                        argv.append("1")
+                    continue
+                argv.append(word.strip("[]"))
+            yield doc.name, match.group(1), argv
+
+
+def test_the_documented_benchmark_commands_parse(parses):
+    # a reader reruns a measurement with the command printed beside it: its options must still exist
+    from connlearn.cli import build_parser
+
+    commands = list(_benchmark_commands())
+    assert len(commands) >= 40, commands
+    for doc, script, argv in commands:
+        parses(script, argv, f"{doc}: ")
+        if script == "benchmarks/planted.py" and "--" in argv:  # it passes what follows to `connlearn train`
+            rest = argv[argv.index("--") + 1:]
+            with pytest.raises(_ParsedSignal):
+                try:
+                    build_parser().parse_args(["train", *rest])
+                except SystemExit as exc:
+                    raise AssertionError(f"{doc}: connlearn train {shlex.join(rest)} does not parse") from exc
+
+
+# ------------------------------------------------------------------------------------------ gpu_suite.sh
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")
+
+STUB = """#!/bin/bash
+echo "$*" >> "$STUB_LOG"
+if [ "$1" = -c ] && [[ "$2" == *connlearn* ]]; then echo "no module named graphviz" >&2; exit "${STUB_IMPORT_RC:-0}"; fi
+exit 0
+"""
+
+
+def _suite(tmp_path, *args, import_rc=0, **env):
+    """Run the suite in ``tmp_path`` (its ``runs/`` are there) on the CPU with a stand-in ``python3`` that records
+    its command lines; return the process and those lines."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("python3", "nvidia-smi"):
+        (bin_dir / name).write_text(STUB)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "calls.log"
+    # nothing else of the caller's environment: bash would read SECONDS, BASH_ENV or exported functions
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "STUB_LOG": str(log), "DEVICE": "cpu", "STUB_IMPORT_RC": str(import_rc), **env}
+    done = subprocess.run(["bash", str(SUITE), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+def _runs(calls):
+    return [c for c in calls if "benchmarks/accuracy.py" in c]
+
+
+def test_the_suite_checks_a_module_that_exists():
+    # what it imports to find missing packages must itself be there, or every mode stops at once
+    (module,) = re.findall(r"python3 -c 'import ([\w.]+)'", SUITE.read_text())
+    assert importlib.util.find_spec(module) is not None, module
+
+
+@needs_bash
+def test_an_unknown_mode_is_refused_before_anything_runs(tmp_path):
+    done, calls = _suite(tmp_path, "sweeep", "data.npz", "out")
+    assert done.returncode == 2 and "measure, rules, choose, sweep, protocol, claim or convinit" in done.stderr
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
+@needs_bash
+def test_a_missing_package_stops_the_suite_at_once(tmp_path):
+    done, calls = _suite(tmp_path, "claim", "data.npz", "out", "600", import_rc=1)
+    assert done.returncode == 3 and _runs(calls) == []
+    assert "no module named graphviz" in done.stderr and ".whl/" in done.stderr
+
+
+@needs_bash
+def test_the_claim_runs_both_folders_for_every_seed(tmp_path):
+    done, calls = _suite(tmp_path, "claim", "data.npz", "out", "600", SEEDS="0 1")
+    assert done.returncode == 0, done.stderr
+    runs = _runs(calls)
+    assert len(runs) == 2
+    paper = next(c for c in runs if "--out runs/sweep30 " in c)
+    remedy = next(c for c in runs if "--out runs/sweep30_annealed " in c)
+    assert "--arms topk4 random4 full --seeds 0 1 --parallel 2" in paper and "--gate-temperature" not in paper
+    assert "--arms topk4-centered --seeds 0 1 --parallel 1" in remedy
+    assert remedy.endswith("--gate-temperature 1 --gate-temperature-end 0.05")
+    for call in runs:
+        limit = int(call.split("--time-limit ")[1].split()[0])
+        assert "--data data.npz --budget 30" in call and "--device cpu" in call and 60 <= limit <= 600 - 45
+
+
+@needs_bash
+def test_the_state_to_resume_from_is_packed_without_the_spare_copies(tmp_path):
+    run = tmp_path / "runs" / "sweep30" / "topk4-s0"
+    run.mkdir(parents=True)
+    for name in ("last.pt", "previous.pt", "best.pt", "log.jsonl"):
+        (run / name).write_text(name)
+    done, calls = _suite(tmp_path, "protocol", "data.npz", "out", "50")
+    assert done.returncode == 0 and _runs(calls) == []  # without time left no run starts
+    listing = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "runs.tar.gz")], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert "runs/sweep30/topk4-s0/last.pt" in listing and "runs/sweep30/topk4-s0/log.jsonl" in listing
+    assert not any(name.endswith(("previous.pt", "best.pt")) for name in listing)
+
+
+@needs_bash
+def test_every_command_of_every_mode_parses(tmp_path, parses):
+    # the suite runs unattended on a leased GPU: an option a script no longer takes loses the whole lease
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    seen = set()
+    for mode in ("measure", "rules", "choose", "sweep", "protocol", "claim", "convinit"):
+        done, calls = _suite(suite, mode, "data.npz", "out", "1000", SEEDS="0 1")
+        assert done.returncode == 0, (mode, done.stderr)
+        for call in calls:
+            words = shlex.split(call)
+            if words and words[0].startswith("benchmarks/"):
+                seen.add(words[0])
+                parses(words[0], words[1:], f"gpu_suite.sh {mode}: ")
+    assert seen == {f"benchmarks/{s}.py" for s in ("epoch", "speed", "memory", "gate_dynamics", "accuracy")}
