@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from connlearn import prune, render, updater
+from connlearn import estimators, prune, render, updater
 from connlearn.blocks import BLOCKS, BranchBlock, Looped
 from connlearn.errors import CheckpointError, ConfigError, ConnlearnError, DataError, DivergenceError, GraphError
 from connlearn.gates import GATES, Gate
@@ -105,7 +105,7 @@ def list_presets(pattern: str = "*") -> list[str]:
 
 __all__ = [
     "BranchBlock", "BranchGraph", "CheckpointError", "ConfigError", "ConnectivityNet", "ConnlearnError", "DataError",
-    "DivergenceError", "Gate", "GraphError", "Looped", "__version__", "build", "from_graph", "list_blocks",
-    "list_gates", "list_presets", "list_topologies", "prune", "prune_dead_blocks", "register_block", "register_gate",
-    "register_topology", "render", "summary", "updater",
+    "DivergenceError", "Gate", "GraphError", "Looped", "__version__", "build", "estimators", "from_graph",
+    "list_blocks", "list_gates", "list_presets", "list_topologies", "prune", "prune_dead_blocks", "register_block",
+    "register_gate", "register_topology", "render", "summary", "updater",
 ]

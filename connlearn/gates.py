@@ -18,10 +18,13 @@ Straight-through: the binary draw is used forward and every real gate, drawn or 
 ``∂ℓ/∂G_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K`` (``s_j`` the gated sum). Gates below 0 count as 0 when sampling; a row of
 zeros samples uniformly. A temperature τ draws from the gates raised to 1/τ.
 
-A new kind subclasses :class:`Gate` (``register_gate(name, cls)``): it is built as ``cls(values, active, K)``
-per module from the graph's gates and defines ``values()``, ``active()`` (exactly K ones per row) and
-``matrix(drawn)``; a stochastic one the classmethod ``draw``; a learnable one ``real_parameters()``, which
-:class:`~connlearn.updater.GateUpdater` clips to [0, 1] where ``clipped``.
+A new kind subclasses :class:`Gate` (``register_gate(name, cls)``): it is built as ``cls(values, active, K,
+**gate_options)`` per module from the graph's gates (and its ``gate_options`` knobs) and defines ``values()``,
+``active()`` (exactly K ones per row) and ``matrix(drawn)``; a stochastic one the classmethod ``draw`` (with
+``batch``, a draw per example, where ``per_example``); a learnable one ``real_parameters()``, which
+:class:`~connlearn.updater.GateUpdater` clips to [0, 1] where ``clipped``. A kind whose gradient needs the loss
+itself defines ``surrogate(drawn, losses)``, a term the training loop adds to the loss
+(``net.surrogate_loss``). :mod:`connlearn.estimators` holds five more kinds written this way.
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ class Gate(nn.Module):
     learnable: ClassVar[bool] = False  # holds parameters, trained with the weights
     stochastic: ClassVar[bool] = False  # draws a connectivity every training step
     clipped: ClassVar[bool] = True  # the GateUpdater keeps its parameters in [0, 1]
+    per_example: ClassVar[bool] = False  # draws a connectivity per example (``draw(..., batch=B)``)
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__()

@@ -39,9 +39,13 @@ ENGINES = ("fused", "reference", "auto")
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
     """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, H, W]`` (N = Σ N_s branches), ``mix``
-    ``[C, N]`` → ``[B, C·ch, H, W]``, in the inputs' memory format: one batched GEMM."""
+    ``[C, N]`` (or ``[B, C, N]``: a connectivity per example) → ``[B, C·ch, H, W]``, in the inputs' memory
+    format: one batched GEMM."""
     b, _, h, w = inputs[0].shape
-    c, n = mix.shape
+    c, n = mix.shape[-2:]
+    if mix.dim() == 3:
+        y = torch.cat([t.reshape(b, t.shape[1] // ch, ch * h * w) for t in inputs], dim=1)
+        return torch.bmm(mix.to(y.dtype), y).relu().reshape(b, c * ch, h, w)
     if inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous():
         parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -120,7 +124,10 @@ class ReferenceModule(nn.Module):
         if mix is None:
             short = inputs[0] if self.proj is None else self.proj(inputs[0])
             return [short + block(inputs[0]) for block in self.blocks]
-        xs = [sum((mix[j, k] * y for k, y in enumerate(inputs[1:], 1)), mix[j, 0] * inputs[0]).relu()
+        def w(j: int, k: int) -> torch.Tensor:  # a weight, or a weight per example ([B, C, N] mixes)
+            return mix[j, k] if mix.dim() == 2 else mix[:, j, k].view(-1, 1, 1, 1)
+
+        xs = [sum((w(j, k) * y for k, y in enumerate(inputs[1:], 1)), w(j, 0) * inputs[0]).relu()
               for j in range(len(self.blocks))]
         if self.proj is None:
             shorts = xs
@@ -189,7 +196,7 @@ class ConnectivityNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the draw runs eagerly, first: under torch.compile the rest of the pass is one graph
-        drawn = self._draw() if self.training and self.stochastic else {}
+        drawn = self._draw(x.shape[0]) if self.training and self.stochastic else {}
         mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / self.K for i, s in enumerate(self.stages)]
         h = self.stem(x)
         outputs: list[Any] = []
@@ -220,7 +227,7 @@ class ConnectivityNet(nn.Module):
         return [out.reshape(b, n // ch, ch, h, w)[:, chosen].reshape(b, len(chosen) * ch, h, w)]
 
     @torch._disable_dynamo
-    def _draw(self) -> dict[int, torch.Tensor]:
+    def _draw(self, batch: int) -> dict[int, torch.Tensor]:
         if self._hold:
             return self._hold[0]
         if torch._C._current_graph_task_id() != -1:  # a forward pass inside a backward pass: a recomputation
@@ -232,7 +239,9 @@ class ConnectivityNet(nn.Module):
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in at.values()):
             index = [i for i, g in at.items() if type(g) is cls]
-            draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature)
+            per_example = {"batch": batch} if getattr(cls, "per_example", False) else {}
+            draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature,
+                             **per_example)
             drawn.update(zip(index, draws, strict=True))
         if self._hold is not None:
             self._hold.append(drawn)
@@ -274,6 +283,13 @@ class ConnectivityNet(nn.Module):
         for unfrozen ``real`` gates, which weight every input."""
         with torch.no_grad():
             return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in self.gates())
+
+    def surrogate_loss(self, losses: torch.Tensor) -> torch.Tensor:
+        """The term to add to the loss for gate kinds whose gradient needs the loss itself (``score``): given
+        the per-example losses ``[B]`` of the last training forward pass; 0 for every other kind."""
+        terms = [cast(Any, s.gate).surrogate(self.last_draw[i], losses) for i, s in enumerate(self.stages)
+                 if i in self.last_draw and hasattr(s.gate, "surrogate")]
+        return sum(terms, losses.new_zeros(()))
 
     def gate_parameters(self) -> list[nn.Parameter]:
         """The learnable gates: their own param group (own lr, no weight decay)."""
@@ -341,6 +357,7 @@ class ConnectivityNet(nn.Module):
                 active = mine[module] if connectivity is None else connectivity[module]
                 stage.gate = FrozenGate(values, active.to(values.device), self.K).to(values.device)
         self._graph.graph["frozen_from"] = self.gate_kind
+        self._graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
         self.gate_kind = "frozen"
         self._graph = self.graph()
         return self
@@ -367,7 +384,7 @@ class ConnectivityNet(nn.Module):
         gate = None
         if graph.candidates(module):
             values, active = graph.gate_matrix(module)
-            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K)
+            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **graph.graph.get("gate_options", {}))
         if self.engine == "fused":
             return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"]), proj, gate, in_ch, out_ch,
                                len(nodes))

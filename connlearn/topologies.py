@@ -46,7 +46,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             layout: str | None = None, block: str = "bottleneck", block_params: dict[str, Any] | None = None,
             seed: int = 0, gate_init: float | str = 0.5, stem_channels: int | None = None,
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
-            residual_init: str = "auto", conv_init: str = "branch", dense: bool = False) -> BranchGraph:
+            residual_init: str = "auto", conv_init: str = "branch", gate_options: dict[str, Any] | None = None,
+            dense: bool = False) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -64,6 +65,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
         conv_init: the convolutions before each branch's last one start at ``branch`` scale (Kaiming, one
             branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers).
+        gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
         dense: blocks may read every earlier module of their stage (DenseNet-style).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
@@ -89,9 +91,10 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     if takes(BLOCKS.get(block), "width"):
         params["width"] = width
 
+    knobs = {"gate_options": dict(gate_options)} if gate_options else {}
     g = BranchGraph(gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
-                    conv_init=conv_init, options={"preset": preset, "layout": layout or base["layout"],
-                                                  "depth": 2 + 3 * sum(stages), "width": width, "C": C})
+                    conv_init=conv_init, **knobs, options={"preset": preset, "layout": layout or base["layout"],
+                                                           "depth": 2 + 3 * sum(stages), "width": width, "C": C})
     res = math.ceil(math.ceil(size / stride) / (2 if maxpool else 1))
     g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
                image_size=size, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})

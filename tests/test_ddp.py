@@ -18,35 +18,45 @@ from connlearn.train.data import synthetic
 from connlearn.train.loaders import make_loaders
 
 
+def _digest(net):
+    return [float(p.double().sum()) for p in net.state_dict().values() if torch.is_tensor(p)]
+
+
 def _worker(rank, world, init, out, results):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.set_num_threads(1)
     train, test = synthetic(n_train=128, n_test=32)
 
-    def trainer(folder):
+    def trainer(folder, gate="topk"):
         loaders = make_loaders(train, test, 16 // world, device="cpu", seed=0, rank=rank, world_size=world)
-        return Trainer(connlearn.build(**tiny()), *loaders, get_recipe("cifar").scaled(2), out_dir=folder,
-                       progress=False, snapshot_every=0)
+        return Trainer(connlearn.build(**tiny(gate=gate)), *loaders, get_recipe("cifar").scaled(2),
+                       out_dir=os.path.join(out, folder), progress=False, snapshot_every=0)
 
-    straight = trainer(os.path.join(out, "straight"))
+    straight = trainer("straight")
     straight.fit()
-    trainer(os.path.join(out, "resumed")).fit(max_epochs=1)
-    resumed = trainer(os.path.join(out, "resumed"))
+    trainer("resumed").fit(max_epochs=1)
+    resumed = trainer("resumed")
     resumed.fit()
-    digest = [float(p.double().sum()) for p in straight.net.state_dict().values() if torch.is_tensor(p)]
-    again = [float(p.double().sum()) for p in resumed.net.state_dict().values() if torch.is_tensor(p)]
-    results[rank] = (digest, again, straight.history[-1]["test_top1"], straight.history[-1]["drawn_distinct"])
+    kinds = {gate: _digest(_fit(trainer(gate, gate))) for gate in ("imle", "score")}
+    results[rank] = (_digest(straight.net), _digest(resumed.net), straight.history[-1]["test_top1"],
+                     straight.history[-1]["drawn_distinct"], kinds)
     dist.destroy_process_group()
+
+
+def _fit(trainer):
+    trainer.fit()
+    return trainer.net
 
 
 def test_ranks_agree_and_a_resume_ends_as_an_uninterrupted_run(tmp_path):
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(_worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path), results), nprocs=2, join=True)
-    (digest0, again0, top1_0, draws0), (digest1, again1, top1_1, draws1) = results[0], results[1]
+    (digest0, again0, top1_0, draws0, kinds0), (digest1, again1, top1_1, draws1, kinds1) = results[0], results[1]
     assert digest0 == digest1 and again0 == again1  # every rank holds the same network
     assert digest0 == again0  # resumed as if uninterrupted
     assert top1_0 == top1_1 and draws0 == draws1  # metrics summed over both ranks' shards
+    assert kinds0 == kinds1  # the estimators draw alike on every rank (imle's noise, score's per-example draws)
 
 
 def test_the_protocol_trains_under_torchrun(tmp_path):

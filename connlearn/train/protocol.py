@@ -51,11 +51,11 @@ class DatasetProtocol:
 
 _CIFAR = tuple(p for p in PRESETS if p.startswith("cifar"))
 PROTOCOLS = {
-    "cifar10": DatasetProtocol(("cifar-29-8-8", *_CIFAR), "cifar", 32),
-    "cifar100": DatasetProtocol(("cifar-29-8-8", *_CIFAR), "cifar", 32),
+    "cifar10": DatasetProtocol(tuple(dict.fromkeys(("cifar-29-8-8", *_CIFAR))), "cifar", 32),
+    "cifar100": DatasetProtocol(tuple(dict.fromkeys(("cifar-29-8-8", *_CIFAR))), "cifar", 32),
     "miniimagenet": DatasetProtocol(("miniimagenet-29-8-8", "miniimagenet-20-4-8"), "miniimagenet", 84, 64, 0),
     "imagenet": DatasetProtocol(tuple(p for p in PRESETS if p.startswith("imagenet")), "imagenet", 224, None, 0),
-    "custom": DatasetProtocol(("cifar-20-4-8", *_CIFAR), "cifar", None),  # a packed file of any size (--data)
+    "custom": DatasetProtocol(tuple(dict.fromkeys(("cifar-20-4-8", *_CIFAR))), "cifar", None),  # --data, any size
 }
 #: The options a resumed run may change (where to run, how fast, what to show); every other must stay.
 MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
@@ -322,7 +322,8 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
                                                       "top1": history[-1].get("test_top1")},
                                         epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
     chance = {m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
-    summary = {"dataset": source, "preset": config.preset, "gate": net.gate_kind, "K": net.K,
+    gate = "frozen" if config.connectivity else config.gate or "topk"  # as asked for, not as the freeze left it
+    summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,
                "epochs": trainer.recipe.total_epochs, "test_top1": history[-1].get("test_top1"),
                "best_top1": trainer.best_top1, "params_train": report.params_before if report else net.num_parameters(),
                "params_test": report.params_after if report else None,

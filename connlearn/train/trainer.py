@@ -434,19 +434,24 @@ class Trainer:
         """One training step (its draw appended to ``draws``); returns its loss sum, correct answers and images."""
         with _amp(self.device, self.amp):
             out = self.model(x.contiguous(memory_format=torch.channels_last) if self.channels_last else x)
-            loss = F.cross_entropy(out, y)
+            if any(hasattr(g, "surrogate") for _, g in self.net.gates()):  # a kind whose gradient needs the loss
+                losses = F.cross_entropy(out, y, reduction="none")
+                loss, objective = losses.mean(), losses.mean() + self.net.surrogate_loss(losses)
+            else:
+                loss = objective = F.cross_entropy(out, y)
         if draws is not None:  # before the step moves the gates: did it draw each block's top-K?
             gates = [s.gate for s in self.net.stages if s.gate is not None and s.gate.stochastic]
-            masks = [self.net.last_draw[j].detach().bool() for j in sorted(self.net.last_draw)]
+            # a connectivity per example: the first example's stands for the step's
+            masks = [(d[0] if d.dim() == 3 else d).detach().bool() for _, d in sorted(self.net.last_draw.items())]
             draws.append([(m, (m == a).all(dim=-1)) for m, a in zip(masks, active_masks(gates), strict=True)])
             del draws[:-DRAWS_KEPT]
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(objective).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
+            objective.backward()
             self.optimizer.step()
         self.step += 1
         return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
