@@ -239,7 +239,7 @@ class ConnectivityNet(nn.Module):
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in at.values()):
             index = [i for i, g in at.items() if type(g) is cls]
-            per_example = {"batch": batch} if getattr(cls, "per_example", False) else {}
+            per_example = {"batch": batch} if cls.per_example else {}
             draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature,
                              **per_example)
             drawn.update(zip(index, draws, strict=True))
@@ -358,7 +358,7 @@ class ConnectivityNet(nn.Module):
                 stage.gate = FrozenGate(values, active.to(values.device), self.K).to(values.device)
         self._graph.graph["frozen_from"] = self.gate_kind
         self._graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
-        self.gate_kind = "frozen"
+        self.gate_kind, self.last_draw = "frozen", {}
         self._graph = self.graph()
         return self
 

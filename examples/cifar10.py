@@ -4,9 +4,10 @@
     python examples/cifar10.py --epochs 30 --out runs/cifar10-short                   # the schedule scaled to 30
     python examples/cifar10.py --gate full --out runs/cifar10-resnext                 # Fixed-Full (ResNeXt)
 
-Data: --data PATH, else $CONNLEARN_DATA, else torchvision's download; with none of these (offline) it says
-so and runs the same flow on a small generated dataset. Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step
-with a checkpoint; running the same command again resumes.
+Data: --data PATH, else the first of $CONNLEARN_DATA, ./data, ../shared/data and ~/.cache/connlearn that holds
+it, else torchvision's download into the cache; without any, it stops with one line saying where it looked
+(--synthetic trains on a generated stand-in instead). Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with
+a checkpoint; running the same command again resumes.
 """
 
 import sys

@@ -10,8 +10,8 @@ setting, which follows ResNeXt: a random crop of 8-100% of the image's area (asp
 resized to 224x224, colour jitter, PCA lighting noise, per-channel normalisation and a horizontal flip;
 the centre 224x224 crop of the image resized to 256 at test; batch 256, weight decay 1e-4, four phases of
 30 epochs (gates learned in the first; lr 0.1, 0.1, 0.01, 0.001); K = C/2 by default. The images are read
-from disk by DataLoader workers (--workers; default: the CPUs, at most 8). ImageNet has no download and
-no generated stand-in. Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with a checkpoint;
+from disk by DataLoader workers (--workers; default: the CPUs, at most 8). ImageNet has no download.
+Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with a checkpoint;
 running the same command again resumes.
 """
 

@@ -9,8 +9,8 @@ The paper's setting: 100 classes of 600 images (500 to train, 100 to test) resiz
 64x64 crop or its mirror image with the per-pixel mean subtracted, the centre crop at test; batch 256,
 weight decay 5e-4, four phases of 320 epochs in all (the paper gives only the total and calls them
 similar to CIFAR's; the 120/100/50/50 split and its learning rates are CIFAR's); the CIFAR architectures
-with a max-pool after the stem. Mini-ImageNet has no download: pack its images once (above), then pass --data or set
-$CONNLEARN_DATA; without them (offline) it says so and runs the same flow on a small generated dataset.
+with a max-pool after the stem. Mini-ImageNet has no download: pack its images once (above), then pass --data or
+set $CONNLEARN_DATA; without them it stops with one line saying where it looked.
 Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with a checkpoint;
 running the same command again resumes.
 """
