@@ -90,10 +90,12 @@ def log_subset_probability(theta: torch.Tensor, z: torch.Tensor, K: int) -> torc
 
 
 class _ScoreGate(LearnedGate):
-    """Unconstrained learned scores (``clipped = False``) with the knobs of the graph's ``gate_options``."""
+    """Unconstrained learned scores (``clipped = False``) with the knobs of the graph's ``gate_options``; in
+    evaluation (and for ``magnitude`` in training too) the top-K, straight-through to every score."""
 
     clipped = False
     knobs: ClassVar[dict[str, Any]] = {}  # name -> default, set from the graph's gate_options
+    noise: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__(values, active, K)
@@ -101,6 +103,11 @@ class _ScoreGate(LearnedGate):
             setattr(self, name, type(default)(options.pop(name, default)))
         if options:
             raise TypeError(f"{type(self).__name__} takes the options {sorted(self.knobs)}, not {sorted(options)}")
+        self.temperature = 1.0  # the last draw's
+        self.register_buffer("noise", torch.zeros(self.shape), persistent=False)  # the last draw's perturbation
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.active().to(self.real.dtype) + (self.real - self.real.detach())
 
 
 class GumbelGate(_ScoreGate):
@@ -112,16 +119,10 @@ class GumbelGate(_ScoreGate):
     stochastic = True
     knobs: ClassVar[dict[str, Any]] = {"tau": 0.5}
     tau: float
-    noise: torch.Tensor
-
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K, **options)
-        self.register_buffer("noise", torch.zeros(self.shape), persistent=False)
-        self.temperature = 1.0
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         if drawn is None:
-            return self.active().to(self.real.dtype) + (self.real - self.real.detach())
+            return super().matrix()
         alpha, relaxed = self.real / self.temperature + self.noise, torch.zeros_like(self.real)
         for _ in range(self.K):
             w = torch.softmax(alpha / self.tau, dim=-1)
@@ -147,13 +148,9 @@ class SimpleGate(_ScoreGate):
 
     stochastic = True
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K, **options)
-        self.temperature = 1.0
-
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         if drawn is None:
-            return self.active().to(self.real.dtype) + (self.real - self.real.detach())
+            return super().matrix()
         mu = marginals(self.real / self.temperature, self.K)
         return drawn + (mu - mu.detach())  # forward: exactly the draw
 
@@ -192,16 +189,10 @@ class ImleGate(_ScoreGate):
     knobs: ClassVar[dict[str, Any]] = {"lam": 100.0, "samples": 10}
     lam: float
     samples: int
-    noise: torch.Tensor
-
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K, **options)
-        self.register_buffer("noise", torch.zeros(self.shape), persistent=False)
-        self.temperature = 1.0
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         if drawn is None:
-            return self.active().to(self.real.dtype) + (self.real - self.real.detach())
+            return super().matrix()
         return _PerturbAndMap.apply(self.real / self.temperature, self.noise, self.K, self.lam)
 
     @classmethod
@@ -226,12 +217,8 @@ class ScoreFunctionGate(_ScoreGate):
     stochastic = True
     per_example = True
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K, **options)
-        self.temperature = 1.0
-
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
-        return self.active().to(self.real.dtype) if drawn is None else drawn
+        return super().matrix() if drawn is None else drawn  # no gradient through the forward pass
 
     def surrogate(self, drawn: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
         n = losses.numel()
@@ -254,10 +241,7 @@ class ScoreFunctionGate(_ScoreGate):
 class MagnitudeGate(_ScoreGate):
     """Discovering Neural Wirings (Wortsman, Farhadi & Rastegari 2019): each block reads the top-K of its
     learned scores, in training too (no sampling), and the gradient reaches every score straight through
-    (their Eq. 3-4): ``G = top-K(θ) + θ − sg(θ)``."""
-
-    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
-        return self.active().to(self.real.dtype) + (self.real - self.real.detach())
+    (their Eq. 3-4): ``G = top-K(θ) + θ − sg(θ)``: the matrix of every score kind in evaluation."""
 
 
 for _name, _cls in (("gumbel", GumbelGate), ("simple", SimpleGate), ("imle", ImleGate), ("score", ScoreFunctionGate),
