@@ -44,8 +44,9 @@ def build(topology: str = "resnext", *, C: int | None = None, M: int | None = No
         engine: ``fused`` (grouped convolutions, one batched gate mix), ``reference`` (a module per branch)
             or ``auto``.
         **options: the topology's other options; for ``resnext`` and ``dense``: ``layout``, ``block``,
-            ``block_params``, ``gate_init``, ``stem_channels``, ``base_channels``, ``in_channels``,
-            ``image_size``, ``residual_init``, ``conv_init`` (``help(connlearn.topologies.resnext)``).
+            ``block_params``, ``gate_init``, ``gate_options`` (the gate kind's knobs), ``stem_channels``,
+            ``base_channels``, ``in_channels``, ``image_size``, ``residual_init``, ``conv_init``
+            (``help(connlearn.topologies.resnext)``).
 
     Without options: the paper's Figure 3 model {D=29, w=8, C=8} for CIFAR-100. The global RNG is left alone.
     """

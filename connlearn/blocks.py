@@ -201,13 +201,13 @@ class LoopedBlock(nn.Module):
         return LoopedBlock([copy.deepcopy(m) for b in blocks for m in b.branch_modules])
 
 
-def scales_residual(block: nn.Module) -> bool:
-    """Whether ``block`` can start its outputs at another scale (``residual_init``)."""
+def has_start(block: nn.Module, hook: str) -> bool:
+    """Whether ``block`` has the start ``hook`` (``init_residual_scale`` or ``init_conv_scale``) to call."""
     if isinstance(block, LoopedBlock):
-        return all(scales_residual(m) for m in block.branch_modules)
+        return all(has_start(m, hook) for m in block.branch_modules)
     if isinstance(block, BranchBlock):
-        return block.residual_norm is not None
-    return callable(getattr(block, "init_residual_scale", None))
+        return bool(block.residual_norm if hook == "init_residual_scale" else block.inner_convs)
+    return callable(getattr(block, hook, None))
 
 
 def takes(kind: Any, param: str) -> bool:

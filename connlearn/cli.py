@@ -22,7 +22,7 @@ from connlearn.files import path_of
 
 HELP = {
     "dataset": "cifar10, cifar100, miniimagenet, imagenet, or custom: a packed file of your own (--data), "
-               "any image size and channels (default cifar100)",
+               "grey or RGB images of any size (default cifar100)",
     "preset": "architecture {D,w,C} (default: the dataset's, e.g. cifar-29-8-8)",
     "gate": "topk (GateConnect, default), real, random (Fixed-Random), full (ResNeXt), or a registered kind",
     "K": "inputs per block (default C/2; C for full)",
@@ -30,7 +30,7 @@ HELP = {
     "phases": "epochs of each of the four phases (phase 1 learns the gates)",
     "seed": "the weights, gates, data order and augmentation (default 0)",
     "data": "a packed .npz file or a folder holding one (default: $CONNLEARN_DATA, ./data, ../shared/data, "
-            "~/.cache/connlearn; CIFAR downloads there); ImageNet: the folder of train/ and val/",
+            "~/.cache/connlearn; CIFAR downloads there); custom: the .npz file; imagenet: the folder of train/, val/",
     "out": "the run's folder; the same command again resumes there (default runs/DATASET)",
     "device": "cpu, cuda, cuda:1 (default: cuda where there is one)",
     "compile": "torch.compile the network, in MODE (on a GPU: reduce-overhead)",
@@ -73,8 +73,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
             options.update(nargs="?", const="default", metavar="MODE")
         elif isinstance(field.default, bool):
             options.update(action=argparse.BooleanOptionalAction)
-        else:
-            options.update(type=_value)
+        else:  # a value of the field's type: "--out 007" is the folder 007
+            kinds = str(field.type)
+            options.update(type=_value if field.name == "gate_init" else int if kinds.startswith("int") else
+                           float if kinds.startswith("float") else str)
         parser.add_argument(flag, **options)
 
 
@@ -287,7 +289,11 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser, dataset=dataset)
-    return guarded(lambda args: (run(config_from(args, dataset)) and 0) or 0, parser.parse_args(argv))
+    def train(args: argparse.Namespace) -> int:
+        run(config_from(args, dataset))
+        return 0
+
+    return guarded(train, parser.parse_args(argv))
 
 
 def guarded(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import torch
 
+from connlearn.errors import ConfigError
 from connlearn.gates import GATES, Gate, LearnedGate, topk_mask
 
 #: log 0 in the recursions: finite, so that their gradients stay finite where a term is impossible
@@ -94,15 +95,16 @@ class _ScoreGate(LearnedGate):
     evaluation (and for ``magnitude`` in training too) the top-K, straight-through to every score."""
 
     clipped = False
-    knobs: ClassVar[dict[str, Any]] = {}  # name -> default, set from the graph's gate_options
     noise: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__(values, active, K)
-        for name, default in self.knobs.items():
-            setattr(self, name, type(default)(options.pop(name, default)))
-        if options:
-            raise TypeError(f"{type(self).__name__} takes the options {sorted(self.knobs)}, not {sorted(options)}")
+        for name, default in self.knobs.items():  # each knob a positive number (the network checked the names)
+            value = options.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or (
+                    isinstance(default, int) and value != int(value)):
+                raise ConfigError(f"gate option {name} must be a positive {type(default).__name__}, got {value!r}")
+            setattr(self, name, type(default)(value))
         self.temperature = 1.0  # the last draw's
         self.register_buffer("noise", torch.zeros(self.shape), persistent=False)  # the last draw's perturbation
 

@@ -143,6 +143,7 @@ class Gate(nn.Module):
     stochastic: ClassVar[bool] = False  # draws a connectivity every training step
     clipped: ClassVar[bool] = True  # the GateUpdater keeps its parameters in [0, 1]
     per_example: ClassVar[bool] = False  # draws a connectivity per example (``draw(..., batch=B)``)
+    knobs: ClassVar[dict[str, Any]] = {}  # the keyword options it takes (the graph's gate_options), by default
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__()

@@ -34,6 +34,8 @@ import networkx as nx
 from connlearn.errors import GraphError
 
 FORMAT, VERSION = "connlearn.BranchGraph", 1
+RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
+CONV_INITS = ("branch", "resnext")
 #: Attributes each node kind must have, every one an integer >= 1.
 _SIZES = {"input": ("in_channels", "out_channels", "image_size", "resolution"),
           "block": ("module", "branch", "in_channels", "out_channels", "stride", "resolution"),
@@ -127,6 +129,9 @@ class BranchGraph(nx.DiGraph):
             if key not in self.graph:
                 raise GraphError(f"the graph has no {key!r} attribute")
         _count("the graph's K", self.graph["K"])
+        for key, known in (("residual_init", RESIDUAL_INITS), ("conv_init", CONV_INITS)):
+            if self.graph.get(key, known[0]) not in known:
+                raise GraphError(f"the graph's {key} is {self.graph[key]!r}; known: {', '.join(known)}")
         seed = self.graph.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**64:
             raise GraphError(f"the graph's seed must be an integer in [0, 2**64), got {seed!r}")

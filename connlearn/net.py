@@ -26,10 +26,11 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from connlearn.blocks import BLOCKS, scales_residual
+from connlearn.blocks import BLOCKS, has_start
 from connlearn.errors import CheckpointError, ConfigError, check_choice
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph
@@ -229,6 +230,9 @@ class ConnectivityNet(nn.Module):
     @torch._disable_dynamo
     def _draw(self, batch: int) -> dict[int, torch.Tensor]:
         if self._hold:
+            if any(d.dim() == 3 and d.shape[0] != batch for d in self._hold[0].values()):
+                raise ConfigError(f"a held draw of one connectivity per example holds {batch} examples' no more: "
+                                  "give every micro-batch inside hold_draw() the size of the first")
             return self._hold[0]
         if torch._C._current_graph_task_id() != -1:  # a forward pass inside a backward pass: a recomputation
             raise ConfigError("a training forward pass ran in a backward pass (torch.utils.checkpoint around the "
@@ -239,9 +243,12 @@ class ConnectivityNet(nn.Module):
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in at.values()):
             index = [i for i, g in at.items() if type(g) is cls]
-            per_example = {"batch": batch} if cls.per_example else {}
+            rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+            per_example = {"batch": batch * world} if cls.per_example else {}  # DDP: the global batch's draws
             draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature,
                              **per_example)
+            if cls.per_example:  # this rank's examples
+                draws = [d[rank * batch:(rank + 1) * batch] for d in draws]
             drawn.update(zip(index, draws, strict=True))
         if self._hold is not None:
             self._hold.append(drawn)
@@ -384,7 +391,10 @@ class ConnectivityNet(nn.Module):
         gate = None
         if graph.candidates(module):
             values, active = graph.gate_matrix(module)
-            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **graph.graph.get("gate_options", {}))
+            options = graph.graph.get("gate_options", {})
+            for name in options:
+                check_choice(f"gate option of {self.gate_kind!r}", name, gate_cls.knobs)
+            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **options)
         if self.engine == "fused":
             return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"]), proj, gate, in_ch, out_ch,
                                len(nodes))
@@ -406,15 +416,23 @@ class ConnectivityNet(nn.Module):
         for module, block in self._blocks():
             edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
             gated = any(d.get("kind") == "gate" for d in edges)
-            scale = 0.0 if init == "zero" else math.sqrt(graph.K if gated else head)
-            if init != "auto" or scales_residual(block):
-                cast(Any, block).init_residual_scale(scale)
+            if self._start(graph, module, block, "init_residual_scale", init, "auto"):
+                cast(Any, block).init_residual_scale(0.0 if init == "zero" else math.sqrt(graph.K if gated else head))
 
     def _init_convs(self, graph: BranchGraph) -> None:
         """With ``conv_init="resnext"`` the inner convolutions start at 1/sqrt(C) of one branch's scale."""
         if graph.graph.get("conv_init", "branch") == "resnext":
             for module, block in self._blocks():
-                cast(Any, block).init_conv_scale(1.0 / math.sqrt(len(graph.branches(module))))
+                if self._start(graph, module, block, "init_conv_scale", "resnext", "branch"):
+                    cast(Any, block).init_conv_scale(1.0 / math.sqrt(len(graph.branches(module))))
+
+    @staticmethod
+    def _start(graph: BranchGraph, module: int, block: nn.Module, hook: str, init: str, fallback: str) -> bool:
+        """Whether to call ``hook`` on ``block``: a block kind without it is skipped under ``auto``, else refused."""
+        if has_start(block, hook) or init == "auto":
+            return has_start(block, hook)
+        kind = graph.nodes[graph.branches(module)[0]]["block"]
+        raise ConfigError(f"{init!r} start: block kind {kind!r} has no {hook}; use {fallback!r}")
 
 
 class _Recomputable:
@@ -464,7 +482,8 @@ def _engine(graph: BranchGraph, engine: str, sources: list[list[tuple[int, list[
 
 
 def to_engine(net: ConnectivityNet, engine: str) -> ConnectivityNet:
-    """A copy of ``net`` on ``engine`` (fused or reference), with the same weights, gates and draws."""
+    """A copy of ``net`` on ``engine`` (fused or reference), with the same weights, gates and draws. A Fixed-Full
+    network on ResNeXt's single stream has no branches to move: it comes back as a copy, single-stream."""
     if net.engine in (check_choice("engine", engine, ("fused", "reference")), "single-stream"):
         return copy.deepcopy(net)
     param = next(net.parameters())

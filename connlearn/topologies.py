@@ -19,7 +19,7 @@ import torch
 from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
-from connlearn.graph import BranchGraph, block_name
+from connlearn.graph import CONV_INITS, RESIDUAL_INITS, BranchGraph, block_name
 from connlearn.registry import Registry
 
 #: image size, stem (kernel, stride, max-pool), classes and, for ImageNet, the stage depths of each depth
@@ -37,8 +37,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                             ("miniimagenet", 20, 4, 8), ("miniimagenet", 29, 8, 8), ("imagenet", 50, 4, 32),
                             ("imagenet", 101, 4, 32), ("imagenet", 101, 4, 64)]
 }
-RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
-CONV_INITS = ("branch", "resnext")
 
 
 def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = None, width: int | None = None,
@@ -91,6 +89,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     if takes(BLOCKS.get(block), "width"):
         params["width"] = width
 
+    if gate_options is not None and not isinstance(gate_options, dict):
+        raise ConfigError(f"gate_options must be a dict of the gate kind's knobs, got {gate_options!r}")
     knobs = {"gate_options": dict(gate_options)} if gate_options else {}
     g = BranchGraph(gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
                     conv_init=conv_init, **knobs, options={"preset": preset, "layout": layout or base["layout"],
@@ -121,7 +121,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
     g.add_node("output", kind="output", in_channels=prev, num_classes=classes)
     g.add_edges_from(((block_name(module, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
-    return g.validate()
+    return g
 
 
 def dense(**options: Any) -> BranchGraph:

@@ -20,11 +20,31 @@ from connlearn.updater import GateUpdater
 
 def _graph(**changes):
     graph = connlearn.build(**tiny()).graph()
+    graph.graph.update(changes.get("attrs", {}))
     for (u, v), values in changes.get("edges", {}).items():
         graph.edges[u, v].update(values)
     for node, values in changes.get("nodes", {}).items():
         graph.nodes[node].update(values)
     return graph
+
+
+def _looped():
+    connlearn.register_block("looped", connlearn.Looped(lambda i, o, s, width: torch.nn.Conv2d(i, o, 3, s, 1)))
+    return "looped"
+
+
+def _held_per_example_draw():
+    net = connlearn.build(**tiny(gate="score"))
+    with net.hold_draw():
+        net(torch.randn(4, 3, 32, 32))
+        net(torch.randn(3, 3, 32, 32))
+
+
+def _mismatched_splits(tmp_path):
+    from connlearn.train.data import pack, synthetic
+
+    return pack(tmp_path / "m.npz", synthetic(n_train=10, n_test=5, size=8)[0], synthetic(n_train=10, n_test=5,
+                                                                                          size=6)[1])
 
 
 def _file(tmp_path, name, content):
@@ -62,6 +82,16 @@ CASES = [
     (lambda _: connlearn.build(block_params={"width": 3}), ConfigError, ["may not set 'width'"]),
     (lambda _: connlearn.build(Cc=8), TypeError, ["unexpected keyword argument 'Cc'"]),
     (lambda _: connlearn.build(engine="fast"), ConfigError, ["unknown engine 'fast'", "fused"]),
+    (lambda _: connlearn.build(gate="topk", gate_options={"tau": 0.5}), ConfigError,
+     ["gate option of 'topk' 'tau'", "known: (none)"]),
+    (lambda _: connlearn.build(gate="gumbel", gate_options={"taus": 0.5}), ConfigError, ["'taus'", "'tau'"]),
+    (lambda _: connlearn.build(gate="imle", gate_options={"samples": 0}), ConfigError,
+     ["samples must be a positive int", "got 0"]),
+    (lambda _: connlearn.build(block=_looped(), residual_init="sqrt_k"), ConfigError,
+     ["'sqrt_k' start", "has no init_residual_scale", "'auto'"]),
+    (lambda _: connlearn.from_graph(_graph(attrs={"residual_init": "sqrtk"})), GraphError,
+     ["residual_init is 'sqrtk'", "sqrt_k"]),
+    (lambda _: _held_per_example_draw(), ConfigError, ["held draw", "the size of the first"]),
     # graphs
     (lambda _: connlearn.from_graph(_graph(edges={("m1.b1", "m2.b1"): {"gate": math.nan}})), GraphError,
      ["m1.b1 → m2.b1", "nan"]),
@@ -82,6 +112,9 @@ CASES = [
     (lambda _: RunConfig(phases=(1, 1, 1, 1), epochs=5), ConfigError, ["add up to 4", "epochs=5"]),
     (lambda _: RunConfig(gate_temperature=0.0), ConfigError, ["temperature", "got 0.0"]),
     (lambda _: RunConfig(compile="fastest"), ConfigError, ["unknown compile 'fastest'", "reduce-overhead"]),
+    (lambda _: RunConfig(workers=4), ConfigError, ["workers", "loader 'dataloader'"]),
+    (lambda _: RunConfig(snapshot_every=-3), ConfigError, ["snapshot_every must be in [0", "got -3"]),
+    (lambda _: RunConfig(out=7), ConfigError, ["out must be a path", "got 7"]),
     (lambda _: Trainer(connlearn.build(**tiny()), [], None, connlearn.train.get_recipe("cifar"), out_dir=".",
                        amp="fp32"), ConfigError, ["unknown amp mode 'fp32'", "'fp16'"]),
     (lambda _: check_signals(["TERMM"]), ConfigError, ["stop signal 'SIGTERMM'", "'SIGTERM'"]),
@@ -95,6 +128,7 @@ CASES = [
     (lambda t: load_checkpoint(_pickled_net(t)), CheckpointError, ["net.pt is not a readable checkpoint", "Weights"]),
     (lambda t: load_checkpoint(_other_version(t)), CheckpointError, ["version 1", "reads version 2"]),
     (lambda t: load_packed(_file(t, "d.npz", b"PK\x03\x04")), DataError, ["d.npz is not a readable packed dataset"]),
+    (lambda t: load_packed(_mismatched_splits(t)), DataError, ["the train images are [8, 8, 3]", "[6, 6, 3]"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3)), [0, 1], ["a", "b"]), DataError, ["uint8", "float64"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3), np.uint8), [0, 2], ["a", "b"]), DataError, ["0..1"]),
     # registries

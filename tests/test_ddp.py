@@ -39,8 +39,21 @@ def _worker(rank, world, init, out, results):
     resumed.fit()
     kinds = {gate: _digest(_fit(trainer(gate, gate))) for gate in ("imle", "score")}
     results[rank] = (_digest(straight.net), _digest(resumed.net), straight.history[-1]["test_top1"],
-                     straight.history[-1]["drawn_distinct"], kinds)
+                     straight.history[-1]["drawn_distinct"], kinds, _global_draws(rank, world))
     dist.destroy_process_group()
+
+
+def _global_draws(rank, world):
+    """Whether the ranks' per-example draws of the score kind are the global batch's, each rank its slice."""
+    net = connlearn.build(**tiny(gate="score"))
+    state = net.generator.get_state()
+    net(torch.randn(2, 3, 32, 32))
+    gathered = [torch.empty_like(net.last_draw[1]) for _ in range(world)]
+    dist.all_gather(gathered, net.last_draw[1])
+    generator = torch.Generator()
+    generator.set_state(state)
+    gates = [s.gate for s in net.stages if s.gate is not None]
+    return torch.equal(torch.cat(gathered), type(gates[0]).draw(gates, generator, batch=2 * world)[0])
 
 
 def _fit(trainer):
@@ -52,11 +65,13 @@ def test_ranks_agree_and_a_resume_ends_as_an_uninterrupted_run(tmp_path):
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(_worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path), results), nprocs=2, join=True)
-    (digest0, again0, top1_0, draws0, kinds0), (digest1, again1, top1_1, draws1, kinds1) = results[0], results[1]
+    (digest0, again0, top1_0, draws0, kinds0, global0), (digest1, again1, top1_1, draws1, kinds1, global1) = (
+        results[0], results[1])
     assert digest0 == digest1 and again0 == again1  # every rank holds the same network
     assert digest0 == again0  # resumed as if uninterrupted
     assert top1_0 == top1_1 and draws0 == draws1  # metrics summed over both ranks' shards
     assert kinds0 == kinds1  # the estimators draw alike on every rank (imle's noise, score's per-example draws)
+    assert global0 and global1  # score's per-example draws: each rank its share of the global batch's
 
 
 def test_the_protocol_trains_under_torchrun(tmp_path):

@@ -11,8 +11,10 @@ import torch
 
 import connlearn
 from connlearn.cli import main
-from connlearn.train import RunConfig, load_checkpoint, net_from_checkpoint, run
+from connlearn.train import ImageDataset, RunConfig, load_checkpoint, make_checkpoint, net_from_checkpoint, run
+from connlearn.train.checkpoint import save_checkpoint
 from connlearn.train.data import pack, synthetic
+from connlearn.train.protocol import build_net
 
 TINY = ["--synthetic", "--M", "3", "--C", "4", "--K", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
         "4", "--train-subset", "200", "--test-subset", "100", "--batch-size", "32", "--no-progress", "--snapshot-every",
@@ -92,7 +94,8 @@ def test_a_learned_connectivity_trains_again_from_scratch(finished, tmp_path):
 
 
 def test_a_dataset_of_its_own_size_and_channels_trains_with_the_cifar_protocol(tmp_path):
-    train, test = synthetic(num_classes=5, n_train=100, n_test=25, size=28, channels=1)
+    train, test = synthetic(num_classes=5, n_train=100, n_test=25, size=32, channels=1)
+    train, test = (ImageDataset(d.images[:, 2:30], d.labels, d.class_names) for d in (train, test))  # 28x32
     data = pack(tmp_path / "grey28.npz", train, test)
     summary = run(RunConfig(dataset="custom", data=str(data), epochs=2, M=3, C=4, K=2, width=2, base_channels=8,
                             stem_channels=4, batch_size=20, out=str(tmp_path / "run"), progress=False))
@@ -110,6 +113,21 @@ def test_without_data_the_examples_stop_with_one_line_saying_where_they_looked(t
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "no cifar100 data found (looked in" in done.stderr and "--data" in done.stderr
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_connectivity_learned_with_gate_options_trains_again(tmp_path):
+    learned = connlearn.build(M=3, C=4, K=2, width=2, base_channels=8, stem_channels=4, num_classes=10,
+                              gate="gumbel", gate_options={"tau": 0.3})
+    save_checkpoint(make_checkpoint(learned), tmp_path / "gumbel.pt")
+    again = build_net(RunConfig(dataset="cifar10", connectivity=str(tmp_path / "gumbel.pt")), synthetic()[0])
+    assert again.gate_kind == "frozen" and again.graph().gate_label() == "frozen from gumbel"
+
+
+def test_flags_keep_the_type_of_their_option():
+    from connlearn.cli import build_parser, config_from
+
+    config = config_from(build_parser().parse_args(["train", "--out", "007", "--seed", "3", "--gate-init", "uniform"]))
+    assert (config.out, config.seed, config.gate_init) == ("007", 3, "uniform")
 
 
 def test_a_config_file_gives_the_options_and_flags_override_it(tmp_path, capsys):

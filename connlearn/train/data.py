@@ -203,6 +203,9 @@ def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
                 if len(offsets) != len(labels) + 1 or offsets[0] != 0 or offsets[-1] != len(buffer):
                     raise DataError(f"{path}: the {split} offsets do not cut its buffer into {len(labels)} images")
                 splits.append(ImageDataset(_decode(buffer, offsets, f"{path} ({split})"), labels, names))
+            if splits[0].images.shape[1:] != splits[1].images.shape[1:]:
+                raise DataError(f"{path}: the train images are {list(splits[0].images.shape[1:])}, the test images "
+                                f"{list(splits[1].images.shape[1:])}; one size and channel count for both")
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         if isinstance(exc, DataError):
             raise
@@ -213,7 +216,8 @@ def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
 
 def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> ImageDataset:
     """``dataset`` as an ImageDataset: an ImageDataset, or an indexable dataset of ``(image, label)`` (a
-    torchvision dataset; images PIL, or uint8 / [0, 1] float arrays or tensors, HWC or CHW, one size)."""
+    torchvision dataset; images PIL (grey or RGB), uint8 or [0, 1] float arrays HWC or HW, or tensors CHW as
+    ``ToTensor`` gives; one size)."""
     if isinstance(dataset, ImageDataset):
         return dataset if class_names is None else ImageDataset(dataset.images, dataset.labels, class_names)
     names = class_names or getattr(dataset, "classes", None)

@@ -77,7 +77,7 @@ class _Augmented(ShardedBatches):
         if self.crop > min(height, width) + 2 * self.pad:
             raise ConfigError(f"crop {self.crop} is larger than the {height}x{width} images padded by {self.pad}")
         mean = pixel_mean(dataset) if mean is None else torch.as_tensor(mean, dtype=torch.float32)
-        self.mean = mean.expand(dataset.channels, height, width)
+        self.mean = (mean.reshape(-1, 1, 1) if mean.dim() == 1 else mean).expand(dataset.channels, height, width)
 
     def plan(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's samples, crop corners ``[n, 2]`` (row, column, in the padded image) and flips of
@@ -100,8 +100,8 @@ class BatchLoader(_Augmented):
     """The images as one uint8 tensor on ``device``, augmented per batch there, vectorised over the batch.
 
     Args: ``dataset``, ``batch_size`` (per rank), ``train`` (augment, shuffle and drop the last partial
-    batch, unless ``shuffle``/``drop_last`` say otherwise), ``device``, ``seed``, ``mean`` (``[C, H, W]`` or
-    broadcastable; default the dataset's pixel mean: give the test loader the train set's), ``pad``,
+    batch, unless ``shuffle``/``drop_last`` say otherwise), ``device``, ``seed``, ``mean`` (``[C, H, W]``, or
+    ``[C]`` per channel; default the dataset's pixel mean: give the test loader the train set's), ``pad``,
     ``crop`` (default the image size), ``rank``/``world_size`` (DDP), ``channels_last``.
     """
 

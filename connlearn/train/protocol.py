@@ -66,8 +66,13 @@ def _choice(known: Any) -> Any:
     return lambda _, a, value: value is None or check_choice(a.name, value, known)
 
 
-def _count(low: int) -> Any:
+def _at_least(low: int) -> Any:
     return lambda _, a, value: value is None or connlearn.errors.check_int(a.name, value, low)
+
+
+def _text(_: Any, a: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{a.name} must be a path or a name (a string), got {value!r}")
 
 
 @attrs.frozen
@@ -83,20 +88,20 @@ class RunConfig:
     dataset: str = attrs.field(default="cifar100", validator=_choice(PROTOCOLS))
     preset: str | None = attrs.field(default=None, validator=_choice(PRESETS))
     gate: str | None = None
-    K: int | None = attrs.field(default=None, validator=_count(1))
-    epochs: int | None = attrs.field(default=None, validator=_count(1))
+    K: int | None = attrs.field(default=None, validator=_at_least(1))
+    epochs: int | None = attrs.field(default=None, validator=_at_least(1))
     phases: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
     seed: int = attrs.field(default=0, validator=lambda _, a, v: connlearn.errors.check_int(a.name, v, 0, MAX_SEED))
-    data: str | None = None
-    out: str | None = None
-    batch_size: int | None = attrs.field(default=None, validator=_count(1))
-    device: str | None = None
+    data: str | None = attrs.field(default=None, validator=_text)
+    out: str | None = attrs.field(default=None, validator=_text)
+    batch_size: int | None = attrs.field(default=None, validator=_at_least(1))
+    device: str | None = attrs.field(default=None, validator=_text)
     amp: str = attrs.field(default="auto", validator=_choice(AMP_MODES))
     compile: bool | str = attrs.field(default=False, validator=_choice((False, True, *COMPILE_MODES)))
     activation_checkpointing: bool = False
     engine: str = attrs.field(default="fused", validator=_choice(("fused", "reference", "auto")))
     loader: str = attrs.field(default="auto", validator=_choice(("auto", "dataloader")))
-    workers: int | None = attrs.field(default=None, validator=_count(0))
+    workers: int | None = attrs.field(default=None, validator=_at_least(0))
     gate_rule: str = attrs.field(default="plain", validator=_choice(GRAD_MODES))
     gate_init: float | str = 0.5
     gate_lr: float | None = None
@@ -105,17 +110,17 @@ class RunConfig:
     gate_temperature_end: float | None = None
     residual_init: str | None = attrs.field(default=None, validator=_choice(RESIDUAL_INITS))
     conv_init: str | None = attrs.field(default=None, validator=_choice(CONV_INITS))
-    connectivity: str | None = None
-    train_subset: int | None = attrs.field(default=None, validator=_count(1))
-    test_subset: int | None = attrs.field(default=None, validator=_count(1))
-    val_split: int | None = attrs.field(default=None, validator=_count(1))
-    C: int | None = attrs.field(default=None, validator=_count(1))
-    M: int | None = attrs.field(default=None, validator=_count(1))
-    width: int | None = attrs.field(default=None, validator=_count(1))
-    base_channels: int | None = attrs.field(default=None, validator=_count(1))
-    stem_channels: int | None = attrs.field(default=None, validator=_count(1))
-    snapshot_every: int = 100
-    checkpoint_every: int = 0
+    connectivity: str | None = attrs.field(default=None, validator=_text)
+    train_subset: int | None = attrs.field(default=None, validator=_at_least(1))
+    test_subset: int | None = attrs.field(default=None, validator=_at_least(1))
+    val_split: int | None = attrs.field(default=None, validator=_at_least(1))
+    C: int | None = attrs.field(default=None, validator=_at_least(1))
+    M: int | None = attrs.field(default=None, validator=_at_least(1))
+    width: int | None = attrs.field(default=None, validator=_at_least(1))
+    base_channels: int | None = attrs.field(default=None, validator=_at_least(1))
+    stem_channels: int | None = attrs.field(default=None, validator=_at_least(1))
+    snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
+    checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
     tensorboard: bool = False
     progress: bool = True
     synthetic: bool = False
@@ -131,6 +136,9 @@ class RunConfig:
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
+        if self.workers is not None and self.loader == "auto" and self.dataset != "imagenet":
+            raise ConfigError("workers are DataLoader processes: give loader 'dataloader' too (the default loader "
+                              "makes its batches on the device, without workers)")
         if self.dataset == "custom" and self.data is None and not self.synthetic:
             raise ConfigError("dataset 'custom' trains on a packed file of your own: give data (--data FILE.npz)")
         self.recipe()  # a phase split or a temperature out of range is named now
@@ -169,7 +177,9 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str]:
     test: Any
     if config.synthetic:
         size = protocol.image_size or 32
-        train, test = synthetic(classes, max(2000, 20 * classes), max(500, 5 * classes), size, config.seed)
+        per_class = 20 if classes <= 100 else 2  # ImageNet's stand-in: 2 images of 224 px per class
+        train, test = synthetic(classes, max(2000, per_class * classes), max(500, per_class * classes // 4), size,
+                                config.seed)
         source = f"a generated stand-in of {config.dataset}"
     elif config.dataset == "imagenet":
         (train, test), source = load_imagenet(config.data), "imagenet"
@@ -199,6 +209,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
         check_finite_gates(graph.validate(), f"connectivity {path}")
         if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
             graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
+            graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
         net = connlearn.from_graph(graph, engine=config.engine, seed=config.seed).freeze()
         channels = train.channels if isinstance(train, ImageDataset) else 3
         if (net.in_channels, net.num_classes) != (channels, train.num_classes):
@@ -209,7 +220,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
     options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K",
                                                "residual_init", "conv_init") if getattr(config, k) is not None}
     if protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
-        options.update(image_size=train.image_size[0], in_channels=train.channels)
+        options.update(image_size=min(train.image_size), in_channels=train.channels)  # the loaders crop the square
     elif protocol.crop:
         options["image_size"] = protocol.crop
     return connlearn.build("resnext", preset=config.preset or protocol.presets[0], gate=config.gate or "topk",
@@ -224,7 +235,7 @@ def data_facts(train: Any, test: Any) -> dict[str, Any]:
             "image_size": list(train.image_size) if isinstance(train, ImageDataset) else None}
 
 
-def _check_same_run(ckpt: dict[str, Any], config: RunConfig, facts: dict[str, Any]) -> None:
+def _check_settings(ckpt: dict[str, Any], config: RunConfig, facts: dict[str, Any]) -> None:
     started = ckpt["meta"].get("run", {})
     differ = [f"{k}={started[k]!r} there, {v!r} here" for k, v in config.to_dict().items()
               if k not in MAY_CHANGE and k in started and started[k] != v]
@@ -277,13 +288,14 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     out.mkdir(parents=True, exist_ok=True)
     protocol, batch = PROTOCOLS[config.dataset], recipe.batch_size // world
     shards = {"rank": rank, "world_size": world, **({} if config.workers is None else {"num_workers": config.workers})}
+    eval_batch = max(batch, 256 // world) if device.type == "cuda" else batch  # per image, 256 is 2x slower on a CPU
     loaders: tuple[Any, Any]
     if isinstance(train, ImageFiles):
         loaders = folder_loaders(train, test, batch, device=device, seed=config.seed,
-                                 eval_batch_size=max(batch, 256 // world), size=protocol.image_size or 224, **shards)
+                                 eval_batch_size=eval_batch, size=protocol.image_size or 224, **shards)
     else:
         loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
-                               eval_batch_size=max(batch, 256 // world), crop=protocol.crop, pad=protocol.pad, **shards)
+                               eval_batch_size=eval_batch, crop=protocol.crop, pad=protocol.pad, **shards)
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
          f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
@@ -295,7 +307,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
-                      resume_check=lambda ckpt: _check_same_run(ckpt, config, facts))
+                      resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
     left = None if time_limit is None else time_limit - (time.perf_counter() - started)
     history = trainer.fit(time_limit=left, stop_signals=stop_signals)
     if trainer.epoch < recipe.total_epochs:

@@ -95,7 +95,7 @@ def _amp(device: torch.device, dtype: torch.dtype | None) -> Any:
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
-def gate_statistics(net: ConnectivityNet) -> dict[str, float | None]:
+def gate_numbers(net: ConnectivityNet) -> dict[str, float | None]:
     """The mean real gate, the mean std within a row, the shares at 0 and at 1, and the mean entropy (nats)
     of the rows' sampling distributions; None for a network without learned gates."""
     gates = [p.detach().float() for p in net.gate_parameters()]
@@ -276,15 +276,19 @@ class Trainer:
         """Train to the end of the recipe (or ``max_epochs`` more); returns the epoch log.
 
         ``resume``: ``"auto"`` goes on from ``out_dir/last.pt`` where there is one, ``True`` requires it,
-        ``False`` starts afresh, a path resumes from that checkpoint. ``time_limit`` (seconds): start no epoch
-        after it. ``stop_signals`` (e.g. :data:`~connlearn.train.signals.STOP_SIGNALS`): on the first one,
-        stop at the next step with a checkpoint and raise :class:`~connlearn.train.signals.TrainingStopped`."""
+        ``False`` starts afresh (removing the folder's checkpoints), a path resumes from that checkpoint.
+        ``time_limit`` (seconds): start no epoch after it. ``stop_signals`` (e.g.
+        :data:`~connlearn.train.signals.STOP_SIGNALS`): on the first one, stop at the next step with a checkpoint
+        and raise :class:`~connlearn.train.signals.TrainingStopped`."""
         started, signals = time.perf_counter(), check_signals(stop_signals)
         with _held(self.out_dir, self.is_main, self.device), StopSignals(signals, say=self.is_main) as self._signals:
             if self.is_main:
                 remove_leftovers(self.out_dir, WRITES)
             memory = resume in (True, "auto") and self._saved is not None and self._fresh  # last.pt holds it
             path = None if resume is False or memory else _resume_path(self.out_dir, resume, self.device)
+            if resume is False and self.is_main and self._saved is None:  # a fresh run: no other run's checkpoints
+                for name in ("last.pt", ".next.pt", "previous.pt", "best.pt"):
+                    (self.out_dir / name).unlink(missing_ok=True)
             if path is not None:
                 self.load(path)
             elif not self._fresh:
@@ -358,7 +362,7 @@ class Trainer:
         record["active_branches"] = {str(m): n for m, n in active_branches(graph).items()}
         record["input_overlap"] = {str(m): v for m, v in input_overlap(graph).items()}
         record["params"] = self.net.num_parameters()
-        record.update(gate_statistics(self.net))
+        record.update(gate_numbers(self.net))
         now = self.net.connectivity()
         rows = sum(c.shape[0] for c in now.values())
         record["connectivity_changed"] = (sum(int((self._last_connectivity[m] != now[m]).any(dim=1).sum())
@@ -479,8 +483,10 @@ class Trainer:
                               f"{kept}. Train again with a lower learning rate, in a new out_dir")
 
     def _snapshot(self, epoch: float, freeze: bool = False) -> None:
+        if not self.is_main:
+            return
         record = _gate_snapshot(self.net, self.step, epoch, tie_order=self.step == 0 or freeze)
-        if self.is_main and record is not None:
+        if record is not None:
             with open(self.out_dir / "gates.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             self._snapshot_step = self.step
@@ -542,7 +548,8 @@ class Trainer:
         if self._within is not None:
             self._last_connectivity = self._within["last_connectivity"]
         self._saved, self._fresh = (self.epoch, 0 if self._within is None else self._within["batch"]), True
-        if path.name == ".next.pt" and self.is_main and not (self.out_dir / "last.pt").exists():
+        if (path.name == ".next.pt" and path.parent.resolve() == self.out_dir.resolve() and self.is_main
+                and not (self.out_dir / "last.pt").exists()):
             os.replace(path, self.out_dir / "last.pt")  # the save a stop cut short between its renames, finished
         if self.is_main:
             write_jsonl(self.out_dir / "log.jsonl", self.history)
