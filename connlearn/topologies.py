@@ -83,12 +83,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
     size = check_int("image_size", lay["image_size"] if image_size is None else image_size, 1)
-    params = dict(block_params or {})
-    if "width" in params:
-        raise ConfigError("block_params may not set 'width': every stage has its own; use width=")
-    if takes(BLOCKS.get(block), "width"):
-        params["width"] = width
-
+    params = _block_params(block, block_params, width)
     if gate_options is not None and not isinstance(gate_options, dict):
         raise ConfigError(f"gate_options must be a dict of the gate kind's knobs, got {gate_options!r}")
     knobs = {"gate_options": dict(gate_options)} if gate_options else {}
@@ -130,6 +125,14 @@ def dense(**options: Any) -> BranchGraph:
     if options.get("gate") == "full":
         raise ConfigError("gate 'full' is ResNeXt's connectivity: use the topology 'resnext'")
     return resnext(**options, dense=True)
+
+
+def _block_params(block: str, block_params: dict[str, Any] | None, width: int) -> dict[str, Any]:
+    """The params of every block: ``block_params``, and the first stage's ``width`` where the kind takes one."""
+    params = dict(block_params or {})
+    if "width" in params:
+        raise ConfigError("block_params may not set 'width': every stage has its own; use width=")
+    return {**params, "width": width} if takes(BLOCKS.get(block), "width") else params
 
 
 def _fan_in(gate: str, K: int | None, C: int) -> int:

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,6 @@ from tqdm.auto import tqdm
 
 from connlearn.errors import CheckpointError, ConfigError, DivergenceError, check_choice
 from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
-from connlearn.gates import active_masks, sampling_distribution
-from connlearn.graph import active_branches, input_overlap
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import (
     architecture,
@@ -47,6 +45,17 @@ from connlearn.train.checkpoint import (
     make_checkpoint,
     net_from_checkpoint,
     save_checkpoint,
+)
+from connlearn.train.metrics import (
+    Loader,
+    autocast,
+    connectivity_numbers,
+    distributed,
+    draw_statistics,
+    evaluate,
+    gate_snapshot,
+    record_draw,
+    sum_over_ranks,
 )
 from connlearn.train.recipe import Recipe
 from connlearn.train.signals import StopSignals, TrainingStopped, check_signals
@@ -57,30 +66,12 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 STOP_CHECK_EVERY = 10  # steps between the ranks' checks for a stop signal under torch.distributed
 WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
-DRAWS_KEPT = 2000  # the steps of an epoch whose draws make its draw statistics (the last ones)
-
-
-class Loader(Protocol):
-    def __len__(self) -> int: ...
-
-    def epoch(self, epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed in place over the ranks."""
-    if _distributed():
-        dist.all_reduce(t)
-    return t
 
 
 def _over_ranks(value: float, op: str, device: torch.device) -> float:
     """The ``"min"`` or ``"max"`` of ``value`` over the ranks: a decision each rank takes by its own clock
     (or signal) is taken together, or the ranks that go on wait forever for those that stopped."""
-    if not _distributed():
+    if not distributed():
         return value
     t = torch.tensor([value], device=device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
@@ -89,63 +80,6 @@ def _over_ranks(value: float, op: str, device: torch.device) -> float:
 
 def _all(flag: bool, device: torch.device) -> bool:
     return bool(_over_ranks(float(flag), "min", device))
-
-
-def _amp(device: torch.device, dtype: torch.dtype | None) -> Any:
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-def gate_numbers(net: ConnectivityNet) -> dict[str, float | None]:
-    """The mean real gate, the mean std within a row, the shares at 0 and at 1, and the mean entropy (nats)
-    of the rows' sampling distributions; None for a network without learned gates."""
-    gates = [p.detach().float() for p in net.gate_parameters()]
-    if not gates:
-        return dict.fromkeys(("gate_mean", "gate_row_std", "gate_at_0", "gate_at_1", "gate_entropy"))
-    flat = torch.cat([g.flatten() for g in gates])
-    rows = torch.cat([g.reshape(-1, g.shape[-1]).std(dim=-1) if g.shape[-1] > 1 else g.new_zeros(g.numel())
-                      for g in gates])
-    p = [sampling_distribution(g) for g in gates]
-    entropy = torch.cat([-(q * q.clamp(min=1e-12).log()).sum(-1).reshape(-1) for q in p])
-    return {"gate_mean": flat.mean().item(), "gate_row_std": rows.mean().item(), "gate_at_0": (flat <= 0).float().mean()
-            .item(), "gate_at_1": (flat >= 1).float().mean().item(), "gate_entropy": entropy.mean().item()}
-
-
-def draw_statistics(draws: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, float | None]:
-    """From the draws of an epoch (per step, ``(mask, agrees with the top-K)`` per stochastic gate): the number of
-    distinct input sets a block drew and the share of its draws that were its top-K, averaged over blocks."""
-    if not draws:
-        return {"drawn_distinct": None, "drawn_topk_share": None}
-    distinct, agreement, rows = 0, 0.0, 0
-    for gate in range(len(draws[0])):
-        masks = torch.stack([step[gate][0] for step in draws]).cpu()
-        distinct += sum(torch.unique(masks[:, r], dim=0).shape[0] for r in range(masks.shape[1]))
-        agreement += torch.stack([step[gate][1] for step in draws]).float().mean(dim=0).sum().item()
-        rows += masks.shape[1]
-    return {"drawn_distinct": distinct / rows, "drawn_topk_share": agreement / rows}
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None = None,
-             channels_last: bool = False) -> dict[str, float]:
-    """Loss, top-1 and top-5 (in %) of ``model`` in eval mode over ``loader.epoch(0)``, summed over ranks."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(4)
-    try:
-        for x, y in loader.epoch(0):
-            with _amp(x.device, amp):
-                out = model(x.contiguous(memory_format=torch.channels_last) if channels_last else x)
-            top = out.topk(min(5, out.shape[1]), dim=1).indices
-            totals = totals.to(out.device) + torch.stack([F.cross_entropy(out.float(), y, reduction="sum"),
-                                                          (top[:, 0] == y).sum().float(),
-                                                          (top == y[:, None]).any(1).sum().float(),
-                                                          torch.tensor(float(len(y)), device=out.device)])
-    finally:
-        model.train(was_training)
-    loss, top1, top5, n = _sum(totals).tolist()
-    if not n:
-        raise ConfigError("the evaluation loader yielded no batch")
-    return {"test_loss": loss / n, "test_top1": 100 * top1 / n, "test_top5": 100 * top5 / n}
 
 
 def _finite(net: ConnectivityNet) -> bool:
@@ -168,20 +102,6 @@ def _held(out_dir: Path, is_main: bool, device: torch.device) -> Iterator[None]:
         if not _all(refused is None, device):
             raise refused or ConfigError(f"{out_dir} is in use by another process (rank 0 was refused it)")
         yield
-
-
-def _gate_snapshot(net: ConnectivityNet, step: int, epoch: float, tie_order: bool) -> dict[str, Any] | None:
-    """A line of ``gates.jsonl``: the learned gates now (with the ranks of equal gates, at the start and at the
-    freeze); None for a network without learned gates."""
-    learned = [(m, g) for m, g in net.gates() if g.learnable]
-    if not learned:
-        return None
-    record: dict[str, Any] = {"step": step, "epoch": epoch, "temperature": net.sample_temperature,
-                              "gates": {str(m): g.values().float().cpu().tolist() for m, g in learned}}
-    if tie_order:
-        record["tie_order"] = {str(m): cast(torch.Tensor, g.tie_order).cpu().tolist() for m, g in learned
-                               if hasattr(g, "tie_order")}
-    return record
 
 
 def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor | None) -> Iterator[Any]:
@@ -233,7 +153,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
-        self.out_dir, self.is_main = path_of(out_dir), not _distributed() or dist.get_rank() == 0
+        self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
         self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
         self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
         if self.is_main:
@@ -265,7 +185,7 @@ class Trainer:
 
     def _wrap(self) -> None:
         model: torch.nn.Module = self.net
-        if _distributed():
+        if distributed():
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.model: Any = torch.compile(model, mode=self.compile) if self.compile else model
@@ -332,7 +252,7 @@ class Trainer:
     def _signal(self, every: int = STOP_CHECK_EVERY) -> int:
         """The stop signal received, else 0; under DDP by any rank, the ranks comparing theirs at every step
         that is a multiple of ``every``."""
-        if self._signals is None or not self._signals.signals or (_distributed() and self.step % every):
+        if self._signals is None or not self._signals.signals or (distributed() and self.step % every):
             return 0
         return int(_over_ranks(float(self._signals.received), "max", self.device))
 
@@ -358,16 +278,8 @@ class Trainer:
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
             record["eval_time"] = time.perf_counter() - t0
-        graph = self.net.graph()
-        record["active_branches"] = {str(m): n for m, n in active_branches(graph).items()}
-        record["input_overlap"] = {str(m): v for m, v in input_overlap(graph).items()}
-        record["params"] = self.net.num_parameters()
-        record.update(gate_numbers(self.net))
-        now = self.net.connectivity()
-        rows = sum(c.shape[0] for c in now.values())
-        record["connectivity_changed"] = (sum(int((self._last_connectivity[m] != now[m]).any(dim=1).sum())
-                                               for m in now) / rows) if rows else None
-        self._last_connectivity = now
+        record.update(connectivity_numbers(self.net, self._last_connectivity))
+        self._last_connectivity = self.net.connectivity()
         top1 = record.get("test_top1")
         best = top1 is not None and (self.best_top1 is None or top1 > self.best_top1)
         self.best_top1 = top1 if best else self.best_top1
@@ -411,7 +323,7 @@ class Trainer:
                 if i + 1 < n:
                     signum = self._signal()
                     if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
-                        self._within = {"batch": i + 1, "sums": _sum(totals.clone()).cpu(), "draws": draws,
+                        self._within = {"batch": i + 1, "sums": sum_over_ranks(totals.clone()).cpu(), "draws": draws,
                                         "elapsed": time.perf_counter() - t0, "rng_at_start": rng,
                                         "last_connectivity": self._last_connectivity}
                         self._check_finite(epoch, (self._within["sums"][0] / self._within["sums"][2]).item(), i + 1)
@@ -427,7 +339,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
-        loss_sum, correct, seen = _sum(totals).tolist()
+        loss_sum, correct, seen = sum_over_ranks(totals).tolist()
         record = {"train_loss": loss_sum / seen, "train_top1": 100 * correct / seen, "epoch_time": elapsed,
                   "images_per_s": seen / elapsed, "step": self.step, **draw_statistics(draws)}
         if sampled:
@@ -436,19 +348,15 @@ class Trainer:
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, draws: list[Any] | None) -> torch.Tensor:
         """One training step (its draw appended to ``draws``); returns its loss sum, correct answers and images."""
-        with _amp(self.device, self.amp):
+        with autocast(self.device, self.amp):
             out = self.model(x.contiguous(memory_format=torch.channels_last) if self.channels_last else x)
             if any(hasattr(g, "surrogate") for _, g in self.net.gates()):  # a kind whose gradient needs the loss
                 losses = F.cross_entropy(out, y, reduction="none")
                 loss, objective = losses.mean(), losses.mean() + self.net.surrogate_loss(losses)
             else:
                 loss = objective = F.cross_entropy(out, y)
-        if draws is not None:  # before the step moves the gates: did it draw each block's top-K?
-            gates = [s.gate for s in self.net.stages if s.gate is not None and s.gate.stochastic]
-            # a connectivity per example: the first example's stands for the step's
-            masks = [(d[0] if d.dim() == 3 else d).detach().bool() for _, d in sorted(self.net.last_draw.items())]
-            draws.append([(m, (m == a).all(dim=-1)) for m, a in zip(masks, active_masks(gates), strict=True)])
-            del draws[:-DRAWS_KEPT]
+        if draws is not None:
+            record_draw(self.net, draws)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(objective).backward()
@@ -485,7 +393,7 @@ class Trainer:
     def _snapshot(self, epoch: float, freeze: bool = False) -> None:
         if not self.is_main:
             return
-        record = _gate_snapshot(self.net, self.step, epoch, tie_order=self.step == 0 or freeze)
+        record = gate_snapshot(self.net, self.step, epoch, tie_order=self.step == 0 or freeze)
         if record is not None:
             with open(self.out_dir / "gates.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
