@@ -4,8 +4,10 @@ with Graphviz where it is installed and with matplotlib where it is not; the plo
 import re
 import shutil
 
+import numpy as np
 import pytest
 from conftest import needs_dot, tiny
+from PIL import Image
 
 import connlearn
 from connlearn import plots, render
@@ -45,6 +47,15 @@ def test_a_picture_is_drawn_with_matplotlib_where_graphviz_is_missing(learned, t
     monkeypatch.setattr(shutil, "which", lambda name: None)
     files = render.save(learned, tmp_path / f"c{suffix}", beside_resnext=True)
     assert files == [tmp_path / "c.dot", tmp_path / f"c{suffix}"] and all(f.stat().st_size for f in files)
+
+
+def test_the_matplotlib_png_is_a_grid_of_one_row_per_module(learned, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    image = Image.open(render.save(learned, tmp_path / "c.png", beside_resnext=True)[1])
+    assert image.format == "PNG" and image.size == (900, 690)  # 150 dpi: two panels of 4 branches, 6 modules + 2
+    pixels = np.asarray(image.convert("RGB")).astype(int)
+    green = (np.abs(pixels - [0x5C, 0xB8, 0x5C]).sum(-1) < 40).any(axis=1)  # the rows holding a live block
+    assert int(green[0]) + int((green[1:] & ~green[:-1]).sum()) == len(learned.modules()) == 6
 
 
 @needs_dot
