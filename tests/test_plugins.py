@@ -37,7 +37,9 @@ def _train_freeze_prune_draw(net, tmp_path):
 def test_every_registered_gate_kind_and_topology_trains_freezes_prunes_and_draws(gate, topology, tmp_path):
     if gate == "full" and topology == "dense":
         pytest.skip("full is ResNeXt's connectivity")
-    net = connlearn.build(topology, **tiny(gate=gate, K=4 if gate == "full" else 2, M=6))
+    options = {"preset": "cifar-20-4-8", "num_classes": 10} if topology == "resnext" else tiny(M=6)  # {20,4,8}
+    C = 8 if topology == "resnext" else 4
+    net = connlearn.build(topology, **{**options, "gate": gate, "K": C if gate == "full" else C // 2})
     _train_freeze_prune_draw(net, tmp_path)
 
 
