@@ -3,7 +3,7 @@ call: data, network, phased training, pruning and pictures.
 
 ``run(RunConfig(...))`` is what ``connlearn train`` and ``examples/`` run. Everything lands in ``out``:
 ``log.jsonl``, ``gates.jsonl``, the checkpoints, ``pruned.pt``, ``connectivity.svg`` (``.dot`` beside it),
-``resnext_vs_learned.svg``, plots and ``summary.json``. The same command again resumes where it stopped.
+``resnext_vs_learned.png``, plots and ``summary.json``. The same command again resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
                "run": config.to_dict(), "environment": environment()}
     pictures = render.save(graph, out / "connectivity.svg")
     if not render.pruned(graph):  # a run of a pruned connectivity has no ResNeXt to draw beside it
-        pictures += render.save(graph, out / "resnext_vs_learned.svg", beside_resnext=True)
+        pictures += render.save(graph, out / "resnext_vs_learned.png", beside_resnext=True)
     pictures += plots.plot_run(graph, out, net.K, log=history, snapshots=out / "gates.jsonl",
                                eval_set="validation" if config.val_split else "test")
     summary["files"] = [str(p) for p in pictures]
