@@ -93,14 +93,16 @@ def run_all(task: str, runs: list[tuple[str, int]], out: Path, parallel: int, de
                 print(f"{name}: {'finished' if proc.returncode == 0 else f'exit {proc.returncode}'}", flush=True)
 
 
-def speed(steps: int, device: str) -> str:
-    """The training step time of each gate kind on the reduced network (batch 32), against ``random``."""
+def speed(steps: int, device: str, rounds: int = 5) -> str:
+    """The training step time of each gate kind on the reduced network (batch 32), against ``random``: the kinds
+    interleaved over ``rounds`` rounds (the first a warm-up), each kind's median step of each round, then the
+    median over the rounds."""
     torch.set_num_threads(1)
     kinds = ["random", "topk", "gumbel", "simple", "imle", "score", "magnitude"]
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
-    times = {}
-    for kind in kinds * 2:  # twice, interleaved: the second round is measured, warm
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for kind in kinds * rounds:
         net = connlearn.build(preset="cifar-20-4-8", M=3, C=8, width=2, base_channels=16, stem_channels=16,
                               num_classes=10, gate=kind, K=4).to(device)
         opt = torch.optim.SGD(connlearn.updater.param_groups(net, 0.1, 5e-4, 0.2), lr=0.1, momentum=0.9)
@@ -115,9 +117,10 @@ def speed(steps: int, device: str) -> str:
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             samples.append(time.perf_counter() - t0)
-        times[kind] = statistics.median(samples[steps // 4:])
+        times[kind].append(statistics.median(samples[steps // 4:]))
+    median = {kind: statistics.median(t[1:]) for kind, t in times.items()}
     rows = ["| gate kind | step (ms) | against random |", "| --- | --- | --- |"]
-    rows += [f"| {k} | {1000 * t:.1f} | {t / times['random']:.2f}x |" for k, t in times.items()]
+    rows += [f"| {k} | {1000 * t:.1f} | {t / median['random']:.2f}x |" for k, t in median.items()]
     return "\n".join(rows)
 
 
@@ -210,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2, one per core)")
     parser.add_argument("--time-limit", type=float, help="seconds: start no run after it (the same command resumes)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--steps", type=int, default=40, help="speed: measured steps per gate kind")
+    parser.add_argument("--steps", type=int, default=40, help="speed: steps per gate kind and round")
+    parser.add_argument("--rounds", type=int, default=5, help="speed: rounds over the kinds, the first a warm-up")
     parser.add_argument("--planted", type=Path, help="report: the planted runs' folder")
     parser.add_argument("--unplanted", type=Path, help="report: the unplanted runs' folder")
     args = parser.parse_args(argv)
     if args.task == "speed":
-        print(speed(args.steps, args.device))
+        print(speed(args.steps, args.device, args.rounds))
     elif args.task == "report":
         for title, folder, table in (("planted", args.planted, planted_table),
                                      ("unplanted", args.unplanted, unplanted_table)):
