@@ -38,6 +38,9 @@ HELP = {
     "gate_init": "initial real gates: a value in [0, 1] or 'uniform' (default 0.5)",
     "gate_temperature": "sampling temperature of phase 1 (default 1, the paper's; below 1: closer to the top-K)",
     "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",
+    "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "
+                     "one: as built; zero",
+    "conv_init": "the inner convolutions start at one branch's scale (branch, the default) or ResNeXt's (resnext)",
     "connectivity": "train this checkpoint's (or graph JSON's) connectivity from scratch, with new weights",
     "train_subset": "train on a class-balanced subset of this many images",
     "test_subset": "evaluate on a class-balanced subset of this many images",
@@ -66,7 +69,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
     for field in attrs.fields(RunConfig):
         if field.name == "dataset" and dataset is not None:
             continue
-        flag, options = "--" + field.name.replace("_", "-"), dict[str, Any](help=HELP.get(field.name), default=None)
+        text, choices = HELP.get(field.name, ""), field.metadata.get("choices", [])
+        if not all(c in text for c in choices):  # the choices the help does not name yet
+            default = f" (default {field.default})" if isinstance(field.default, str) else ""
+            text = f"{text}{'; ' if text else ''}one of {', '.join(choices)}{default}"
+        flag, options = "--" + field.name.replace("_", "-"), dict[str, Any](help=text or None, default=None)
         if field.name == "phases":
             options.update(type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"))
         elif field.name == "compile":

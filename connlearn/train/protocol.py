@@ -62,8 +62,10 @@ MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", 
               "activation_checkpointing", "snapshot_every")
 
 
-def _choice(known: Any) -> Any:
-    return lambda _, a, value: value is None or check_choice(a.name, value, known)
+def _one_of(known: Any, default: Any) -> Any:
+    """A field whose value is one of ``known`` (or None); the choices are in its metadata, for ``--help``."""
+    return attrs.field(default=default, metadata={"choices": [str(k) for k in known if isinstance(k, str)]},
+                       validator=lambda _, a, value: value is None or check_choice(a.name, value, known))
 
 
 def _at_least(low: int) -> Any:
@@ -85,8 +87,8 @@ class RunConfig:
     trains that connectivity from scratch: the architecture and each block's top-K inputs from the file, new
     weights from ``seed``. ``synthetic``: train on a small generated stand-in of the dataset (a smoke run)."""
 
-    dataset: str = attrs.field(default="cifar100", validator=_choice(PROTOCOLS))
-    preset: str | None = attrs.field(default=None, validator=_choice(PRESETS))
+    dataset: str = _one_of(PROTOCOLS, "cifar100")
+    preset: str | None = _one_of(PRESETS, None)
     gate: str | None = None
     K: int | None = attrs.field(default=None, validator=_at_least(1))
     epochs: int | None = attrs.field(default=None, validator=_at_least(1))
@@ -96,20 +98,20 @@ class RunConfig:
     out: str | None = attrs.field(default=None, validator=_text)
     batch_size: int | None = attrs.field(default=None, validator=_at_least(1))
     device: str | None = attrs.field(default=None, validator=_text)
-    amp: str = attrs.field(default="auto", validator=_choice(AMP_MODES))
-    compile: bool | str = attrs.field(default=False, validator=_choice((False, True, *COMPILE_MODES)))
+    amp: str = _one_of(AMP_MODES, "auto")
+    compile: bool | str = _one_of((False, True, *COMPILE_MODES), False)
     activation_checkpointing: bool = False
-    engine: str = attrs.field(default="fused", validator=_choice(("fused", "reference", "auto")))
-    loader: str = attrs.field(default="auto", validator=_choice(("auto", "dataloader")))
+    engine: str = _one_of(("fused", "reference", "auto"), "fused")
+    loader: str = _one_of(("auto", "dataloader"), "auto")
     workers: int | None = attrs.field(default=None, validator=_at_least(0))
-    gate_rule: str = attrs.field(default="plain", validator=_choice(GRAD_MODES))
+    gate_rule: str = _one_of(GRAD_MODES, "plain")
     gate_init: float | str = 0.5
     gate_lr: float | None = None
     gate_momentum: float | None = None
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
-    residual_init: str | None = attrs.field(default=None, validator=_choice(RESIDUAL_INITS))
-    conv_init: str | None = attrs.field(default=None, validator=_choice(CONV_INITS))
+    residual_init: str | None = _one_of(RESIDUAL_INITS, None)
+    conv_init: str | None = _one_of(CONV_INITS, None)
     connectivity: str | None = attrs.field(default=None, validator=_text)
     train_subset: int | None = attrs.field(default=None, validator=_at_least(1))
     test_subset: int | None = attrs.field(default=None, validator=_at_least(1))
