@@ -179,7 +179,8 @@ def planted_table(folder: Path) -> str:
             final.append(connectivity_share(BranchGraph.from_json(load_checkpoint(path / "last.pt")["graph"]),
                                             [5, 6, 7, 8])[0])
         stays = [s for s in settled if s is not None]
-        stay = f"{statistics.median(stays):.0f} ({len(stays)} of {len(settled)} seeds)" if settled else "–"
+        stay = (f"{statistics.median(stays):.0f} ({len(stays)} of {len(settled)} seeds)" if stays
+                else f"never ({len(settled)} seeds)" if settled else "–")
         rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_mean(phase1, 3)} | {stay} | {_mean(final, 3)} | "
                     f"{_mean([r['test_top1'] for r in runs[arm].values()])} | "
                     f"{_paired(runs[arm], runs.get('random4', {})) if arm != 'random4' else ''} | "
