@@ -145,6 +145,14 @@ def _paired(runs: dict[int, dict], against: dict[int, dict]) -> str:
     return f"{statistics.mean(diffs):+.2f}{spread} ({sum(d > 0 for d in diffs)} of {len(diffs)} above)"
 
 
+def _top1(runs: dict[int, dict]) -> str:
+    """Validation top-1: mean ± std, and each seed's."""
+    if not runs:
+        return ""
+    seeds = ", ".join(f"{runs[s]['test_top1']:.2f}" for s in sorted(runs))
+    return f"{_mean([r['test_top1'] for r in runs.values()])} ({seeds})"
+
+
 def _mean(values: list[float], digits: int = 2) -> str:
     if not values:
         return ""
@@ -163,7 +171,7 @@ def planted_table(folder: Path) -> str:
 
     runs = _runs(folder)
     rows = ["| arm | seeds | noise in module 2's top-4 over phase 1 (mean) | below 10% from step | noise at the end "
-            "(chance 0.50) | validation top-1 | against Fixed-Random, paired | against the oracle, paired |",
+            "(chance 0.50) | validation top-1 (per seed) | against Fixed-Random, paired | against the oracle, paired |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in [a for a in ARMS if a in runs]:
         phase1, settled, final = [], [], []
@@ -182,7 +190,7 @@ def planted_table(folder: Path) -> str:
         stay = (f"{statistics.median(stays):.0f} ({len(stays)} of {len(settled)} seeds)" if stays
                 else f"never ({len(settled)} seeds)" if settled else "–")
         rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_mean(phase1, 3)} | {stay} | {_mean(final, 3)} | "
-                    f"{_mean([r['test_top1'] for r in runs[arm].values()])} | "
+                    f"{_top1(runs[arm])} | "
                     f"{_paired(runs[arm], runs.get('random4', {})) if arm != 'random4' else ''} | "
                     f"{_paired(runs[arm], runs.get('oracle4', {})) if arm != 'oracle4' else ''} |")
     return "\n".join(rows)
@@ -191,8 +199,8 @@ def planted_table(folder: Path) -> str:
 def unplanted_table(folder: Path) -> str:
     """Per arm: validation top-1, paired against Fixed-Random, and its connectivity retrained from scratch."""
     runs = _runs(folder)
-    rows = ["| arm | seeds | validation top-1 | against Fixed-Random, paired | retrained from scratch | retrained "
-            "against Fixed-Random, paired | draws = top-K, end of phase 1 |",
+    rows = ["| arm | seeds | validation top-1 (per seed) | against Fixed-Random, paired | retrained from scratch "
+            "(per seed) | retrained against Fixed-Random, paired | draws = top-K, end of phase 1 |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in [a for a in ARMS if a in runs]:
         again = runs.get(f"retrained-{arm}", {})
@@ -201,9 +209,9 @@ def unplanted_table(folder: Path) -> str:
             log = read_jsonl(folder / f"{arm}-s{seed}" / "log.jsonl")
             phase1 = [r["drawn_topk_share"] for r in log if r["phase"] == 1 and r.get("drawn_topk_share") is not None]
             shares += phase1[-1:]
-        rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_mean([r['test_top1'] for r in runs[arm].values()])} | "
+        rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_top1(runs[arm])} | "
                     f"{_paired(runs[arm], runs.get('random4', {})) if arm != 'random4' else ''} | "
-                    f"{_mean([r['test_top1'] for r in again.values()])} | {_paired(again, runs.get('random4', {}))} | "
+                    f"{_top1(again)} | {_paired(again, runs.get('random4', {}))} | "
                     f"{_mean(shares, 3)} |")
     return "\n".join(rows)
 
