@@ -48,14 +48,10 @@ ARMS = {
     "topk4": ["--gate", "topk", "--K", "4"],
     "topk4ca": ["--gate", "topk", "--K", "4", "--gate-rule", "centered", "--gate-temperature-end", "0.05"],
     **{f"{kind}4": ["--gate", kind, "--K", "4"] for kind in ("gumbel", "simple", "imle", "score", "magnitude")},
-    # the scores are logits, unbounded: at the [0, 1] gates' lr of 0.2 they spread by about 0.4 in phase 1
-    **{f"{kind}4lr2": ["--gate", kind, "--K", "4", "--gate-lr", "2"]
-       for kind in ("gumbel", "simple", "imle", "score", "magnitude")},
 }
 LABELS = {"random4": "Fixed-Random", "oracle4": "oracle (planted answer)", "topk4": "topk, the paper's rule",
           "topk4ca": "topk, centred, T 1→0.05", "gumbel4": "gumbel", "simple4": "simple", "imle4": "imle",
-          "score4": "score", "magnitude4": "magnitude",
-          **{f"{kind}4lr2": f"{kind}, gate lr 2" for kind in ("gumbel", "simple", "imle", "score", "magnitude")}}
+          "score4": "score", "magnitude4": "magnitude"}
 UNINFORMATIVE = ["5", "6", "7", "8"]
 
 
