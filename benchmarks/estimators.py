@@ -149,6 +149,16 @@ def _top1(runs: dict[int, dict]) -> str:
     return f"{_mean([r['test_top1'] for r in runs.values()])} ({seeds})"
 
 
+def _draws(folder: Path, arm: str, runs: dict[int, dict]) -> str:
+    """The share of training draws equal to the top-K at the end of phase 1 (none for kinds that do not draw)."""
+    shares = []
+    for seed in runs:
+        log = read_jsonl(folder / f"{arm}-s{seed}" / "log.jsonl")
+        phase1 = [r["drawn_topk_share"] for r in log if r["phase"] == 1 and r.get("drawn_topk_share") is not None]
+        shares += phase1[-1:]
+    return _mean(shares, 3)
+
+
 def _mean(values: list[float], digits: int = 2) -> str:
     if not values:
         return ""
@@ -167,8 +177,9 @@ def planted_table(folder: Path) -> str:
 
     runs = _runs(folder)
     rows = ["| arm | seeds | noise in module 2's top-4 over phase 1 (mean) | below 10% from step | noise at the end "
-            "(chance 0.50) | validation top-1 (per seed) | against Fixed-Random, paired | against the oracle, paired |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "(chance 0.50) | draws = top-K, end of phase 1 | validation top-1 (per seed) | "
+            "against Fixed-Random, paired | against the oracle, paired |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in [a for a in ARMS if a in runs]:
         phase1, settled, final = [], [], []
         for seed in runs[arm]:
@@ -186,7 +197,7 @@ def planted_table(folder: Path) -> str:
         stay = (f"{statistics.median(stays):.0f} ({len(stays)} of {len(settled)} seeds)" if stays
                 else f"never ({len(settled)} seeds)" if settled else "–")
         rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_mean(phase1, 3)} | {stay} | {_mean(final, 3)} | "
-                    f"{_top1(runs[arm])} | "
+                    f"{_draws(folder, arm, runs[arm])} | {_top1(runs[arm])} | "
                     f"{_paired(runs[arm], runs.get('random4', {})) if arm != 'random4' else ''} | "
                     f"{_paired(runs[arm], runs.get('oracle4', {})) if arm != 'oracle4' else ''} |")
     return "\n".join(rows)
@@ -200,15 +211,10 @@ def unplanted_table(folder: Path) -> str:
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in [a for a in ARMS if a in runs]:
         again = runs.get(f"retrained-{arm}", {})
-        shares = []
-        for seed in runs[arm]:
-            log = read_jsonl(folder / f"{arm}-s{seed}" / "log.jsonl")
-            phase1 = [r["drawn_topk_share"] for r in log if r["phase"] == 1 and r.get("drawn_topk_share") is not None]
-            shares += phase1[-1:]
         rows.append(f"| {LABELS[arm]} | {len(runs[arm])} | {_top1(runs[arm])} | "
                     f"{_paired(runs[arm], runs.get('random4', {})) if arm != 'random4' else ''} | "
                     f"{_top1(again)} | {_paired(again, runs.get('random4', {}))} | "
-                    f"{_mean(shares, 3)} |")
+                    f"{_draws(folder, arm, runs[arm])} |")
     return "\n".join(rows)
 
 
