@@ -38,9 +38,11 @@ import connlearn
 from connlearn.files import read_jsonl
 
 HERE = Path(__file__).resolve().parent
-COMMON = ["--dataset", "cifar10", "--preset", "cifar-20-4-8", "--M", "3", "--C", "8", "--width", "2",
-          "--base-channels", "16", "--stem-channels", "16", "--epochs", "16", "--batch-size", "32",
-          "--train-subset", "5000", "--val-split", "2500", "--snapshot-every", "50", "--no-progress"]
+#: the reduced network (a learned connectivity retrained from scratch brings its own)
+NETWORK = ["--preset", "cifar-20-4-8", "--M", "3", "--C", "8", "--width", "2", "--base-channels", "16",
+           "--stem-channels", "16"]
+COMMON = ["--dataset", "cifar10", "--epochs", "16", "--batch-size", "32", "--train-subset", "5000",
+          "--val-split", "2500", "--snapshot-every", "50", "--no-progress"]
 #: arm -> the options it adds (the oracle's is planted.py's own flag)
 ARMS = {
     "random4": ["--gate", "random", "--K", "4"],
@@ -61,7 +63,7 @@ def _command(task: str, arm: str, seed: int, out: Path, device: str) -> list[str
     if arm.startswith("retrained-"):
         train += ["--connectivity", str(out.parent / f"{arm.removeprefix('retrained-')}-s{seed}" / "last.pt")]
     else:
-        train += ARMS[arm]
+        train += [*NETWORK, *ARMS[arm]]
     if task == "unplanted":
         return [sys.executable, "-m", "connlearn.cli", "train", *train]
     oracle = ["--oracle"] if arm.startswith("oracle") else []

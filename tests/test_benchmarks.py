@@ -194,3 +194,17 @@ def test_every_command_of_every_mode_parses(tmp_path, parses):
                 seen.add(words[0])
                 parses(words[0], words[1:], f"gpu_suite.sh {mode}: ")
     assert seen == {f"benchmarks/{s}.py" for s in ("epoch", "speed", "memory", "gate_dynamics", "accuracy")}
+
+
+def test_every_run_of_the_estimator_benchmark_is_a_valid_connlearn_train(tmp_path):
+    # the benchmark starts dozens of hour-long runs: a refused one must fail here, not after its arm has trained
+    from connlearn.cli import build_parser, config_from
+
+    spec = importlib.util.spec_from_file_location("_estimators", ROOT / "benchmarks" / "estimators.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for task, arms in (("planted", list(module.ARMS)), ("unplanted", [*module.ARMS, "retrained-gumbel4"])):
+        for arm in arms:
+            command = module._command(task, arm, 0, tmp_path / f"{arm}-s0", "cpu")
+            train = command[command.index("--" if task == "planted" else "train") + 1:]
+            config_from(build_parser().parse_args(["train", *train]))
