@@ -23,6 +23,14 @@ class _ParsedSignal(Exception):  # noqa: N818 - a signal, not an error
     """Raised by the patched ``parse_args`` once a command's options have parsed."""
 
 
+def _load(script):
+    """The benchmark script ``script`` (a path from the repository root) as a module."""
+    spec = importlib.util.spec_from_file_location(f"_documented_{Path(script).stem}", ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def parses(tmp_path_factory, monkeypatch):
     """``parses(script, argv)`` asserts that ``python script argv...`` parses its options (and does nothing
@@ -44,9 +52,7 @@ def parses(tmp_path_factory, monkeypatch):
 
     def check(script, argv, where=""):
         if script not in modules:
-            spec = importlib.util.spec_from_file_location(f"_documented_{Path(script).stem}", ROOT / script)
-            modules[script] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(modules[script])
+            modules[script] = _load(script)
         module = modules[script]
         monkeypatch.setattr("sys.argv", [script, *argv])
         with pytest.raises(_ParsedSignal):
@@ -200,9 +206,7 @@ def test_every_run_of_the_estimator_benchmark_is_a_valid_connlearn_train(tmp_pat
     # the benchmark starts dozens of hour-long runs: a refused one must fail here, not after its arm has trained
     from connlearn.cli import build_parser, config_from
 
-    spec = importlib.util.spec_from_file_location("_estimators", ROOT / "benchmarks" / "estimators.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("benchmarks/estimators.py")
     for task, arms in (("planted", list(module.ARMS)), ("unplanted", [*module.ARMS, "retrained-gumbel4"])):
         for arm in arms:
             command = module._command(task, arm, 0, tmp_path / f"{arm}-s0", "cpu")
