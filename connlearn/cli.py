@@ -47,6 +47,7 @@ HELP = {
     "val_split": "hold out this many training images and evaluate on them instead of the test set",
     "synthetic": "train on a small generated stand-in of the dataset (a smoke run, not a result)",
     "checkpoint_every": "also write last.pt every this many steps within epochs",
+    "eval_every": "evaluate after every this many epochs, and after the last (default 1)",
 }
 
 
@@ -60,14 +61,14 @@ def _value(text: str) -> Any:
     return text
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = None) -> None:
-    """A flag for every option of :class:`~connlearn.train.protocol.RunConfig` (``--dataset`` unless fixed)."""
+def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """A flag for every option of :class:`~connlearn.train.protocol.RunConfig` but those in ``skip``."""
     from connlearn.train.protocol import RunConfig
 
     parser.add_argument("--config", metavar="FILE", help="a JSON or TOML file of these options by their field "
                                                           "names; flags override it")
     for field in attrs.fields(RunConfig):
-        if field.name == "dataset" and dataset is not None:
+        if field.name in skip:
             continue
         text, choices = HELP.get(field.name, ""), field.metadata.get("choices", [])
         if not all(c in text for c in choices):  # the choices the help does not name yet
@@ -87,8 +88,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, dataset: str | None = N
         parser.add_argument(flag, **options)
 
 
-def config_from(args: argparse.Namespace, dataset: str | None = None) -> Any:
-    """The RunConfig of parsed flags, on top of ``--config``."""
+def config_from(args: argparse.Namespace, dataset: str | None = None, only_given: bool = False) -> Any:
+    """The RunConfig of parsed flags, on top of ``--config`` (``only_given``: just the options they set)."""
     from connlearn.train.protocol import RunConfig
 
     fields = [f.name for f in attrs.fields(RunConfig)]
@@ -96,7 +97,7 @@ def config_from(args: argparse.Namespace, dataset: str | None = None) -> Any:
     options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     if dataset:
         options["dataset"] = dataset
-    return RunConfig(**options)
+    return options if only_given else RunConfig(**options)
 
 
 def _read_config(path: Path, fields: list[str]) -> dict[str, Any]:
@@ -122,6 +123,48 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run(config_from(args))
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from connlearn.train import compare
+
+    if args.report:
+        if args.arms or args.arm:
+            raise ConfigError("--report reads finished runs: give it the folders, without --arms or --arm")
+        found, unfinished = compare.collect(args.report)
+        baseline = args.baseline or next(iter(found))
+        out = args.out or next((d for d in args.report if not compare._run_name(path_of(d).name)), None)
+    else:
+        common: dict[str, Any] = {}
+        arms: dict[str, dict[str, Any]] = {}
+        baseline = args.baseline
+        if args.arms:
+            common, arms, baseline = compare.read_study(args.arms)
+            baseline = args.baseline or baseline
+        for text in args.arm or ():
+            name, options = compare.parse_arm(text)
+            arms[name] = options
+        if not arms:
+            raise ConfigError("no arms: give --arms FILE.toml or --arm 'NAME key=value ...' (at least two)")
+        common.update({k: v for k, v in config_from(args, only_given=True).items() if k not in compare.PER_RUN})
+        study = compare.Study(arms, common, tuple(args.seeds), path_of(args.out or "runs/compare"),
+                              baseline or next(iter(arms)))
+        if args.print_commands:
+            compare.print_commands(study)
+            return 0
+        failed = compare.run_study(study, args.parallel, args.threads)
+        found, unfinished = compare.collect([study.out])
+        baseline, out = study.baseline, study.out
+        unfinished += [name for name in failed if name not in unfinished]
+    if not found:
+        raise DataError(f"no run has finished ({len(unfinished)} unfinished): nothing to report")
+    result = compare.report(found, baseline, args.margin)
+    print(compare.markdown(result), end="")
+    if unfinished:
+        print(f"not finished (left out): {', '.join(sorted(set(unfinished)))}")
+    if out is not None:
+        print("wrote " + ", ".join(map(str, compare.write_report(result, out))))
+    return 1 if unfinished and not args.report else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -251,6 +294,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_arguments(command("train", cmd_train, "train, prune and draw a run of a dataset's protocol; the same "
                                                     "command resumes it; Ctrl-C or SIGTERM stops it with a checkpoint"))
+    p = command("compare", cmd_compare, "train named arms x paired seeds (each run a connlearn train folder, "
+                                        "resumable) and report each arm against a baseline: paired differences, "
+                                        "95% intervals, Holm, TOST, the detectable difference")
+    p.add_argument("--arms", metavar="FILE", help="a TOML file: common train options, baseline = NAME, and a "
+                                                  "table [arms.NAME] of train options per arm")
+    p.add_argument("--arm", action="append", metavar="'NAME key=value ...'",
+                   help="an arm on the command line (repeatable), e.g. 'gumbel gate=gumbel K=4'")
+    p.add_argument("--baseline", help="the arm the others are compared with (default: the file's, else the first)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="paired seeds (default 0 1 2 3 4)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time, as local processes (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run (default 1)")
+    p.add_argument("--print-commands", action="store_true",
+                   help="print one connlearn train command per run (for SLURM, submitit, ...) and run nothing")
+    p.add_argument("--report", nargs="+", metavar="DIR", help="only report the finished runs in these folders "
+                                                              "(made anywhere)")
+    p.add_argument("--margin", type=float, default=1.0, help="the equivalence margin of TOST, in points of "
+                                                             "top-1 (default 1)")
+    add_train_arguments(p, skip=("seed",))  # --out is the study's folder; the other options are common to all arms
     p = command("prune", cmd_prune, "remove the dead blocks of a checkpoint")
     p.add_argument("checkpoint")
     p.add_argument("-o", "--output", required=True)
@@ -295,7 +356,7 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
     from connlearn.train.protocol import run
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_train_arguments(parser, dataset=dataset)
+    add_train_arguments(parser, skip=("dataset",))
     def train(args: argparse.Namespace) -> int:
         run(config_from(args, dataset))
         return 0

@@ -14,6 +14,7 @@ from connlearn import ConfigError, DataError, GraphError
 from connlearn.errors import CheckpointError
 from connlearn.export import export
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
+from connlearn.train.compare import Study, collect, parse_arm
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
 
@@ -45,6 +46,13 @@ def _mismatched_splits(tmp_path):
 
     return pack(tmp_path / "m.npz", synthetic(n_train=10, n_test=5, size=8)[0], synthetic(n_train=10, n_test=5,
                                                                                           size=6)[1])
+
+
+def _runs(tmp_path, first, second):
+    for name, run in (("a-s0", first), ("b-s0", second)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"test_top1": 50.0, "run": run}))
+    return collect([tmp_path])
 
 
 def _file(tmp_path, name, content):
@@ -121,6 +129,18 @@ CASES = [
     (lambda _: check_signals(["KILL"]), ConfigError, ["'SIGKILL'"]),
     (lambda _: GateUpdater(connlearn.build(**tiny()), grad_mode="centred"), ConfigError, ["'centered'"]),
     (lambda t: export(connlearn.build(**tiny()), t / "m", "onnxx"), ConfigError, ["export format 'onnxx'", "'onnx'"]),
+    # compare's arms and the runs it reports
+    (lambda _: parse_arm("gumbel gate=gumbel gate_lrr=0.1"), ConfigError,
+     ["arm 'gumbel'", "unknown train option 'gate_lrr'", "did you mean 'gate_lr'"]),
+    (lambda _: parse_arm("gumbel gate=gumbel seed=3"), ConfigError, ["'seed'", "compare sets seed and out per run"]),
+    (lambda _: parse_arm("my-arm gate=topk"), ConfigError, ["arm name 'my-arm'", "letters, digits"]),
+    (lambda t: Study({"a": {"epochs": 4}}, {}, (0,), t, "a"), ConfigError, ["arm 'a' sets epochs", "set them for all"]),
+    (lambda t: Study({"a": {"gate": "gumbell"}}, {}, (0,), t, "a"), ConfigError, ["'gumbell'", "'gumbel'"]),
+    (lambda t: Study({"a": {}}, {}, (0,), t, "b"), ConfigError, ["baseline 'b' is not an arm"]),
+    (lambda t: collect([t]), DataError, ["neither a run folder (ARM-sSEED) nor a folder holding them"]),
+    (lambda t: collect([_file(t, "a-s0", b"")]), DataError, ["a-s0 is not a connlearn train run"]),
+    (lambda t: _runs(t, {"epochs": 16}, {"epochs": 32}), DataError,
+     ["arms 'a' and 'b' differ in their data or schedule", "epochs=16 against 32"]),
     # files being loaded
     (lambda t: load_checkpoint(t / "none.pt"), CheckpointError, ["no checkpoint at", "none.pt"]),
     (lambda t: load_checkpoint(_file(t, "x.pt", json.dumps({"a": 1}).encode())), CheckpointError,

@@ -123,6 +123,7 @@ class RunConfig:
     stem_channels: int | None = attrs.field(default=None, validator=_at_least(1))
     snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
     checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
+    eval_every: int = attrs.field(default=1, validator=_at_least(1))
     tensorboard: bool = False
     progress: bool = True
     synthetic: bool = False
@@ -307,6 +308,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
+                      eval_every=config.eval_every,
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
@@ -348,7 +350,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
                "epoch_time_s": sum(r["epoch_time"] for r in history) / len(history),
                "history": [{k: r.get(k) for k in ("epoch", "test_top1", "train_loss", "gate_mean", "gate_row_std",
                                                   "gate_at_1", "connectivity_changed")} for r in history],
-               "run": config.to_dict(), "environment": environment()}
+               "run": config.to_dict(), "data": trainer.meta["data"], "environment": environment()}
     pictures = render.save(graph, out / "connectivity.svg")
     if not render.pruned(graph):  # a run of a pruned connectivity has no ResNeXt to draw beside it
         pictures += render.save(graph, out / "resnext_vs_learned.png", beside_resnext=True)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
-from connlearn.errors import CheckpointError, ConfigError, DivergenceError, check_choice
+from connlearn.errors import CheckpointError, ConfigError, DivergenceError, check_choice, check_int
 from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import (
@@ -134,7 +134,8 @@ class Trainer:
         compile: ``torch.compile`` the network (True, or a mode of :data:`COMPILE_MODES`: on a GPU
             ``reduce-overhead``); recompiled once, when the connectivity freezes.
         snapshot_every: steps between gate snapshots (0: none). checkpoint_every: steps between checkpoints
-            within an epoch (0: at its end only). tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
+            within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
+            tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: a progress bar and a line per epoch. meta: JSON-able facts kept in the checkpoints.
         resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
     """
@@ -142,7 +143,7 @@ class Trainer:
     def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
                  out_dir: str | os.PathLike, device: str | torch.device | None = None, amp: str = "auto",
                  channels_last: bool = False, compile: bool | str = False, snapshot_every: int = 100,
-                 checkpoint_every: int = 0, tensorboard: bool = False, progress: bool = True,
+                 checkpoint_every: int = 0, eval_every: int = 1, tensorboard: bool = False, progress: bool = True,
                  meta: dict[str, Any] | None = None, resume_check: Any = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         amp = check_choice("amp mode", amp, AMP_MODES)
@@ -155,6 +156,7 @@ class Trainer:
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
         self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
+        self.eval_every = check_int("eval_every", eval_every, 1)
         self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -274,7 +276,8 @@ class Trainer:
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, index))
         self._check_finite(epoch, record["train_loss"])
-        if self.test_loader is not None:
+        last = epoch + 1 == self.recipe.total_epochs
+        if self.test_loader is not None and ((epoch + 1) % self.eval_every == 0 or last):
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
             record["eval_time"] = time.perf_counter() - t0

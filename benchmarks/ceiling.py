@@ -1,0 +1,148 @@
+"""How much can the choice of connectivity matter? A crossed design on the reduced CIFAR-10 network at K=4:
+random connectivities x weight seeds, each seed's starting weights, data order and augmentation shared by
+every connectivity, so that the spread splits into what the connectivity explains and what the seed does.
+
+    python benchmarks/ceiling.py prepare --out runs/ceiling       # connectivities, random.toml, balanced.toml
+    connlearn compare --arms runs/ceiling/random.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
+    connlearn compare --arms runs/ceiling/balanced.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
+    python benchmarks/ceiling.py analyse runs/ceiling/runs
+
+``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
+``--balanced`` degree-balanced ones (every branch read by exactly K blocks of the next module) as graph JSON,
+and two arms files (random, balanced) whose arms each train one of them from scratch (``connectivity = FILE``)
+with the options of :data:`COMMON`: 5,000 training images, 16 epochs (6/5/3/2) at batch 32, evaluated once, at
+the end, on a 10,000-image validation split of the training set (CIFAR-10's test set stays untouched).
+
+``analyse`` fits the two-way random-effects model ``top1 = mu + conn + seed + e`` by ANOVA (method of moments)
+and prints sigma_conn, sigma_seed and sigma_e with percentile-bootstrap 95% intervals (resampling
+connectivities and seeds), and the expected best-of-N headroom ``sigma_conn * E[max of N standard normals]``
+that picking the best of N connectivities could give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import connlearn
+
+NETWORK = {"preset": "cifar-20-4-8", "M": 3, "C": 8, "width": 2, "base_channels": 16, "stem_channels": 16,
+           "num_classes": 10, "K": 4}
+COMMON = {"dataset": "cifar10", "epochs": 16, "batch_size": 32, "train_subset": 5000, "val_split": 10000,
+          "eval_every": 16, "snapshot_every": 50, "progress": False}
+
+
+def balanced_mask(C_out: int, C_in: int, K: int, generator: torch.Generator) -> torch.Tensor:
+    """A ``[C_out, C_in]`` 0/1 matrix with K ones per row and ``C_out * K / C_in`` per column, uniformly among
+    the circulant ones up to a row and a column permutation."""
+    base = torch.zeros(C_out, C_in)
+    for row in range(C_out):
+        for j in range(K):
+            base[row, (row * C_in // C_out + j) % C_in] = 1.0
+    rows, cols = torch.randperm(C_out, generator=generator), torch.randperm(C_in, generator=generator)
+    return base[rows][:, cols]
+
+
+def _place(node: str) -> tuple[int, int]:
+    """``(module, branch)`` of a block's id ``mM.bB``."""
+    module, branch = node.removeprefix("m").split(".b")
+    return int(module), int(branch)
+
+
+def prepare(out: Path, random: int, balanced: int) -> None:
+    folder = out / "connectivities"
+    folder.mkdir(parents=True, exist_ok=True)
+    arms = []
+    for i in range(random):
+        net = connlearn.build(gate="random", seed=1000 + i, **NETWORK)  # type: ignore[arg-type]
+        (folder / f"r{i:02d}.json").write_text(net.graph().to_json())
+        arms.append(f"r{i:02d}")
+    for i in range(balanced):
+        net = connlearn.build(gate="random", seed=2000 + i, **NETWORK)  # type: ignore[arg-type]
+        graph, g = net.graph(), torch.Generator().manual_seed(2000 + i)
+        data = json.loads(graph.to_json())
+        masks = {m: balanced_mask(NETWORK["C"], NETWORK["C"], NETWORK["K"], g) for m in range(2, 1 + NETWORK["M"])}
+        for edge in data["edges"]:  # module 1 reads the stem alone
+            if edge["kind"] == "gate" and edge["target"].startswith("m") and edge["target"][:2] != "m1":
+                (module, target), source = _place(edge["target"]), _place(edge["source"])[1]
+                edge["active"] = bool(masks[module][target - 1, source - 1])
+                edge["gate"] = float(edge["active"])
+        (folder / f"b{i:02d}.json").write_text(json.dumps(data))
+        arms.append(f"b{i:02d}")
+    for name, prefix in (("random", "r"), ("balanced", "b")):
+        lines = ["# the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained from scratch",
+                 *(f"{k} = {json.dumps(v)}" for k, v in COMMON.items()), "",
+                 *(f"[arms.{a}]\nconnectivity = {json.dumps(str(folder / (a + '.json')))}\n" for a in arms
+                   if a.startswith(prefix))]
+        (out / f"{name}.toml").write_text("\n".join(lines))
+    print(f"wrote {len(arms)} connectivities to {folder}, and {out / 'random.toml'} and {out / 'balanced.toml'}")
+
+
+def components(table: np.ndarray) -> tuple[float, float, float]:
+    """``(sigma_conn, sigma_seed, sigma_e)`` of a full [connectivities, seeds] table by two-way ANOVA without
+    replication (negative variance estimates taken as 0)."""
+    a, b = table.shape
+    grand = table.mean()
+    rows, cols = table.mean(axis=1), table.mean(axis=0)
+    ms_rows = b * ((rows - grand) ** 2).sum() / (a - 1)
+    ms_cols = a * ((cols - grand) ** 2).sum() / (b - 1)
+    resid = table - rows[:, None] - cols[None, :] + grand
+    ms_e = (resid ** 2).sum() / ((a - 1) * (b - 1))
+    return (math.sqrt(max(0.0, (ms_rows - ms_e) / b)), math.sqrt(max(0.0, (ms_cols - ms_e) / a)), math.sqrt(ms_e))
+
+
+def expected_max(n: int, draws: int = 200_000) -> float:
+    """E[max of n standard normals], by simulation (fixed seed)."""
+    return float(np.random.default_rng(0).standard_normal((draws, n)).max(axis=1).mean())
+
+
+def analyse(folder: Path, prefix: str, boots: int) -> str:
+    from connlearn.train.compare import collect
+
+    found, _ = collect([folder])
+    arms = sorted(a for a in found if a.startswith(prefix))
+    seeds = sorted(set.intersection(*(set(found[a]) for a in arms)))
+    table = np.array([[found[a][s]["test_top1"] for s in seeds] for a in arms])
+    conn, seed, e = components(table)
+    rng = np.random.default_rng(0)
+    samples = np.array([components(table[rng.integers(0, len(arms), len(arms))][:, rng.integers(0, len(seeds),
+                                                                                                 len(seeds))])
+                        for _ in range(boots)])
+    low, high = np.percentile(samples, [2.5, 97.5], axis=0)
+    lines = [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
+             f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
+             "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
+    for name, value, lo, hi in zip(("connectivity", "seed", "residual"), (conn, seed, e), low, high, strict=True):
+        lines.append(f"| {name} | {value:.2f} | [{lo:.2f}, {hi:.2f}] |")
+    lines.append("connectivity means: " + ", ".join(f"{a} {m:.2f}" for a, m in zip(arms, table.mean(axis=1),
+                                                                                    strict=True)))
+    lines += [f"best-of-{n} headroom: {conn * expected_max(n):.2f} points (sigma_conn x {expected_max(n):.2f}; "
+              f"bootstrap 95% [{low[0] * expected_max(n):.2f}, {high[0] * expected_max(n):.2f}])" for n in (4, 12, 100)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--out", type=Path, default=Path("runs/ceiling"))
+    p.add_argument("--random", type=int, default=12)
+    p.add_argument("--balanced", type=int, default=6)
+    p = sub.add_parser("analyse")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
+    p.add_argument("--boots", type=int, default=2000)
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(args.out, args.random, args.balanced)
+    else:
+        print(analyse(args.folder, args.prefix, args.boots))
+
+
+if __name__ == "__main__":
+    main()

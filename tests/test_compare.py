@@ -1,0 +1,83 @@
+"""connlearn compare: its statistics against scipy's and against enumerated values, and a tiny study end to end."""
+
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from connlearn.cli import main
+from connlearn.train import compare
+
+DIFFS = [0.8, -0.3, 1.1, 0.4, -0.6, 0.9, 0.2, 1.5, -0.1, 0.7]
+
+
+def test_paired_interval_and_p_value_are_scipys():
+    result = compare.paired(DIFFS, margin=1.0)
+    test = stats.ttest_1samp(DIFFS, 0.0)
+    assert result["p"] == pytest.approx(test.pvalue, rel=1e-9)
+    assert result["ci"] == pytest.approx(list(test.confidence_interval(0.95)), rel=1e-9)
+    assert result["sd"] == pytest.approx(stats.tstd(DIFFS), rel=1e-12)
+
+
+def test_tost_is_the_larger_of_two_one_sided_tests():
+    for margin in (0.5, 1.0, 2.0):
+        lower = stats.ttest_1samp(DIFFS, -margin, alternative="greater").pvalue
+        upper = stats.ttest_1samp(DIFFS, margin, alternative="less").pvalue
+        assert compare.paired(DIFFS, margin)["tost_p"] == pytest.approx(max(lower, upper), rel=1e-9)
+
+
+def test_holm_matches_the_enumerated_step_down():
+    # sorted 0.01, 0.02, 0.03, 0.2 -> 4*0.01, max(.04, 3*.02), max(.06, 2*.03), max(.06, 1*.2)
+    assert compare.holm([0.03, 0.01, 0.2, 0.02]) == pytest.approx([0.06, 0.04, 0.2, 0.06])
+    assert compare.holm([0.04, 0.01]) == pytest.approx([0.04, 0.02])
+    assert compare.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_the_detectable_difference_has_power_point_eight():
+    result = compare.paired(DIFFS, margin=1.0)
+    n, se = len(DIFFS), result["sd"] / math.sqrt(len(DIFFS))
+    critical, nc = stats.t.ppf(0.975, n - 1), result["detectable"] / se
+    power = stats.nct.sf(critical, n - 1, nc) + stats.nct.cdf(-critical, n - 1, nc)  # the two tails
+    assert power == pytest.approx(0.8, abs=1e-6)
+    # many pairs: the normal approximation (z_0.975 + z_0.8) sd / sqrt(n), 2.80 standard errors
+    many = compare.paired([1.0 + (1 if i % 2 else -1) for i in range(400)], 1.0)
+    assert many["detectable"] == pytest.approx((1.959964 + 0.841621) * many["sd"] / 20, rel=5e-3)
+
+
+def _run(folder, top1, **run):
+    folder.mkdir(parents=True)
+    settings = {"dataset": "cifar10", "epochs": 16, "gate": "random", "seed": 0, "out": str(folder), **run}
+    (folder / "summary.json").write_text(json.dumps({"test_top1": top1, "run": settings,
+                                                     "data": {"eval_images": 100}}))
+
+
+def test_a_report_reads_runs_made_anywhere(tmp_path):
+    for seed, (a, b) in enumerate([(50.0, 51.0), (52.0, 52.5), (49.0, 50.5)]):
+        _run(tmp_path / "here" / f"random-s{seed}", a, seed=seed)
+        _run(tmp_path / "there" / f"topk-s{seed}", b, seed=seed, gate="topk")
+    assert main(["compare", "--report", str(tmp_path / "here"), str(tmp_path / "there"), "--baseline", "random",
+                 "--out", str(tmp_path / "report")]) == 0
+    result = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert result["against"]["topk"]["diffs"] == pytest.approx([1.0, 0.5, 1.5])
+    assert (tmp_path / "report" / "paired.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_tiny_study_end_to_end(tmp_path, capsys):
+    argv = ["compare", "--arm", "random gate=random K=2", "--arm", "topk gate=topk K=2", "--seeds", "0", "1",
+            "--dataset", "cifar10", "--synthetic", "--epochs", "4", "--preset", "cifar-20-4-8", "--M", "3",
+            "--C", "4", "--width", "2", "--base-channels", "8", "--stem-channels", "8", "--train-subset", "64",
+            "--test-subset", "50", "--batch-size", "32", "--no-progress", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[4/4]" in out and "| topk | 2 |" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["arms"]["random"]["seeds"] == [0, 1] and report["against"]["topk"]["n"] == 2
+    first = (tmp_path / "topk-s0" / "summary.json").stat().st_mtime_ns
+    assert main(argv) == 0  # again: every run is skipped, none trained again
+    assert "4 finished, 0 to run" in capsys.readouterr().out
+    assert (tmp_path / "topk-s0" / "summary.json").stat().st_mtime_ns == first
+    assert main([*argv, "--print-commands"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 4 and all(" train " in c and "--seed" in c for c in commands)
