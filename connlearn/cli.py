@@ -263,22 +263,32 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    from connlearn.errors import check_int
     from connlearn.train.data import load_dataset, pack, read_image_folder
 
-    source = path_of(args.source)
+    source, channels = path_of(args.source), 3 if args.rgb else None
+    size = None if args.size is None else check_int("--size", args.size, 1)
+    per_class = None if args.test_per_class is None else check_int("--test-per-class", args.test_per_class, 1)
     if args.source in ("cifar10", "cifar100"):
         train, test = load_dataset(args.source, args.data)
+    elif not source.exists():
+        raise DataError(f"{args.source}: no such folder (nor cifar10 or cifar100)")
     elif (source / "train").is_dir() and (source / "test").is_dir():
-        train, test = (read_image_folder(source / split, args.size) for split in ("train", "test"))
-    elif source.is_dir() and args.test_per_class:
-        images = read_image_folder(source, args.size)
-        train, test = images.split(args.test_per_class * images.num_classes)
+        train = read_image_folder(source / "train", size, channels=channels)
+        test = read_image_folder(source / "test", size, classes=train.class_names, channels=train.channels)
+    elif source.is_dir() and per_class is not None:
+        images = read_image_folder(source, size, channels=channels)
+        train, test = images.split(per_class * images.num_classes)
     else:
         raise DataError(f"{args.source!r} is neither cifar10/cifar100, a folder of train/ and test/, nor a folder of "
                         "class folders with --test-per-class N")
     written = pack(args.output, train, test, format=args.format)
     shape = "x".join(map(str, train.images.shape[1:]))
     print(f"wrote {written}: {len(train)} train and {len(test)} test images of {shape}, {train.num_classes} classes")
+    for split, data in (("train", train), ("test", test)):
+        missing = [n for c, n in enumerate(train.class_names) if c not in set(data.labels.tolist())]
+        if missing:
+            print(f"note: {split} has no images of {', '.join(missing)}")
     return 0
 
 
@@ -341,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")
     p.add_argument("--data", help="where cifar10/cifar100 are (else they are looked for, or downloaded)")
     p.add_argument("--size", type=int, help="resize every image to SIZE x SIZE")
+    p.add_argument("--rgb", action="store_true", help="store grey images as RGB (by default a folder of grey "
+                                                      "images packs as 1 channel)")
     p.add_argument("--test-per-class", type=int, metavar="N", help="hold out the last N images of each class")
     return parser
 

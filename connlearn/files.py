@@ -2,7 +2,8 @@
 
 Every file connlearn writes goes through :func:`write_atomic`: to a temporary beside it, flushed to disk,
 renamed over the target, the folder flushed too. A crash, a kill or a full disk leaves the old file or the
-new one, never part of one.
+new one, never part of one. A target that is a link is written through (the file it names is replaced); one
+that exists and is not a regular file (a device, a FIFO, a folder) is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from connlearn.errors import DataError
+from connlearn.errors import ConfigError, DataError
 
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]{8}\.tmp")
 
@@ -30,6 +31,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     """Call ``write`` on a file that becomes ``path`` only once it is whole on disk; returns ``path``.
     A failed write leaves ``path`` as it was and no temporary; its OSError names ``path``."""
     path = path_of(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} exists and is not a regular file (a device, a FIFO or a folder): connlearn "
+                          "writes only regular files; give another output path")
     name = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # room for the suffix within 255 bytes
     tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:

@@ -3,18 +3,24 @@ error class and the fragments a user needs: the value, what is allowed, the clos
 
 import json
 import math
+import os
+import struct
+import zlib
 
 import numpy as np
 import pytest
 import torch
 from conftest import tiny
+from PIL import Image
 
 import connlearn
 from connlearn import ConfigError, DataError, GraphError
 from connlearn.errors import CheckpointError
 from connlearn.export import export
+from connlearn.files import write_text
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
 from connlearn.train.compare import Study, collect, parse_arm
+from connlearn.train.data import read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
 
@@ -53,6 +59,68 @@ def _runs(tmp_path, first, second):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps({"test_top1": 50.0, "run": run}))
     return collect([tmp_path])
+
+
+def _images(tmp_path, classes=("a", "b"), n=2, size=8, mode="RGB"):
+    for c in classes:
+        (tmp_path / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.new(mode, (size, size), 40 * i).save(tmp_path / c / f"{i}.png")
+    return tmp_path
+
+
+def _linked(tmp_path, name, target):
+    os.symlink(target, _images(tmp_path) / "a" / name)
+    return tmp_path
+
+
+def _fifo(tmp_path, name):
+    os.mkfifo(tmp_path / name)
+    return tmp_path / name
+
+
+def _bomb(tmp_path):
+    header = struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
+    chunks = b"".join(struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+                      for kind, data in ((b"IHDR", header), (b"IDAT", zlib.compress(b"")), (b"IEND", b"")))
+    (_images(tmp_path) / "a" / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunks)
+    return tmp_path
+
+
+def _truncated(tmp_path):
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "t.png")
+    data = (tmp_path / "t.png").read_bytes()
+    (_images(tmp_path) / "a" / "t.png").write_bytes(data[:len(data) // 2])
+    return tmp_path
+
+
+def _npz(tmp_path, **arrays):
+    from connlearn.train.data import pack, synthetic
+
+    path = pack(tmp_path / "d.npz", *synthetic(n_train=10, n_test=10, size=8))
+    with np.load(path) as archive:
+        np.savez(path, **{**dict(archive), **arrays})
+    return path
+
+
+def _npy(path):
+    with open(path, "wb") as f:
+        np.save(f, np.zeros(3))
+    return path
+
+
+def _grey_cifar(tmp_path):
+    from connlearn.train.data import pack, synthetic
+    from connlearn.train.protocol import load_data
+
+    pack(tmp_path / "cifar10.npz", *synthetic(n_train=10, n_test=10, size=32, channels=1))
+    return load_data(RunConfig(dataset="cifar10", data=str(tmp_path / "cifar10.npz")))
+
+
+def _pack(*argv):
+    from connlearn.cli import build_parser, cmd_pack
+
+    return cmd_pack(build_parser().parse_args(["pack", *map(str, argv)]))
 
 
 def _file(tmp_path, name, content):
@@ -151,6 +219,37 @@ CASES = [
     (lambda t: load_packed(_mismatched_splits(t)), DataError, ["the train images are [8, 8, 3]", "[6, 6, 3]"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3)), [0, 1], ["a", "b"]), DataError, ["uint8", "float64"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3), np.uint8), [0, 2], ["a", "b"]), DataError, ["0..1"]),
+    # data: never a wrong label, never an unbounded read, never a write where the user did not mean
+    (lambda t: _pack(_images(t / "train"), "-o", t / "x.npz"), DataError, ["train' is neither cifar10"]),
+    (lambda t: read_image_folder(_images(t / "r" / "test", ("a", "z")), classes=("a", "b")), DataError,
+     ["class folders the training split lacks: z"]),
+    (lambda t: read_image_folder(_images(t, n=0)), DataError, ["the class folder", "a holds no image files"]),
+    (lambda t: read_image_folder(_linked(t, "loop", ".")), DataError, ["a/loop leads back to a folder already read"]),
+    (lambda t: read_image_folder(_linked(t, "up", "..")), DataError, ["a/up links out of its class folder"]),
+    (lambda t: read_image_folder(_linked(t, "gone.png", "nowhere.png")), DataError, ["gone.png is a link to nothing"]),
+    (lambda t: (_fifo(_images(t) / "a", "pipe.png"), read_image_folder(t)), DataError,
+     ["pipe.png is not a regular file"]),
+    (lambda t: read_image_folder(_images(t), size=100000), DataError, ["4 images of 100000x100000x3", "GiB of memory"]),
+    (lambda t: _pack(_images(t), "--size", 0, "--test-per-class", 1, "-o", t / "x.npz"), ConfigError,
+     ["--size must be in [1", "got 0"]),
+    (lambda t: _pack(_images(t), "--test-per-class", -1, "-o", t / "x.npz"), ConfigError,
+     ["--test-per-class must be in [1", "got -1"]),
+    (lambda t: _pack(_images(t), "--test-per-class", 0, "-o", t / "x.npz"), ConfigError, ["got 0"]),
+    (lambda t: _pack(t / "absent", "-o", t / "x.npz"), DataError, ["absent: no such folder"]),
+    (lambda t: read_image_folder(_bomb(t)), DataError, ["bomb.png is not a readable image", "decompression bomb"]),
+    (lambda t: read_image_folder(_truncated(t)), DataError, ["a/t.png is not a readable image", "truncated"]),
+    (lambda t: load_packed(_npz(t, train_labels=np.arange(10) + 0.5)), DataError,
+     ["d.npz (train)", "labels must be whole numbers; label 0 is 0.5"]),
+    (lambda t: load_packed(_npz(t, test_jpeg=np.frombuffer(b"\xff\xd8 not a JPEG", np.uint8),
+                                test_offsets=np.array([0, 4, 13]), test_labels=np.array([0, 1]))), DataError,
+     ["d.npz (test): image 0 is not an image file Pillow can identify"]),
+    (lambda t: load_packed(_npy(t / "d.npz")), DataError, ["d.npz holds one array (a .npy file)"]),
+    (lambda t: ImageDataset(np.zeros((3, 4, 4, 3), np.uint8), [0, 5, -1], ["a", "b"]), DataError,
+     ["label 1 is 5", "in 0..1", "2 are not"]),
+    (lambda t: _grey_cifar(t), DataError, ["32x32x1 images", "takes 32x32x3", "--dataset custom"]),
+    (lambda t: write_text("/dev/full", "x"), ConfigError, ["/dev/full exists and is not a regular file"]),
+    (lambda t: write_text(_fifo(t, "out.npz"), "x"), ConfigError, ["out.npz exists and is not a regular file"]),
+    (lambda t: write_text(t, "x"), ConfigError, ["is not a regular file"]),
     # registries
     (lambda _: connlearn.register_gate("odd", int), ConfigError,
      ["gate kind 'odd'", "subclass of connlearn.gates.Gate"]),

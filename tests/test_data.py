@@ -133,3 +133,52 @@ def test_data_is_looked_for_where_the_docs_say_and_missing_data_says_where(tmp_p
     assert len(load_dataset("cifar10")[0]) == 20
     with pytest.raises(DataError, match=r"no cifar100 data found \(looked in .*env, data, \.\./shared/data.*--data"):
         load_dataset("cifar100", download=False)
+
+
+def _folder(root, classes, n=2, mode="RGB", size=8):
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            Image.new(mode, (size, size), (30 * i + 10 * len(c)) if mode == "L" else (30 * i, 0, 0)).save(
+                root / c / f"{i}.png")
+    return root
+
+
+def test_labels_follow_class_names_across_splits(tmp_path):
+    from connlearn.cli import main
+
+    _folder(tmp_path / "d" / "train", ("class0", "class1", "class2"))
+    _folder(tmp_path / "d" / "test", ("class1", "class2"), n=1)
+    assert main(["pack", str(tmp_path / "d"), "-o", str(tmp_path / "p.npz")]) == 0
+    train, test = load_packed(tmp_path / "p.npz")
+    assert test.class_names == train.class_names == ("class0", "class1", "class2")
+    assert list(test.labels) == [1, 2]
+
+
+def test_a_link_is_read_once_and_only_within_its_class_folder(tmp_path):
+    root = _folder(tmp_path, ("a", "b"))
+    (root / "a" / "sub").mkdir()
+    (root / "a" / "sub" / "again.png").symlink_to(root / "a" / "0.png")
+    (root / "b" / "same.png").symlink_to("1.png")
+    files = image_files(root)
+    assert [p.removeprefix(str(root)) for p in files.paths] == ["/a/0.png", "/a/1.png", "/b/0.png", "/b/1.png"]
+
+
+def test_grey_images_pack_as_one_channel_unless_rgb_is_asked_for(tmp_path):
+    from connlearn.cli import main
+
+    _folder(tmp_path / "g", ("x", "y"), n=3, mode="L")
+    assert main(["pack", str(tmp_path / "g"), "--test-per-class", "1", "-o", str(tmp_path / "g.npz")]) == 0
+    assert load_packed(tmp_path / "g.npz")[0].images.shape == (4, 8, 8, 1)
+    assert main(["pack", str(tmp_path / "g"), "--test-per-class", "1", "--rgb", "-o", str(tmp_path / "c.npz")]) == 0
+    rgb = load_packed(tmp_path / "c.npz")[0].images
+    assert rgb.shape == (4, 8, 8, 3) and (rgb[..., 0] == rgb[..., 2]).all()
+
+
+def test_a_write_through_a_link_replaces_the_file_it_names_and_keeps_the_link(tmp_path):
+    from connlearn.files import write_text
+
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("real.json")
+    write_text(tmp_path / "link.json", "new")
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"

@@ -32,7 +32,7 @@ def test_the_readme_commands_parse_into_runs_the_library_accepts():
                 config_from(args)
             elif words[:2] and words[0] == "python" and words[1].startswith("examples/"):
                 parser = argparse.ArgumentParser()
-                add_train_arguments(parser, dataset=Path(words[1]).stem)
+                add_train_arguments(parser, skip=("dataset",))
                 config_from(parser.parse_args(words[2:]), Path(words[1]).stem)
             else:
                 continue

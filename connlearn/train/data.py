@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from connlearn.errors import ConfigError, DataError, check_choice, check_int
 from connlearn.files import path_of, write_atomic
@@ -68,22 +68,36 @@ class ClassBalanced:
         return self._take(~held), self._take(held)  # type: ignore[attr-defined]
 
 
+def whole_labels(values: Any) -> np.ndarray:
+    """``values`` as int64, refused unless every one is a whole number."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iub":
+        floats = array.astype(np.float64) if array.dtype.kind == "f" else None
+        bad = np.flatnonzero(floats != np.round(floats)) if floats is not None else [0]
+        if floats is None or len(bad):
+            raise DataError(f"labels must be whole numbers; label {bad[0]} is {array.flat[bad[0]].item()!r}")
+    return array.astype(np.int64)
+
+
 @attrs.frozen(eq=False)
 class ImageDataset(ClassBalanced):
     """uint8 ``images [N, H, W, C]`` and int64 ``labels [N]`` in ``0 .. len(class_names) - 1``."""
 
     images: np.ndarray = attrs.field(converter=np.ascontiguousarray)
-    labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
+    labels: np.ndarray = attrs.field(converter=lambda v: whole_labels(v))
     class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
 
     def __attrs_post_init__(self) -> None:
         if self.images.dtype != np.uint8 or self.images.ndim != 4 or not len(self.images):
             raise DataError(f"images must be uint8 [N, H, W, C] with N >= 1, got {self.images.dtype} "
                             f"{list(self.images.shape)}")
-        labels = self.labels
-        if labels.shape != (len(self.images),) or not 0 <= labels.min() <= labels.max() < self.num_classes:
-            raise DataError(f"labels must be {len(self.images)} integers in 0..{self.num_classes - 1} (one per "
-                            f"image and class name), got {list(self.labels.shape)}")
+        if self.labels.shape != (len(self.images),):
+            raise DataError(f"labels must be one per image: {len(self.images)} images, labels of shape "
+                            f"{list(self.labels.shape)}")
+        bad = np.flatnonzero((self.labels < 0) | (self.labels >= self.num_classes))
+        if len(bad):
+            raise DataError(f"label {bad[0]} is {self.labels[bad[0]]}: labels must be in 0..{self.num_classes - 1} "
+                            f"(one per class name; {len(bad)} are not)")
 
     def __len__(self) -> int:
         return len(self.images)
@@ -127,16 +141,70 @@ class ImageFiles(ClassBalanced):
         return ImageFiles([p for p, k in zip(self.paths, keep, strict=True) if k], self.labels[keep], self.class_names)
 
 
-def image_files(folder: str | os.PathLike) -> ImageFiles:
-    """The files of ``folder`` (one folder of images per class), in torchvision ImageFolder's order."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
+def image_files(folder: str | os.PathLike, classes: Sequence[str] | None = None) -> ImageFiles:
+    """The image files of ``folder`` (one folder of images per class), in torchvision ImageFolder's order.
+    Labels index ``classes`` where given (another split's names: a class absent here is fine, one not among
+    them is refused), else the sorted class folders. Within a class folder a link is followed only to a place
+    inside it not reached before, and only regular files are read: anything else is a DataError naming it."""
+    root = path_of(folder)
+    if not root.is_dir():
+        raise DataError(f"{folder}: {'no such folder' if not root.exists() else 'not a folder'} (expected one "
+                        "folder of images per class)")
     try:
-        classes, index = find_classes(str(path_of(folder)))
-        samples = make_dataset(str(path_of(folder)), index, extensions=IMG_EXTENSIONS)
+        found = sorted(e.name for e in os.scandir(root) if e.is_dir())
     except OSError as exc:
-        raise DataError(f"{folder}: {' '.join(str(exc).split())} (expected one folder of images per class)") from None
-    return ImageFiles([p for p, _ in samples], [label for _, label in samples], classes)
+        raise DataError(f"cannot read the folder {folder}: {exc.strerror}") from None
+    if not found:
+        raise DataError(f"{folder} has no class folders (expected one folder of images per class)")
+    names = tuple(found) if classes is None else tuple(classes)
+    unknown = [c for c in found if c not in names]
+    if unknown:
+        raise DataError(f"{folder} has class folders the training split lacks: {', '.join(unknown)}")
+    paths, labels = [], []
+    for name in found:
+        files = _class_files(root / name)
+        if not files:
+            raise DataError(f"the class folder {root / name} holds no image files")
+        paths += files
+        labels += [names.index(name)] * len(files)
+    return ImageFiles(paths, labels, names)
+
+
+def _class_files(top: Path) -> list[str]:
+    """The image files under a class folder, sorted as ImageFolder sorts them (see :func:`image_files`)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    base, seen, listed = top.resolve(), set(), []
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        if folder.resolve() in seen:
+            raise DataError(f"{folder} leads back to a folder already read (a link loop, or a second link to it)")
+        seen.add(folder.resolve())
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            raise DataError(f"cannot read the folder {folder}: {exc.strerror}") from None
+        files = []
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink() and not path.resolve().is_relative_to(base):
+                raise DataError(f"{path} links out of its class folder (to {path.resolve()}); copy the files in")
+            if entry.is_dir():
+                pending.append(path)
+            elif path.suffix.lower() in IMG_EXTENSIONS:
+                if not entry.is_file():
+                    raise DataError(f"{path} is {'a link to nothing' if not path.exists() else 'not a regular file'}")
+                files.append(path)
+        listed.append((str(folder), files))
+    read: set[Path] = set()
+    paths = []
+    for _, files in sorted(listed):
+        for path in files:
+            if path.resolve() not in read:  # a file reached twice, by a link: read once
+                read.add(path.resolve())
+                paths.append(str(path))
+    return paths
 
 
 def pixel_mean(dataset: ImageDataset) -> torch.Tensor:
@@ -173,7 +241,9 @@ def _decode(buffer: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
         try:
             with Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]])) as opened:
                 array = np.asarray(opened if opened.mode in ("L", "RGB") else opened.convert("RGB"))
-        except (OSError, SyntaxError, ValueError) as exc:
+        except UnidentifiedImageError:
+            raise DataError(f"{where}: image {i} is not an image file Pillow can identify") from None
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise DataError(f"{where}: image {i} is not a readable image file ({exc})") from None
         return array[:, :, None] if array.ndim == 2 else array
 
@@ -195,14 +265,22 @@ def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
     """``(train, test)`` of a packed ``.npz`` file (the format of this module's docstring)."""
     path = path_of(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise DataError(f"{path} holds one array (a .npy file), not a packed dataset; write one with "
+                            "connlearn pack")
+        with archive:
             names = tuple(str(n) for n in np.atleast_1d(archive["class_names"]))
             splits = []
             for split in ("train", "test"):
                 buffer, offsets, labels = (archive[f"{split}_{k}"] for k in ("jpeg", "offsets", "labels"))
                 if len(offsets) != len(labels) + 1 or offsets[0] != 0 or offsets[-1] != len(buffer):
                     raise DataError(f"{path}: the {split} offsets do not cut its buffer into {len(labels)} images")
-                splits.append(ImageDataset(_decode(buffer, offsets, f"{path} ({split})"), labels, names))
+                images = _decode(buffer, offsets, f"{path} ({split})")
+                try:
+                    splits.append(ImageDataset(images, labels, names))
+                except DataError as exc:
+                    raise DataError(f"{path} ({split}): {exc}") from None
             if splits[0].images.shape[1:] != splits[1].images.shape[1:]:
                 raise DataError(f"{path}: the train images are {list(splits[0].images.shape[1:])}, the test images "
                                 f"{list(splits[1].images.shape[1:])}; one size and channel count for both")
@@ -243,21 +321,60 @@ def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> 
     return ImageDataset(np.stack(images), labels, names)
 
 
-def read_image_folder(folder: str | os.PathLike, size: int | None = None) -> ImageDataset:
-    """The images of ``folder`` (one folder of images per class, as torchvision's ImageFolder), resized to
-    ``size x size`` if given (else they must share one size)."""
-    files = image_files(folder)
+GREY_MODES = ("1", "L", "I", "I;16", "F")
+
+
+def read_image_folder(folder: str | os.PathLike, size: int | None = None, classes: Sequence[str] | None = None,
+                      channels: int | None = None) -> ImageDataset:
+    """The images of ``folder`` (one folder of images per class: :func:`image_files`, ``classes`` as there),
+    resized to ``size x size`` if given (else they must share one size); ``channels`` 1 (grey) or 3 (RGB),
+    by default 1 where every image is grey. The memory it takes is checked against the machine's first."""
+    size = None if size is None else check_int("size", size, 1)
+    files = image_files(folder, classes)
+    headers = [_header(p) for p in files.paths]
+    if channels is None:
+        channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
+    channels = check_choice("channels", channels, (1, 3))
+    shape = (size, size) if size else headers[0][1][::-1]
+    need = 3 * len(headers) * shape[0] * shape[1] * channels  # the images, their encodings and their join
+    check_memory(need, f"{len(headers)} images of {shape[0]}x{shape[1]}x{channels}")
 
     def read(path: str) -> np.ndarray:
-        with Image.open(path) as opened:
-            image = opened.convert("RGB")
-        return np.asarray(image if size is None else image.resize((size, size), Image.Resampling.BILINEAR))
+        try:
+            with Image.open(path) as opened:
+                image = opened.convert("L" if channels == 1 else "RGB")
+            array = np.asarray(image if size is None else image.resize((size, size), Image.Resampling.BILINEAR))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise DataError(f"{path} is not a readable image ({exc})") from None
+        return array[:, :, None] if array.ndim == 2 else array
 
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
         arrays = list(pool.map(read, files.paths))
     if len({a.shape for a in arrays}) > 1:
         raise DataError(f"the images of {folder} differ in size; give size (--size) to resize them to one")
     return ImageDataset(np.stack(arrays), files.labels, files.class_names)
+
+
+def _header(path: str) -> tuple[str, tuple[int, int]]:
+    """``(mode, (width, height))`` of an image file, from its header alone."""
+    try:
+        with Image.open(path) as opened:
+            return opened.mode, opened.size
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path} is not a readable image ({exc})") from None
+
+
+def check_memory(need: int, what: str) -> None:
+    """A DataError where ``need`` bytes exceed the memory available now (``MemAvailable``; unchecked where the
+    system does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if need > free:
+        raise DataError(f"{what} need about {need / 2**30:.1f} GiB of memory; {free / 2**30:.1f} GiB are available "
+                        "(pack fewer or smaller images: --size)")
 
 
 def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
@@ -348,7 +465,8 @@ def load_dataset(name: str, data: str | os.PathLike | None = None,
     if packed is not None:
         train, test = load_packed(packed)
         if train.num_classes != classes:
-            raise DataError(f"{packed} has {train.num_classes} classes; {name} has {classes}")
+            raise DataError(f"{packed} has {train.num_classes} classes, not {name}'s {classes}; to train on data of "
+                            "your own give --dataset custom")
         return train, test
     folders = data_folders(data)
     looked = f"looked in {', '.join(map(str, folders))}"

@@ -190,9 +190,11 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str]:
         (train, test), source = load_packed(str(config.data)), str(config.data)
     else:
         (train, test), source = load_dataset(config.dataset, config.data), config.dataset
-    if isinstance(train, ImageDataset) and protocol.image_size and train.image_size != (protocol.image_size,) * 2:
-        raise DataError(f"the {config.dataset} data found has {train.image_size} images; its protocol takes "
-                        f"{protocol.image_size}x{protocol.image_size} (or train it as --dataset custom)")
+    if isinstance(train, ImageDataset) and protocol.image_size and (train.image_size, train.channels) != (
+            (protocol.image_size,) * 2, 3):
+        h, w = train.image_size
+        raise DataError(f"the {config.dataset} data found has {h}x{w}x{train.channels} images; its protocol takes "
+                        f"{protocol.image_size}x{protocol.image_size}x3 (or train it as --dataset custom)")
     if config.val_split:
         train, test = train.split(config.val_split)
         source += f" (a validation split of {len(test)} training images)"
