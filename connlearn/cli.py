@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -377,7 +378,8 @@ def train_script(dataset: str, description: str | None, argv: Sequence[str] | No
 
 
 def guarded(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
-    """Run a command: its errors as one line on stderr."""
+    """Run a command: its errors and warnings as one line each on stderr."""
+    warnings.formatwarning = lambda message, *_, **__: f"connlearn: warning: {' '.join(str(message).split())}\n"
     try:
         code = func(args) or 0
         sys.stdout.flush()

@@ -20,7 +20,7 @@ from connlearn.export import export
 from connlearn.files import write_text
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
 from connlearn.train.compare import Study, collect, parse_arm
-from connlearn.train.data import read_image_folder
+from connlearn.train.data import load_dataset, read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
 
@@ -213,7 +213,8 @@ CASES = [
     (lambda t: load_checkpoint(t / "none.pt"), CheckpointError, ["no checkpoint at", "none.pt"]),
     (lambda t: load_checkpoint(_file(t, "x.pt", json.dumps({"a": 1}).encode())), CheckpointError,
      ["x.pt is not a readable checkpoint"]),
-    (lambda t: load_checkpoint(_pickled_net(t)), CheckpointError, ["net.pt is not a readable checkpoint", "Weights"]),
+    (lambda t: load_checkpoint(_pickled_net(t)), CheckpointError,
+     ["net.pt holds objects other than tensors and was not loaded", "weights_only=True", "trust its source"]),
     (lambda t: load_checkpoint(_other_version(t)), CheckpointError, ["version 1", "reads version 2"]),
     (lambda t: load_packed(_file(t, "d.npz", b"PK\x03\x04")), DataError, ["d.npz is not a readable packed dataset"]),
     (lambda t: load_packed(_mismatched_splits(t)), DataError, ["the train images are [8, 8, 3]", "[6, 6, 3]"]),
@@ -246,6 +247,8 @@ CASES = [
     (lambda t: load_packed(_npy(t / "d.npz")), DataError, ["d.npz holds one array (a .npy file)"]),
     (lambda t: ImageDataset(np.zeros((3, 4, 4, 3), np.uint8), [0, 5, -1], ["a", "b"]), DataError,
      ["label 1 is 5", "in 0..1", "2 are not"]),
+    (lambda t: load_dataset("cifar100", _npz(t)), DataError, ["d.npz has 10 classes, not cifar100's 100",
+                                                             "--dataset custom"]),
     (lambda t: _grey_cifar(t), DataError, ["32x32x1 images", "takes 32x32x3", "--dataset custom"]),
     (lambda t: write_text("/dev/full", "x"), ConfigError, ["/dev/full exists and is not a regular file"]),
     (lambda t: write_text(_fifo(t, "out.npz"), "x"), ConfigError, ["out.npz exists and is not a regular file"]),

@@ -190,13 +190,36 @@ def test_a_resume_with_another_recipe_or_network_is_refused(tmp_path):
         other.fit()
 
 
-def test_the_log_has_every_epochs_numbers_and_tensorboard_its_scalars(straight, tmp_path):
+def test_the_log_has_every_epochs_numbers(straight):
     record = read_jsonl(straight.out_dir / "log.jsonl")[0]
     assert {"train_loss", "test_top1", "test_top5", "active_branches", "input_overlap", "gate_mean", "gate_entropy",
             "drawn_distinct", "drawn_topk_share", "connectivity_changed", "temperature"} <= set(record)
     assert 1 <= record["drawn_distinct"] <= 4 and 0 <= record["drawn_topk_share"] <= 1
+
+
+def test_tensorboard_gets_the_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
     _trainer(tmp_path, tensorboard=True, amp="bf16").fit(max_epochs=1)
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_eval_every_evaluates_those_epochs_and_the_last(tmp_path):
+    history = _trainer(tmp_path, eval_every=3).fit()
+    assert [r["epoch"] for r in history if "test_top1" in r] == [3, 4]
+
+
+@pytest.mark.slow
+def test_the_command_says_a_fallback_in_one_line(tmp_path):
+    command = [sys.executable, "-m", "connlearn.cli", "train", "--dataset", "cifar10", "--synthetic", "--epochs", "4",
+               "--preset", "cifar-20-4-8", "--C", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
+               "8", "--train-subset", "40", "--test-subset", "20", "--batch-size", "20", "--no-progress",
+               "--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True)
+    data = (tmp_path / "last.pt").read_bytes()
+    (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])
+    again = subprocess.run(command, check=True, capture_output=True, text=True)
+    assert again.stderr.startswith("connlearn: warning: ") and "previous.pt" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
 
 
 def test_the_recipes_scale_and_split_as_the_paper_does():

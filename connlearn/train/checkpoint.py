@@ -18,6 +18,7 @@ import platform
 import socket
 import subprocess
 import threading
+import pickle
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -92,6 +93,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         with zipfile.ZipFile(path) as archive:  # torch.load does not check the bytes of the tensors it reads
             bad = archive.testzip()
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # a whole archive whose pickle needs more than tensors and plain containers
+        raise CheckpointError(f"{path} holds objects other than tensors and was not loaded: connlearn loads "
+                              "checkpoints with weights_only=True, which runs no code; load it by hand only if "
+                              "you trust its source") from None
     except Exception as exc:  # zipfile and torch raise several kinds for truncated or foreign files
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") from None

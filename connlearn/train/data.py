@@ -442,6 +442,12 @@ def data_folders(data: str | os.PathLike | None = None) -> list[Path]:
     return [*([path_of(env)] if env else []), Path("data"), Path("../shared/data"), path_of(CACHE)]
 
 
+def where_to_put(name: str, data: str | os.PathLike | None = None) -> str:
+    """Where a packed ``name`` is looked for and how to make one, in a sentence."""
+    return (f"Put {name}.npz (or {name}_jpeg.npz) in one of {', '.join(map(str, data_folders(data)))} (or set "
+            f"{DATA_ENV} to its folder); make it where there is internet with: connlearn pack {name} -o {name}.npz")
+
+
 def find_packed(name: str, data: str | os.PathLike | None = None) -> Path | None:
     """The packed file of dataset ``name``: ``data`` itself where it is a file, else ``{name}_jpeg.npz`` or
     ``{name}.npz`` in the first of :func:`data_folders` that holds one."""
@@ -485,6 +491,5 @@ def load_dataset(name: str, data: str | os.PathLike | None = None,
         splits = [cifar(str(path_of(CACHE)), train=t, download=True) for t in (True, False)]
     except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError... when it cannot download
         raise DataError(f"no {name} data found ({looked}; the download failed: {' '.join(str(exc).split())[:200]}). "
-                        f"Pass --data FILE_OR_FOLDER, set {DATA_ENV}, or pack it where there is internet: "
-                        f"connlearn pack {name} -o {name}.npz") from None
+                        f"{where_to_put(name, data)}; or pass --data FILE_OR_FOLDER") from None
     return as_image_dataset(splits[0]), as_image_dataset(splits[1])
