@@ -14,11 +14,11 @@ import functools
 import io
 import json
 import os
+import pickle
 import platform
 import socket
 import subprocess
 import threading
-import pickle
 import warnings
 import zipfile
 from collections.abc import Iterator
