@@ -9,6 +9,7 @@ records the trainer appends to ``gates.jsonl``: ``{"step", "epoch", "temperature
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -115,7 +116,7 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike, K: int, log: Records | 
         records = _records(log)
         if keys := logged(records, CURVE_KEYS):
             files.append(plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set))
-        if logged(records, ("drawn_distinct",)):
+        if sum(r.get("drawn_distinct") is not None for r in records) > 1:  # one epoch of draws is no curve
             files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
     if snapshots is not None and path_of(snapshots).is_file() and path_of(snapshots).stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
@@ -204,7 +205,8 @@ def axis_label(key: str, eval_set: str = "test") -> str:
 def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.PathLike,
                          keys: str | Sequence[str] = ("test_top1",), eval_set: str = "test") -> Path:
     """Per-epoch values of ``keys`` (a panel each) from a ``log.jsonl`` (its path or records), or from several
-    (``{label: log}``), a line each. Records without a key are skipped for it."""
+    (``{label: log}``), a line each. Records without a key are skipped for it; where the records hold the
+    recipe's ``phase``, dashed lines mark where each phase begins (the first log's)."""
     keys = (keys,) if isinstance(keys, str) else tuple(keys)
     runs = ({str(k): _records(v) for k, v in log.items()} if isinstance(log, Mapping) else {"": _records(log)})
     fig = Figure(figsize=(6.0, 2.6 * len(keys) + 0.6), layout="constrained")
@@ -217,6 +219,13 @@ def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.Pa
             ax.plot(*zip(*points, strict=True), marker=".", label=label or key)
         ax.set_ylabel(axis_label(key, eval_set))
         ax.grid(alpha=0.3)
+        first = next(iter(runs.values()))
+        for before, after in itertools.pairwise(first):
+            if before.get("phase") is not None and after.get("phase") != before.get("phase"):
+                ax.axvline(before["epoch"] + 0.5, color="0.5", lw=0.8, ls="--")
+                if ax is axes[0]:
+                    ax.annotate(f"phase {after['phase']}", (before["epoch"] + 0.5, 1.0), xytext=(2, -2), fontsize=7,
+                                xycoords=("data", "axes fraction"), textcoords="offset points", va="top", color="0.35")
         if len(runs) > 1:
             ax.legend(fontsize=8)
     axes[-1].set_xlabel("epoch")

@@ -28,6 +28,7 @@ from connlearn.graph import BranchGraph, dead_blocks
 DEAD_STYLES = ("hollow", "hide")
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
 _RED, _GREEN, _GREY = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999"
+KEY = "circles: the stem (top) and the head (bottom); squares: blocks, one row per module; hollow: dead (pruned)"
 
 
 def pruned(graph: BranchGraph) -> bool:
@@ -56,7 +57,7 @@ def to_dot(graph: BranchGraph, *, weighted: bool | None = None, dead: str = "hol
     """``graph`` as a ``graphviz.Digraph`` (``.source`` is DOT), node names those of the IR. ``weighted``:
     edge width follows the gate value over its row's largest (default: where the function weights so)."""
     dot = graphviz.Digraph(name="connectivity")
-    dot.attr(label=_legend(graph, title), labelloc="t", fontsize="12")
+    dot.attr(label=f"{_legend(graph, title)}\n{KEY}", labelloc="t", fontsize="12")
     _draw_dot(dot, graph, "", weighted, check_choice("dead-block style", dead, DEAD_STYLES))
     return dot
 
@@ -67,7 +68,7 @@ def side_by_side(learned: BranchGraph, reference: BranchGraph | None = None, *, 
     the clusters ``cluster_resnext`` and ``cluster_learned`` (node names prefixed ``resnext/`` and ``learned/``)."""
     reference = resnext_of(learned) if reference is None else reference
     dot = graphviz.Digraph(name="connectivity")
-    dot.attr(remincross="false", **({"label": title, "labelloc": "t"} if title else {}))
+    dot.attr(remincross="false", label=f"{title}\n{KEY}" if title else KEY, labelloc="b", fontsize="11")
     for name, graph in (("resnext", reference), ("learned", learned)):
         with dot.subgraph(name=f"cluster_{name}") as cluster:
             cluster.attr(label=_legend(graph, "ResNeXt" if name == "resnext" else "learned"), color="gray80")
@@ -160,10 +161,11 @@ def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | Non
                      title: str | None) -> Path:
     """The same picture on a grid, drawn by matplotlib (Agg, no pyplot) to ``path``."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     widths = [max(len(g.branches(m)) for m in g.modules()) for g in graphs]
     rows = max(len(g.modules()) for g in graphs) + 2
-    fig = Figure(figsize=(sum(0.45 * w + 1.2 for w in widths), 0.45 * rows + 1.0), layout="constrained")
+    fig = Figure(figsize=(max(6.4, sum(0.45 * w + 1.6 for w in widths)), 0.45 * rows + 1.6), layout="constrained")
     for ax, graph, width, name in zip(fig.subplots(1, len(graphs), squeeze=False)[0], graphs, widths,
                                       ["ResNeXt", "learned"][-len(graphs):], strict=True):
         dead_set = dead_blocks(graph)
@@ -173,6 +175,9 @@ def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | Non
         for row, module in enumerate(graph.modules(), 1):
             for node in graph.branches(module):
                 where[node] = (graph.nodes[node]["branch"] - 1.0, -float(row))
+            ax.text(-0.7, -float(row), f"m{module}", ha="right", va="center", fontsize=7, color="0.35")
+        for node, label in (("input", "stem"), ("output", "head")):
+            ax.text(where[node][0] + 0.5, where[node][1], label, ha="left", va="center", fontsize=7, color="0.35")
         for (u, v), s in _strength(graph, weighted).items():
             if u not in hidden and v not in hidden:
                 grey = u in dead_set or v in dead_set
@@ -192,4 +197,11 @@ def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | Non
         ax.margins(0.08)
     if title and len(graphs) > 1:
         fig.suptitle(title)
+    marks = [("o", _RED[0], _RED[1], "-", "stem (top), head (bottom)"), ("s", _GREEN[0], _GREEN[1], "-", "block"),
+             ("s", "white", _GREY, "--", "dead block (pruned)")]
+    fig.legend(handles=[Line2D([], [], marker=m, color="none", markerfacecolor=face, markeredgecolor=edge,
+                               linestyle="none", markersize=7, label=label) for m, face, edge, _, label in marks],
+               loc="outside lower center", ncols=3, fontsize=7, frameon=False,
+               title="rows: modules m1, m2, ... from the stem down; arrows: the inputs each block reads",
+               title_fontsize=7)
     return write_atomic(path, lambda f: fig.savefig(f, format=path.suffix[1:], dpi=150))

@@ -52,10 +52,14 @@ def test_a_picture_is_drawn_with_matplotlib_where_graphviz_is_missing(learned, t
 def test_the_matplotlib_png_is_a_grid_of_one_row_per_module(learned, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     image = Image.open(render.save(learned, tmp_path / "c.png", beside_resnext=True)[1])
-    assert image.format == "PNG" and image.size == (900, 690)  # 150 dpi: two panels of 4 branches, 6 modules + 2
+    assert image.format == "PNG" and image.size == (1020, 780)  # 150 dpi: two panels of 4 branches, 6 modules + 2
     pixels = np.asarray(image.convert("RGB")).astype(int)
     green = (np.abs(pixels - [0x5C, 0xB8, 0x5C]).sum(-1) < 40).any(axis=1)  # the rows holding a live block
-    assert int(green[0]) + int((green[1:] & ~green[:-1]).sum()) == len(learned.modules()) == 6
+    assert int(green[0]) + int((green[1:] & ~green[:-1]).sum()) == len(learned.modules()) + 1 == 7  # + the key's
+
+
+def test_every_drawing_carries_its_key(learned):
+    assert render.KEY in render.to_dot(learned).source and render.KEY in render.side_by_side(learned).source
 
 
 @needs_dot
@@ -79,8 +83,10 @@ def test_the_plots_of_a_run_and_the_gate_statistics(tmp_path):
     stats = plots.gate_statistics(snapshots, K=2)  # ties to the lower column, where no tie order is recorded
     assert [s["topk_changed"] for s in stats] == [None, 0.5, 0.0, 0.0, 0.0]
     assert stats[0]["final_topk_share"] == 0.75 and plots.settled_epoch(stats) == 0.25
-    log = [{"epoch": 1, "test_top1": 10.0, "train_loss": 2.0, "drawn_distinct": 3.0, "gate_mean": 0.5,
-            "gate_at_1": 0.0, "gate_entropy": 1.0, "drawn_topk_share": 0.2}]
+    log = [{"epoch": e, "phase": e, "test_top1": 10.0, "train_loss": 2.0, "drawn_distinct": 3.0, "gate_mean": 0.5,
+            "gate_at_1": 0.0, "gate_entropy": 1.0, "drawn_topk_share": 0.2} for e in (1, 2)]
     files = plots.plot_run(graph, tmp_path, K=2, log=log)
     assert {f.name for f in files} == {"active_branches.png", "gate_heatmaps.png", "curves.png", "draws.png"}
+    one_epoch_of_draws = [log[0], {**log[1], "drawn_distinct": None}]  # phase 1 of one epoch: no curve to draw
+    assert "draws.png" not in {f.name for f in plots.plot_run(graph, tmp_path / "one", K=2, log=one_epoch_of_draws)}
     assert plots.plot_gate_evolution(snapshots, tmp_path / "e.svg", K=2).read_text().startswith("<?xml")
