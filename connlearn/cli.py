@@ -49,6 +49,8 @@ HELP = {
     "synthetic": "train on a small generated stand-in of the dataset (a smoke run, not a result)",
     "checkpoint_every": "also write last.pt every this many steps within epochs",
     "eval_every": "evaluate after every this many epochs, and after the last (default 1)",
+    "recalibrate_bn": "before the last evaluation, recompute the batch-norm statistics of the final "
+                      "connectivity over this many training batches (default 0: not)",
 }
 
 

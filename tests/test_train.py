@@ -208,6 +208,22 @@ def test_eval_every_evaluates_those_epochs_and_the_last(tmp_path):
     assert [r["epoch"] for r in history if "test_top1" in r] == [3, 4]
 
 
+def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_path):
+    train, test = synthetic(n_train=64, n_test=16)
+    loaders = make_loaders(train, test, 16, device="cpu", seed=1)
+    trainer = Trainer(connlearn.build(**tiny()), *loaders, RECIPE, out_dir=tmp_path, progress=False, recalibrate_bn=2)
+    last = trainer.fit()[-1]
+    assert {"test_top1_before_recalibration", "test_top1"} <= set(last)
+    seen = []
+    handle = trainer.net.eval().stem.bn.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
+    with torch.no_grad():
+        for x, _ in list(loaders[0].epoch(RECIPE.total_epochs - 1))[:2]:
+            trainer.net(x)
+    handle.remove()
+    expected = torch.stack([x.mean((0, 2, 3)) for x in seen]).mean(0)
+    torch.testing.assert_close(trainer.net.stem.bn.running_mean, expected, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_the_command_says_a_fallback_in_one_line(tmp_path):
     command = [sys.executable, "-m", "connlearn.cli", "train", "--dataset", "cifar10", "--synthetic", "--epochs", "4",

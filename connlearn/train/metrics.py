@@ -64,6 +64,35 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None 
     return {"test_loss": loss / n, "test_top1": 100 * top1 / n, "test_top5": 100 * top5 / n}
 
 
+@torch.no_grad()
+def recalibrate_batch_norm(net: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                           count: int, amp: torch.dtype | None = None) -> None:
+    """Recompute every batch norm's running statistics as the plain average over ``count`` training batches
+    (the network as it now is: its final connectivity), the ranks' averages averaged under DDP."""
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    was_training = net.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average
+    net.train()
+    try:
+        for i, (x, _) in enumerate(batches):
+            if i == count:
+                break
+            with autocast(x.device, amp):
+                net(x)
+    finally:
+        net.train(was_training)
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+    if distributed():
+        for m in norms:
+            for buffer in (m.running_mean, m.running_var):
+                if buffer is not None:
+                    sum_over_ranks(buffer).div_(dist.get_world_size())
+
+
 def gate_numbers(net: ConnectivityNet) -> dict[str, float | None]:
     """The mean real gate, the mean std within a row, the shares at 0 and at 1, and the mean entropy (nats)
     of the rows' sampling distributions; None for a network without learned gates."""

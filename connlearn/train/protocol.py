@@ -124,6 +124,7 @@ class RunConfig:
     snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
     checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
     eval_every: int = attrs.field(default=1, validator=_at_least(1))
+    recalibrate_bn: int = attrs.field(default=0, validator=_at_least(0))
     tensorboard: bool = False
     progress: bool = True
     synthetic: bool = False
@@ -310,7 +311,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every,
+                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn,
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
@@ -343,6 +344,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
     gate = "frozen" if config.connectivity else config.gate or "topk"  # as asked for, not as the freeze left it
     summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,
                "epochs": trainer.recipe.total_epochs, "test_top1": history[-1].get("test_top1"),
+               "test_top1_before_recalibration": history[-1].get("test_top1_before_recalibration"),
                "best_top1": trainer.best_top1, "params_train": report.params_before if report else net.num_parameters(),
                "params_test": report.params_after if report else None,
                "active_branches": {str(m): n for m, n in active_branches(graph).items()},

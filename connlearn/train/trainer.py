@@ -54,6 +54,7 @@ from connlearn.train.metrics import (
     draw_statistics,
     evaluate,
     gate_snapshot,
+    recalibrate_batch_norm,
     record_draw,
     sum_over_ranks,
 )
@@ -135,6 +136,8 @@ class Trainer:
             ``reduce-overhead``); recompiled once, when the connectivity freezes.
         snapshot_every: steps between gate snapshots (0: none). checkpoint_every: steps between checkpoints
             within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
+            recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
+            training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
             tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: a progress bar and a line per epoch. meta: JSON-able facts kept in the checkpoints.
         resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
@@ -143,8 +146,8 @@ class Trainer:
     def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
                  out_dir: str | os.PathLike, device: str | torch.device | None = None, amp: str = "auto",
                  channels_last: bool = False, compile: bool | str = False, snapshot_every: int = 100,
-                 checkpoint_every: int = 0, eval_every: int = 1, tensorboard: bool = False, progress: bool = True,
-                 meta: dict[str, Any] | None = None, resume_check: Any = None) -> None:
+                 checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
+                 progress: bool = True, meta: dict[str, Any] | None = None, resume_check: Any = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         amp = check_choice("amp mode", amp, AMP_MODES)
         self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
@@ -157,6 +160,7 @@ class Trainer:
         self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
         self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
         self.eval_every = check_int("eval_every", eval_every, 1)
+        self.recalibrate_bn = check_int("recalibrate_bn", recalibrate_bn, 0)
         self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,6 +284,10 @@ class Trainer:
         if self.test_loader is not None and ((epoch + 1) % self.eval_every == 0 or last):
             t0 = time.perf_counter()
             record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
+            if last and self.recalibrate_bn:
+                record["test_top1_before_recalibration"] = record["test_top1"]
+                recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.amp)
+                record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
             record["eval_time"] = time.perf_counter() - t0
         record.update(connectivity_numbers(self.net, self._last_connectivity))
         self._last_connectivity = self.net.connectivity()
