@@ -32,9 +32,10 @@ def test_a_run_writes_its_checkpoints_pictures_and_summary(finished):
     summary = json.loads((finished / "summary.json").read_text())
     assert summary["epochs"] == 3 and summary["params_test"] <= summary["params_train"]
     for name in ("last.pt", "best.pt", "pruned.pt", "log.jsonl", "gates.jsonl", "connectivity.dot", "connectivity.svg",
-                 "resnext_vs_learned.png", "active_branches.png", "gate_heatmaps.png", "curves.png", "draws.png",
+                 "resnext_vs_learned.png", "active_branches.png", "gate_heatmaps.png", "curves.png",
                  "gate_evolution.png"):
         assert (finished / name).is_file(), name
+    assert not (finished / "draws.png").exists()  # phase 1 is one epoch: one point of draws is no curve
     trained, pruned = net_from_checkpoint(finished / "last.pt").eval(), net_from_checkpoint(finished / "pruned.pt")
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(pruned.eval()(x), trained(x), atol=1e-5, rtol=1e-5)
