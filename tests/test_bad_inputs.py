@@ -188,6 +188,8 @@ CASES = [
     (lambda _: RunConfig(phases=(1, 1, 1, 1), epochs=5), ConfigError, ["add up to 4", "epochs=5"]),
     (lambda _: RunConfig(gate_temperature=0.0), ConfigError, ["temperature", "got 0.0"]),
     (lambda _: RunConfig(compile="fastest"), ConfigError, ["unknown compile 'fastest'", "reduce-overhead"]),
+    (lambda _: RunConfig(gate_optimizer="adamw"), ConfigError, ["unknown gate_optimizer 'adamw'", "'adam'"]),
+    (lambda _: RunConfig(epochs=16, gate_warmup=6), ConfigError, ["gate_warmup 6", "shorter than phase 1's 6 epochs"]),
     (lambda _: RunConfig(workers=4), ConfigError, ["workers", "loader 'dataloader'"]),
     (lambda _: RunConfig(snapshot_every=-3), ConfigError, ["snapshot_every must be in [0", "got -3"]),
     (lambda _: RunConfig(out=7), ConfigError, ["out must be a path", "got 7"]),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 
+import attrs
 import pytest
 import torch
 from conftest import RandomLoader, tiny
@@ -206,6 +207,24 @@ def test_tensorboard_gets_the_scalars(tmp_path):
 def test_eval_every_evaluates_those_epochs_and_the_last(tmp_path):
     history = _trainer(tmp_path, eval_every=3).fit()
     assert [r["epoch"] for r in history if "test_top1" in r] == [3, 4]
+
+
+def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
+    recipe = attrs.evolve(get_recipe("cifar").with_phase_epochs([3, 1, 1, 1]), gate_optimizer="adam", gate_warmup=1)
+    warm = _trainer(tmp_path / "warm", recipe=recipe)
+    start = [p.clone() for p in warm.net.gate_parameters()]
+    warm.fit(max_epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
+    assert isinstance(warm.gate_optimizer, torch.optim.Adam) and len(warm.optimizer.param_groups) == 1
+    warm.fit(max_epochs=1)
+    assert not all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
+    straight = _trainer(tmp_path / "straight", recipe=recipe)
+    straight.fit()
+    _trainer(tmp_path / "resumed", recipe=recipe).fit(max_epochs=2)  # stopped in phase 1, Adam's moments saved
+    resumed = _trainer(tmp_path / "resumed", recipe=recipe)
+    resumed.fit()
+    _same_run(straight, resumed)
+    assert resumed.gate_optimizer is None  # the freeze took it
 
 
 def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_path):

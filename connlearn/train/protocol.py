@@ -31,7 +31,7 @@ from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint
 from connlearn.train.data import NUM_CLASSES, ImageDataset, ImageFiles, load_dataset, load_packed, synthetic
 from connlearn.train.folders import folder_loaders, load_imagenet
 from connlearn.train.loaders import MAX_SEED, make_loaders
-from connlearn.train.recipe import Recipe, get_recipe
+from connlearn.train.recipe import GATE_OPTIMIZERS, Recipe, get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES, Trainer
 from connlearn.updater import GRAD_MODES
@@ -108,6 +108,8 @@ class RunConfig:
     gate_init: float | str = 0.5
     gate_lr: float | None = None
     gate_momentum: float | None = None
+    gate_optimizer: str = _one_of(GATE_OPTIMIZERS, "sgd")
+    gate_warmup: int = attrs.field(default=0, validator=_at_least(0))
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
     residual_init: str | None = _one_of(RESIDUAL_INITS, None)
@@ -163,7 +165,8 @@ class RunConfig:
                              temperature_end=self.gate_temperature_end,
                              gate_lr=recipe.phases[0].gate_lr if self.gate_lr is None else self.gate_lr)
         return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]), batch_size=self.batch_size or recipe.batch_size,
-                            gate_momentum=self.gate_momentum, gate_rule=self.gate_rule)
+                            gate_momentum=self.gate_momentum, gate_rule=self.gate_rule,
+                            gate_optimizer=self.gate_optimizer, gate_warmup=self.gate_warmup)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -15,6 +15,7 @@ import attrs
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
 from connlearn.updater import GRAD_MODES
 
+GATE_OPTIMIZERS = ("sgd", "adam")
 #: The sampling temperatures allowed: within them the draws' Gumbel keys keep their order in float32.
 TEMPERATURES = (1e-4, 1e4)
 
@@ -69,7 +70,10 @@ def _gate_rule(_: Any, a: attrs.Attribute, value: Any) -> None:
 @attrs.frozen
 class Recipe:
     """A phased SGD schedule. ``gate_momentum``: the gates' own momentum (None: ``momentum``; 0: Algorithm
-    1's plain clipped step). ``gate_rule``: the GateUpdater's rule (see :mod:`connlearn.updater`)."""
+    1's plain clipped step). ``gate_rule``: the GateUpdater's rule (see :mod:`connlearn.updater`).
+    ``gate_optimizer``: ``sgd`` (the paper's: the gates in the weights' SGD, at their own lr) or ``adam`` (the
+    gates alone in Adam at the phase's gate lr, as differentiable NAS trains its architecture). ``gate_warmup``:
+    the first epochs of phase 1 in which the gates do not learn (the draws go on)."""
 
     name: str
     phases: tuple[Phase, ...] = attrs.field(converter=lambda v: tuple(v))
@@ -79,11 +83,16 @@ class Recipe:
     nesterov: bool = False
     gate_momentum: float | None = attrs.field(default=None, validator=_momentum)
     gate_rule: str = attrs.field(default="plain", validator=_gate_rule)
+    gate_optimizer: str = attrs.field(default="sgd", validator=lambda _, a, v: check_choice(a.name, v, GATE_OPTIMIZERS))
+    gate_warmup: int = attrs.field(default=0, validator=lambda _, a, v: check_int(a.name, v, 0))
 
     def __attrs_post_init__(self) -> None:
         frozen = [p.frozen for p in self.phases]
         if not frozen or frozen != sorted(frozen):
             raise ConfigError("a recipe needs phases, and every phase after a frozen one is frozen too")
+        if self.gate_warmup and self.gate_warmup >= self.phases[0].epochs:
+            raise ConfigError(f"gate_warmup {self.gate_warmup} must be shorter than phase 1's "
+                              f"{self.phases[0].epochs} epochs")
 
     @property
     def total_epochs(self) -> int:

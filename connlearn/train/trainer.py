@@ -182,10 +182,13 @@ class Trainer:
         self.net = cast(ConnectivityNet, net.to(self.device, memory_format=layout))  # type: ignore[call-overload]
         self.updater = GateUpdater(self.net, grad_mode=self.recipe.gate_rule)
         phase = self.recipe.phases[0]
-        self.optimizer = torch.optim.SGD(param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr,
-                                                      self.recipe.gate_momentum),
-                                         lr=phase.lr, momentum=self.recipe.momentum, nesterov=self.recipe.nesterov)
-        self.updater.attach(self.optimizer)
+        groups = param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr, self.recipe.gate_momentum)
+        adam = self.recipe.gate_optimizer == "adam" and len(groups) > 1
+        self.optimizer = torch.optim.SGD(groups[:1] if adam else groups, lr=phase.lr, momentum=self.recipe.momentum,
+                                         nesterov=self.recipe.nesterov)
+        self.gate_optimizer = (torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
+                               if adam else None)
+        self.updater.attach(self.gate_optimizer or self.optimizer)
         self._last_connectivity = self.net.connectivity()
         self._wrap()
 
@@ -274,8 +277,9 @@ class Trainer:
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen and not self.net.fixed_connectivity:
             self._freeze(epoch)
-        for group in self.optimizer.param_groups:
-            group["lr"] = phase.gate_lr if group.get("name") == "gates" else phase.lr
+        learning = epoch >= self.recipe.gate_warmup  # the warm-up's gates stay where they start
+        for group in self.optimizer.param_groups + (self.gate_optimizer.param_groups if self.gate_optimizer else []):
+            group["lr"] = (phase.gate_lr if learning else 0.0) if group.get("name") == "gates" else phase.lr
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, index))
@@ -368,14 +372,18 @@ class Trainer:
                 loss = objective = F.cross_entropy(out, y)
         if draws is not None:
             record_draw(self.net, draws)
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizers = [self.optimizer, *([self.gate_optimizer] if self.gate_optimizer else [])]
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(objective).backward()
-            self.scaler.step(self.optimizer)
+            for optimizer in optimizers:
+                self.scaler.step(optimizer)
             self.scaler.update()
         else:
             objective.backward()
-            self.optimizer.step()
+            for optimizer in optimizers:
+                optimizer.step()
         self.step += 1
         return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
                             torch.tensor(float(len(y)), device=out.device)])
@@ -388,6 +396,7 @@ class Trainer:
         self._frozen_from = self.net.gate_kind
         self.net.freeze()
         drop_gate_group(self.optimizer)
+        self.gate_optimizer = None
         self._wrap()
 
     def _check_finite(self, epoch: int, loss: float, batch: int | None = None) -> None:
@@ -416,6 +425,7 @@ class Trainer:
         within = None if self._within is None else {**self._within, "draws": [
             [(m.cpu(), a.cpu()) for m, a in step] for step in self._within["draws"]]}
         return make_checkpoint(self.net, optimizer=self.optimizer.state_dict(), epoch=self.epoch, step=self.step,
+                               gate_optimizer=self.gate_optimizer.state_dict() if self.gate_optimizer else None,
                                scaler=None if self.scaler is None else self.scaler.state_dict(),
                                recipe=self.recipe.to_dict(), history=self.history, best_top1=self.best_top1,
                                meta=self.meta, within_epoch=within, rng=torch.get_rng_state(),
@@ -457,6 +467,8 @@ class Trainer:
         _check_same_run(ckpt, path, self)
         self._set_net(net_from_checkpoint(ckpt))
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.gate_optimizer is not None and ckpt.get("gate_optimizer"):
+            self.gate_optimizer.load_state_dict(ckpt["gate_optimizer"])
         if self.scaler is not None and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
         torch.set_rng_state(ckpt["rng"])
