@@ -92,18 +92,19 @@ class BranchBlock(nn.Module):
 
 
 class Bottleneck(BranchBlock):
-    """1x1 conv → BN → ReLU → 3x3 conv (stride) → BN → ReLU → 1x1 conv → BN, every BN per branch; ``width``
-    is one branch's bottleneck width (He et al. 2016). The module adds the shortcut."""
+    """1x1 conv → BN → ReLU → kxk conv (stride) → BN → ReLU → 1x1 conv → BN, every BN per branch; ``width``
+    is one branch's bottleneck width, ``kernel`` the middle convolution's (3: He et al. 2016). The module adds
+    the shortcut."""
 
-    params = ("width",)
+    params = ("width", "kernel")
     residual_norm = "bn3"
     inner_convs = ("conv1", "conv2")
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, *, width: int) -> None:
-        super().__init__(in_ch, out_ch, stride, branches, width=width)
+    def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, *, width: int, kernel: int = 3) -> None:
+        super().__init__(in_ch, out_ch, stride, branches, width=width, kernel=kernel)
         c = branches
         self.conv1, self.bn1 = conv(in_ch, width, 1, c), nn.BatchNorm2d(c * width)
-        self.conv2, self.bn2 = conv(width, width, 3, c, stride=stride), nn.BatchNorm2d(c * width)
+        self.conv2, self.bn2 = conv(width, width, kernel, c, stride=stride), nn.BatchNorm2d(c * width)
         self.conv3, self.bn3 = conv(width, out_ch, 1, c), nn.BatchNorm2d(c * out_ch)
         self.relu = nn.ReLU(inplace=True)
         init_branch_convs(self)
@@ -114,20 +115,21 @@ class Bottleneck(BranchBlock):
         return self.bn3(self.conv3(x))
 
     @staticmethod
-    def single_stream(in_ch: int, out_ch: int, stride: int, branches: int, *, width: int) -> nn.Module:
-        """ResNeXt's own form of ``branches`` bottlenecks: one stream with a grouped 3x3 convolution."""
-        return ResNeXtBottleneck(in_ch, out_ch, stride, branches, width=width)
+    def single_stream(in_ch: int, out_ch: int, stride: int, branches: int, *, width: int,
+                      kernel: int = 3) -> nn.Module:
+        """ResNeXt's own form of ``branches`` bottlenecks: one stream with a grouped kxk convolution."""
+        return ResNeXtBottleneck(in_ch, out_ch, stride, branches, width=width, kernel=kernel)
 
 
 class ResNeXtBottleneck(nn.Module):
-    """ResNeXt's aggregated bottleneck (Xie et al. 2017, form (c)): 1x1 in→C·w, grouped 3x3 (groups C),
-    1x1 C·w→out, one BN per layer."""
+    """ResNeXt's aggregated bottleneck (Xie et al. 2017, form (c)): 1x1 in→C·w, grouped kxk (groups C; 3x3 in
+    the paper), 1x1 C·w→out, one BN per layer."""
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, *, width: int) -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int, branches: int, *, width: int, kernel: int = 3) -> None:
         super().__init__()
         inner = branches * width
         self.conv1, self.bn1 = nn.Conv2d(in_ch, inner, 1, bias=False), nn.BatchNorm2d(inner)
-        self.conv2 = nn.Conv2d(inner, inner, 3, stride=stride, padding=1, groups=branches, bias=False)
+        self.conv2 = nn.Conv2d(inner, inner, kernel, stride=stride, padding=kernel // 2, groups=branches, bias=False)
         self.bn2 = nn.BatchNorm2d(inner)
         self.conv3, self.bn3 = nn.Conv2d(inner, out_ch, 1, bias=False), nn.BatchNorm2d(out_ch)
         self.relu = nn.ReLU(inplace=True)

@@ -44,6 +44,8 @@ HELP = {
     "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",
     "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "
                      "one: as built; zero",
+    "kernels": "unlike branches: branch j's middle kernel is the j-th of these sizes, cycled (e.g. 1 3 5; needs "
+               "--engine reference)",
     "conv_init": "the inner convolutions start at one branch's scale (branch, the default) or ResNeXt's (resnext)",
     "connectivity": "train this checkpoint's (or graph JSON's) connectivity from scratch, with new weights",
     "train_subset": "train on a class-balanced subset of this many images",
@@ -83,6 +85,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
         flag, options = "--" + field.name.replace("_", "-"), dict[str, Any](help=text or None, default=None)
         if field.name == "phases":
             options.update(type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"))
+        elif field.name == "kernels":
+            options.update(type=int, nargs="+", metavar="K")
         elif field.name == "compile":
             options.update(nargs="?", const="default", metavar="MODE")
         elif isinstance(field.default, bool):

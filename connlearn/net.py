@@ -470,11 +470,11 @@ def _engine(graph: BranchGraph, engine: str, sources: list[list[tuple[int, list[
     """The engine a graph compiles to: single-stream for a full ResNeXt whose block has that form."""
     kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
     one_stream = all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources)
-    if graph.gate_kind == "full" and one_stream and len(kinds) == 1 and hasattr(BLOCKS.get(kinds.pop()),
-                                                                                "single_stream"):
-        return "single-stream"
     alike = all(len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(m)}) == 1
                 for m in graph.modules())
+    if graph.gate_kind == "full" and one_stream and alike and len(kinds) == 1 and hasattr(BLOCKS.get(kinds.pop()),
+                                                                                          "single_stream"):
+        return "single-stream"
     if engine == "fused" and not alike:
         raise ConfigError("the fused engine needs the blocks of a module to share kind and params; use "
                           "engine='reference' or 'auto'")

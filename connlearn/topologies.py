@@ -45,7 +45,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             seed: int = 0, gate_init: float | str = 0.5, stem_channels: int | None = None,
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
             residual_init: str = "auto", conv_init: str = "branch", gate_options: dict[str, Any] | None = None,
-            dense: bool = False) -> BranchGraph:
+            kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -64,6 +64,9 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         conv_init: the convolutions before each branch's last one start at ``branch`` scale (Kaiming, one
             branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers).
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
+        kernels: branches that are not interchangeable: branch j of every module gets the middle kernel
+            ``kernels[(j - 1) % len(kernels)]`` (odd sizes, e.g. ``(1, 3, 5)``); its modules then hold unlike
+            blocks, which the reference engine runs (``engine="reference"`` or ``"auto"``).
         dense: blocks may read every earlier module of their stage (DenseNet-style).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
@@ -84,6 +87,12 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
     size = check_int("image_size", lay["image_size"] if image_size is None else image_size, 1)
     params = _block_params(block, block_params, width)
+    if kernels is not None:
+        kernels = tuple(kernels)
+        if not kernels or not all(isinstance(k, int) and k >= 1 and k % 2 for k in kernels):
+            raise ConfigError(f"kernels must be odd sizes, e.g. (1, 3, 5); got {kernels!r}")
+        if not takes(BLOCKS.get(block), "kernel"):
+            raise ConfigError(f"kernels: block kind {block!r} takes no 'kernel' (bottleneck does)")
     if gate_options is not None and not isinstance(gate_options, dict):
         raise ConfigError(f"gate_options must be a dict of the gate kind's knobs, got {gate_options!r}")
     knobs = {"gate_options": dict(gate_options)} if gate_options else {}
@@ -102,9 +111,10 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             res = math.ceil(res / step)
             branch_params = {**params, "width": width * 2**s} if "width" in params else params
             for j in range(1, C + 1):
+                own = {"kernel": kernels[(j - 1) % len(kernels)]} if kernels else {}
                 g.add_node(block_name(module, j), kind="block", module=module, branch=j, block=block,
                            in_channels=prev, out_channels=base_ch * 2**s, stride=step, resolution=res,
-                           params=dict(branch_params))
+                           params={**branch_params, **own})
             if module == 1:
                 g.add_edges_from((("input", block_name(1, j)) for j in range(1, C + 1)), kind="fixed", active=True)
             else:

@@ -200,9 +200,11 @@ def test_every_training_row_has_k_ones_and_eval_is_the_top_k(gate):
 
 
 @settings(max_examples=10)
-@given(seed=st.integers(0, 10**6), topology=st.sampled_from(["resnext", "dense"]), K=st.integers(1, 2))
-def test_pruning_keeps_the_eval_outputs_and_reports_what_it_removed(seed, topology, K):
-    net = connlearn.build(topology, **tiny(C=4, K=K, M=6, seed=seed, gate_init="uniform")).freeze().eval()
+@given(seed=st.integers(0, 10**6), topology=st.sampled_from(["resnext", "dense"]), K=st.integers(1, 2),
+       kernels=st.sampled_from([None, (1, 3, 5)]))
+def test_pruning_keeps_the_eval_outputs_and_reports_what_it_removed(seed, topology, K, kernels):
+    net = connlearn.build(topology, engine="auto", kernels=kernels,
+                          **tiny(C=4, K=K, M=6, seed=seed, gate_init="uniform")).freeze().eval()
     x = torch.randn(3, 3, 32, 32)
     pruned, report = prune_dead_blocks(net)
     torch.testing.assert_close(pruned.eval()(x), net(x), atol=1e-5, rtol=1e-5)
@@ -224,18 +226,29 @@ def test_full_has_resnexts_published_parameter_counts(preset, classes, millions)
     assert round(net.num_parameters() / 1e6, 1) == millions
 
 
+def test_unlike_branches_get_their_kernels_in_every_module():
+    net = connlearn.build(engine="auto", kernels=(1, 3, 5), **tiny(C=4))
+    assert net.engine == "reference"
+    for stage in net.stages:
+        assert [b.conv2.kernel_size[0] for b in stage.blocks] == [1, 3, 5, 1]
+    assert connlearn.build(gate="full", kernels=(3,), **tiny(C=4, K=4)).engine == "single-stream"  # alike: ResNeXt
+
+
 def test_the_default_is_figure_3s_model_and_gates_count_only_when_asked():
     net = connlearn.build()
     assert (net.K, len(net.module_ids), net.num_classes) == (4, 9, 100)
     assert net.num_parameters(gates=True) - net.num_parameters() == 8 * 8 * 8
 
 
-@given(seed=st.integers(0, 10**6), gate=st.sampled_from(["topk", "real", "random"]))
-def test_a_graph_compiles_to_the_network_it_came_from(seed, gate):
-    net = connlearn.build("dense", **tiny(seed=seed, gate=gate, M=6, gate_init="uniform")).eval()
+@given(seed=st.integers(0, 10**6), gate=st.sampled_from(["topk", "real", "random"]),
+       kernels=st.sampled_from([None, (1, 3, 5)]))
+def test_a_graph_compiles_to_the_network_it_came_from(seed, gate, kernels):
+    net = connlearn.build("dense", engine="auto", kernels=kernels,
+                          **tiny(seed=seed, gate=gate, M=6, gate_init="uniform")).eval()
     graph = BranchGraph.from_json(net.graph().to_json())
     assert graph.graph == net.graph().graph and list(graph.edges(data=True)) == list(net.graph().edges(data=True))
-    again = connlearn.from_graph(graph).eval()
+    assert list(graph.nodes(data=True)) == list(net.graph().nodes(data=True))
+    again = connlearn.from_graph(graph, engine="auto").eval()
     again.load_state_dict(net.state_dict())
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(again(x), net(x))

@@ -123,6 +123,7 @@ class RunConfig:
     width: int | None = attrs.field(default=None, validator=_at_least(1))
     base_channels: int | None = attrs.field(default=None, validator=_at_least(1))
     stem_channels: int | None = attrs.field(default=None, validator=_at_least(1))
+    kernels: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
     snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
     checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
     eval_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -138,10 +139,13 @@ class RunConfig:
         if self.gate is not None:
             GATES.get(self.gate)  # a typo is named before any data is read
         fixed = [k for k in ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels",
-                             "residual_init", "conv_init") if getattr(self, k) is not None]
+                             "kernels", "residual_init", "conv_init") if getattr(self, k) is not None]
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
+        if self.kernels is not None and self.engine == "fused":
+            raise ConfigError(f"kernels {list(self.kernels)} make a module's blocks unlike, which the fused engine "
+                              "cannot batch: give engine 'reference' (or 'auto') too")
         if self.workers is not None and self.loader == "auto" and self.dataset != "imagenet":
             raise ConfigError("workers are DataLoader processes: give loader 'dataloader' too (the default loader "
                               "makes its batches on the device, without workers)")
@@ -226,7 +230,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
                               f"classes; the data has {channels} and {train.num_classes}")
         return net
     protocol = PROTOCOLS[config.dataset]
-    options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K",
+    options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
                                                "residual_init", "conv_init") if getattr(config, k) is not None}
     if protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
         options.update(image_size=min(train.image_size), in_channels=train.channels)  # the loaders crop the square
