@@ -196,9 +196,12 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
 
 # ------------------------------------------------------------------------------------------------ report
 def _settings(run: dict[str, Any]) -> dict[str, Any]:
-    from connlearn.train.protocol import MAY_CHANGE
+    """A run's settings that a comparison holds fixed; an option the run predates counts at its default."""
+    from connlearn.train.protocol import MAY_CHANGE, RunConfig
 
-    return {k: v for k, v in run.items() if k not in PER_RUN and k not in MAY_CHANGE}
+    run = {**{f.name: f.default for f in attrs.fields(RunConfig)}, **run}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in run.items()
+            if k not in PER_RUN and k not in MAY_CHANGE}
 
 
 def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, dict[str, Any]]], list[str]]:
@@ -236,8 +239,8 @@ def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, d
     arms = list(found)
     for arm in arms[1:]:
         a, b = next(iter(found[arms[0]].values())), next(iter(found[arm].values()))
-        differ = _differ({k: a["run"].get(k) for k in SHARED} | {"data": a.get("data")},
-                         {k: b["run"].get(k) for k in SHARED} | {"data": b.get("data")})
+        differ = _differ({k: _settings(a["run"])[k] for k in SHARED} | {"data": a.get("data")},
+                         {k: _settings(b["run"])[k] for k in SHARED} | {"data": b.get("data")})
         if differ:
             raise DataError(f"arms {arms[0]!r} and {arm!r} differ in their data or schedule ({differ}): runs of "
                             "different settings cannot be compared")
@@ -317,7 +320,7 @@ def report(found: dict[str, dict[int, dict[str, Any]]], baseline: str, margin: f
         tests[arm]["verdict"] = _verdict(tests[arm], margin)
     first = next(iter(found[baseline].values()))
     return {"baseline": baseline, "margin": margin, "alpha": 0.05, "power": 0.8, "arms": arms, "against": tests,
-            "setting": {k: first["run"].get(k) for k in SHARED}, "eval_images": (first.get("data") or {}).get(
+            "setting": {k: _settings(first["run"])[k] for k in SHARED}, "eval_images": (first.get("data") or {}).get(
                 "eval_images")}
 
 
