@@ -6,12 +6,17 @@ every connectivity, so that the spread splits into what the connectivity explain
     connlearn compare --arms runs/ceiling/random.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
     connlearn compare --arms runs/ceiling/balanced.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
     python benchmarks/ceiling.py analyse runs/ceiling/runs
+    python benchmarks/ceiling.py complement runs/learned/gumbel-s0/last.pt -o runs/ceiling/gumbel-s0-complement.json
 
 ``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
 ``--balanced`` degree-balanced ones (every branch read by exactly K blocks of the next module) as graph JSON,
 and two arms files (random, balanced) whose arms each train one of them from scratch (``connectivity = FILE``)
 with the options of :data:`COMMON`: 5,000 training images, 16 epochs (6/5/3/2) at batch 32, evaluated once, at
 the end, on a 10,000-image validation split of the training set (CIFAR-10's test set stays untouched).
+
+``complement`` writes the connectivity a learned run rejected (every block reads the inputs its gates
+did not keep: at K = C/2 again a valid K-of-C choice), to retrain beside the learned one: if learning found
+information, the complement should do worse.
 
 ``analyse`` fits the two-way random-effects model ``top1 = mu + conn + seed + e`` by ANOVA (method of moments)
 and prints sigma_conn, sigma_seed and sigma_e with percentile-bootstrap 95% intervals (resampling
@@ -83,6 +88,27 @@ def prepare(out: Path, random: int, balanced: int) -> None:
     print(f"wrote {len(arms)} connectivities to {folder}, and {out / 'random.toml'} and {out / 'balanced.toml'}")
 
 
+def complement(checkpoint: Path, out: Path) -> None:
+    """The complement of a learned connectivity: every block of a gated module reads the inputs its gates
+    rejected (at K = C/2 again a K-of-C choice), written as a frozen graph JSON to train with --connectivity."""
+    from connlearn.train.checkpoint import load_checkpoint
+
+    data = json.loads(load_checkpoint(checkpoint)["graph"])
+    if data["graph"]["gate"] not in ("frozen", "random"):
+        raise SystemExit(f"{checkpoint}: its connectivity is not frozen yet ({data['graph']['gate']})")
+    rows: dict[str, int] = {}
+    for edge in data["edges"]:
+        if edge["kind"] == "gate":
+            edge["active"] = not edge["active"]
+            edge["gate"] = float(edge["active"])
+            rows[edge["target"]] = rows.get(edge["target"], 0) + edge["active"]
+    if set(rows.values()) != {data["graph"]["K"]}:
+        raise SystemExit(f"{checkpoint}: K={data['graph']['K']} is not half of the candidates; the complement "
+                         "would read another number of inputs")
+    out.write_text(json.dumps(data))
+    print(f"wrote {out}: the complement of {checkpoint}'s connectivity")
+
+
 def components(table: np.ndarray) -> tuple[float, float, float]:
     """``(sigma_conn, sigma_seed, sigma_e)`` of a full [connectivities, seeds] table by two-way ANOVA without
     replication (negative variance estimates taken as 0)."""
@@ -133,6 +159,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/ceiling"))
     p.add_argument("--random", type=int, default=12)
     p.add_argument("--balanced", type=int, default=6)
+    p = sub.add_parser("complement", help="the rejected inputs of a learned run's connectivity, as graph JSON")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True)
     p = sub.add_parser("analyse")
     p.add_argument("folder", type=Path)
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
@@ -140,6 +169,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out, args.random, args.balanced)
+    elif args.command == "complement":
+        complement(args.checkpoint, args.output)
     else:
         print(analyse(args.folder, args.prefix, args.boots))
 

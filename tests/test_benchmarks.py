@@ -212,3 +212,18 @@ def test_every_run_of_the_estimator_benchmark_is_a_valid_connlearn_train(tmp_pat
             command = module._command(task, arm, 0, tmp_path / f"{arm}-s0", "cpu")
             train = command[command.index("--" if task == "planted" else "train") + 1:]
             config_from(build_parser().parse_args(["train", *train]))
+
+
+def test_the_ceiling_splits_a_crossed_table_and_draws_balanced_connectivities():
+    import numpy as np
+    import torch
+
+    ceiling = _load("benchmarks/ceiling.py")
+    conn, seed = np.array([0.0, 1.0, -1.0, 2.0]), np.array([0.5, -0.5, 0.0])
+    table = 50 + conn[:, None] + seed[None, :]  # no interaction: every spread is a component's
+    sigma_conn, sigma_seed, sigma_e = ceiling.components(table)
+    assert sigma_e == pytest.approx(0, abs=1e-9)
+    assert sigma_conn == pytest.approx(conn.std(ddof=1)) and sigma_seed == pytest.approx(seed.std(ddof=1))
+    mask = ceiling.balanced_mask(8, 8, 4, torch.Generator().manual_seed(0))
+    assert mask.sum(1).tolist() == [4] * 8 and mask.sum(0).tolist() == [4] * 8
+    assert ceiling.expected_max(1, draws=20000) == pytest.approx(0.0, abs=0.02)
