@@ -39,6 +39,8 @@ HELP = {
     "gate_init": "initial real gates: a value in [0, 1] or 'uniform' (default 0.5)",
     "gate_optimizer": "sgd (the paper's: the gates in the weights' SGD at --gate-lr) or adam (the gates alone in "
                       "Adam at --gate-lr, e.g. 0.01)",
+    "gate_holdout": "hold out this many training images (apart from --train-subset's) for the gates: each "
+                    "weight step is followed by a gate step on a held-out batch (first-order bilevel)",
     "gate_warmup": "epochs at the start of phase 1 in which the gates do not learn (the draws go on; default 0)",
     "gate_temperature": "sampling temperature of phase 1 (default 1, the paper's; below 1: closer to the top-K)",
     "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",

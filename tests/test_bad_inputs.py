@@ -114,7 +114,7 @@ def _grey_cifar(tmp_path):
     from connlearn.train.protocol import load_data
 
     pack(tmp_path / "cifar10.npz", *synthetic(n_train=10, n_test=10, size=32, channels=1))
-    return load_data(RunConfig(dataset="cifar10", data=str(tmp_path / "cifar10.npz")))
+    return load_data(RunConfig(dataset="cifar10", data=str(tmp_path / "cifar10.npz")))[0]
 
 
 def _pack(*argv):
@@ -195,6 +195,7 @@ CASES = [
     (lambda _: RunConfig(compile="fastest"), ConfigError, ["unknown compile 'fastest'", "reduce-overhead"]),
     (lambda _: RunConfig(gate_optimizer="adamw"), ConfigError, ["unknown gate_optimizer 'adamw'", "'adam'"]),
     (lambda _: RunConfig(epochs=16, gate_warmup=6), ConfigError, ["gate_warmup 6", "shorter than phase 1's 6 epochs"]),
+    (lambda _: RunConfig(gate="random", gate_holdout=500), ConfigError, ["gate_holdout", "a gate kind that learns"]),
     (lambda _: RunConfig(workers=4), ConfigError, ["workers", "loader 'dataloader'"]),
     (lambda _: RunConfig(snapshot_every=-3), ConfigError, ["snapshot_every must be in [0", "got -3"]),
     (lambda _: RunConfig(out=7), ConfigError, ["out must be a path", "got 7"]),

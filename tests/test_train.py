@@ -10,6 +10,7 @@ import sys
 import threading
 
 import attrs
+import numpy as np
 import pytest
 import torch
 from conftest import RandomLoader, tiny
@@ -18,10 +19,10 @@ import connlearn
 import connlearn.files
 from connlearn.errors import CheckpointError, ConfigError, DivergenceError
 from connlearn.files import read_jsonl
-from connlearn.train import Phase, Recipe, Trainer, TrainingStopped, get_recipe, load_checkpoint
+from connlearn.train import Phase, Recipe, RunConfig, Trainer, TrainingStopped, get_recipe, load_checkpoint
 from connlearn.train.checkpoint import folder_lock
 from connlearn.train.data import synthetic
-from connlearn.train.loaders import make_loaders
+from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
 RECIPE = get_recipe("cifar").scaled(4)  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
@@ -225,6 +226,45 @@ def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
     resumed.fit()
     _same_run(straight, resumed)
     assert resumed.gate_optimizer is None  # the freeze took it
+
+
+def _held_out(seed=7):
+    return BatchLoader(synthetic(n_train=48, n_test=10, seed=seed)[0], 16, train=True, seed=seed)
+
+
+def test_held_out_gate_steps_move_only_the_gates_and_weight_steps_only_the_weights(tmp_path):
+    trainer = _trainer(tmp_path, gate_loader=_held_out())
+    x, y = next(iter(trainer.train_loader.epoch(0)))
+    gates, weights = trainer.net.gate_parameters(), trainer.net.weight_parameters()
+    before = [p.clone() for p in gates + weights]
+    trainer._pass(x, y, [trainer.optimizer])
+    assert all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
+    after_weights = [p.clone() for p in weights]
+    trainer._pass(*trainer._gate_batch(0), [trainer.gate_optimizer])
+    assert all(torch.equal(a, b) for a, b in zip(after_weights, weights, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
+
+
+def test_a_run_with_held_out_gate_steps_resumes_exactly(tmp_path):
+    recipe = get_recipe("cifar").with_phase_epochs([2, 1, 1, 1])
+    straight = _trainer(tmp_path / "straight", recipe=recipe, gate_loader=_held_out())
+    straight.fit()
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(tmp_path / "resumed", _Interrupted(1, 2), recipe=recipe, gate_loader=_held_out(),
+                 checkpoint_every=1).fit()
+    resumed = _trainer(tmp_path / "resumed", recipe=recipe, gate_loader=_held_out(), checkpoint_every=1)
+    resumed.fit()
+    _same_run(straight, resumed)
+
+
+def test_the_gates_held_out_images_leave_the_weights_training_images_as_they_were(tmp_path):
+    from connlearn.train.protocol import load_data
+
+    options = {"dataset": "cifar10", "synthetic": True, "train_subset": 200}
+    plain, *_ = load_data(RunConfig(**options))
+    train, _, _, held = load_data(RunConfig(**options, gate_holdout=100))
+    assert np.array_equal(plain.images, train.images) and len(held) == 100
+    assert not (held.images[:, None] == train.images[None]).all(axis=(2, 3, 4)).any()
 
 
 def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_path):

@@ -28,7 +28,15 @@ from connlearn.graph import BranchGraph, active_branches, check_finite_gates, in
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
-from connlearn.train.data import NUM_CLASSES, ImageDataset, ImageFiles, load_dataset, load_packed, synthetic
+from connlearn.train.data import (
+    NUM_CLASSES,
+    ImageDataset,
+    ImageFiles,
+    load_dataset,
+    load_packed,
+    pixel_mean,
+    synthetic,
+)
 from connlearn.train.folders import folder_loaders, load_imagenet
 from connlearn.train.loaders import MAX_SEED, make_loaders
 from connlearn.train.recipe import GATE_OPTIMIZERS, Recipe, get_recipe
@@ -110,6 +118,7 @@ class RunConfig:
     gate_momentum: float | None = None
     gate_optimizer: str = _one_of(GATE_OPTIMIZERS, "sgd")
     gate_warmup: int = attrs.field(default=0, validator=_at_least(0))
+    gate_holdout: int | None = attrs.field(default=None, validator=_at_least(1))
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
     residual_init: str | None = _one_of(RESIDUAL_INITS, None)
@@ -146,6 +155,10 @@ class RunConfig:
         if self.kernels is not None and self.engine == "fused":
             raise ConfigError(f"kernels {list(self.kernels)} make a module's blocks unlike, which the fused engine "
                               "cannot batch: give engine 'reference' (or 'auto') too")
+        if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
+                self.gate is not None and not GATES.get(self.gate).learnable)):
+            raise ConfigError("gate_holdout gives learned gates held-out batches: it needs a gate kind that learns "
+                              "(not a fixed connectivity) and in-memory data (not imagenet)")
         if self.workers is not None and self.loader == "auto" and self.dataset != "imagenet":
             raise ConfigError("workers are DataLoader processes: give loader 'dataloader' too (the default loader "
                               "makes its batches on the device, without workers)")
@@ -181,8 +194,10 @@ def _say(message: str) -> None:
         print(message, flush=True)
 
 
-def load_data(config: RunConfig) -> tuple[Any, Any, str]:
-    """The train and evaluation sets of ``config`` and where they came from."""
+def load_data(config: RunConfig) -> tuple[Any, Any, str, Any]:
+    """The train and evaluation sets of ``config``, where they came from, and the gates' held-out images
+    (``gate_holdout``, else None): the last of each class, apart from the training subset, so that the
+    weights train on the images they would without it."""
     protocol, classes = PROTOCOLS[config.dataset], NUM_CLASSES.get(config.dataset, 10)
     train: Any
     test: Any
@@ -206,9 +221,13 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str]:
     if config.val_split:
         train, test = train.split(config.val_split)
         source += f" (a validation split of {len(test)} training images)"
+    held = None
+    if config.gate_holdout:
+        train, held = train.split(config.gate_holdout)
+        source += f" (the gates' steps on {len(held)} held-out training images)"
     train = train.subset(config.train_subset) if config.train_subset and config.train_subset < len(train) else train
     test = test.subset(config.test_subset) if config.test_subset and config.test_subset < len(test) else test
-    return train, test, source
+    return train, test, source, held
 
 
 def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.ConnectivityNet:
@@ -293,14 +312,15 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
         raise ConfigError(f"batch size {recipe.batch_size} does not split over {world} processes")
     if rank:  # rank 0 reads (and perhaps downloads) the data first
         dist.barrier()
-    train, test, source = load_data(config)
+    train, test, source, held = load_data(config)
     if world > 1 and not rank:
         dist.barrier()
     net = build_net(config, train)
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
     protocol, batch = PROTOCOLS[config.dataset], recipe.batch_size // world
-    shards = {"rank": rank, "world_size": world, **({} if config.workers is None else {"num_workers": config.workers})}
+    shards: dict[str, Any] = {"rank": rank, "world_size": world,
+                              **({} if config.workers is None else {"num_workers": config.workers})}
     eval_batch = max(batch, 256 // world) if device.type == "cuda" else batch  # per image, 256 is 2x slower on a CPU
     loaders: tuple[Any, Any]
     if isinstance(train, ImageFiles):
@@ -309,6 +329,9 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     else:
         loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
                                eval_batch_size=eval_batch, crop=protocol.crop, pad=protocol.pad, **shards)
+    gate_loader = None if held is None else make_loaders(held, test, batch, device=device, seed=config.seed,
+                                                         path=config.loader, mean=pixel_mean(train),
+                                                         crop=protocol.crop, pad=protocol.pad, **shards)[0]
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
          f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
@@ -318,7 +341,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn,
+                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=gate_loader,
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))

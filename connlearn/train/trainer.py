@@ -138,6 +138,9 @@ class Trainer:
             within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
             recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
             training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
+        gate_loader: held-out batches for the gates (a first-order bilevel step, as DARTS's): in phase 1 every
+            weight step on a training batch is followed by a gate step on the next held-out batch (its
+            ``epoch(e, start)`` read in order), the weights and the gates each in their own optimizer.
             tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: a progress bar and a line per epoch. meta: JSON-able facts kept in the checkpoints.
         resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
@@ -147,7 +150,8 @@ class Trainer:
                  out_dir: str | os.PathLike, device: str | torch.device | None = None, amp: str = "auto",
                  channels_last: bool = False, compile: bool | str = False, snapshot_every: int = 100,
                  checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
-                 progress: bool = True, meta: dict[str, Any] | None = None, resume_check: Any = None) -> None:
+                 progress: bool = True, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
+                 resume_check: Any = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         amp = check_choice("amp mode", amp, AMP_MODES)
         self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
@@ -157,6 +161,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
+        self.gate_loader, self._gate_batches = gate_loader, cast(tuple[int, Iterator[Any]] | None, None)
         self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
         self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
         self.eval_every = check_int("eval_every", eval_every, 1)
@@ -183,11 +188,14 @@ class Trainer:
         self.updater = GateUpdater(self.net, grad_mode=self.recipe.gate_rule)
         phase = self.recipe.phases[0]
         groups = param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr, self.recipe.gate_momentum)
-        adam = self.recipe.gate_optimizer == "adam" and len(groups) > 1
-        self.optimizer = torch.optim.SGD(groups[:1] if adam else groups, lr=phase.lr, momentum=self.recipe.momentum,
-                                         nesterov=self.recipe.nesterov)
-        self.gate_optimizer = (torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
-                               if adam else None)
+        own = len(groups) > 1 and (self.recipe.gate_optimizer == "adam" or self.gate_loader is not None)
+        momentum, nesterov = self.recipe.momentum, self.recipe.nesterov
+        self.optimizer = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, momentum=momentum,
+                                         nesterov=nesterov)
+        self.gate_optimizer = None if not own else (
+            torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
+            if self.recipe.gate_optimizer == "adam" else torch.optim.SGD(groups[1:], lr=phase.gate_lr,
+                                                                         momentum=momentum, nesterov=nesterov))
         self.updater.attach(self.gate_optimizer or self.optimizer)
         self._last_connectivity = self.net.connectivity()
         self._wrap()
@@ -362,7 +370,23 @@ class Trainer:
         return record
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, draws: list[Any] | None) -> torch.Tensor:
-        """One training step (its draw appended to ``draws``); returns its loss sum, correct answers and images."""
+        """One training step (its draw appended to ``draws``; with a gate loader, then a gate step on the next
+        held-out batch); returns its loss sum, correct answers and images."""
+        held_out = self.gate_loader is not None and self.gate_optimizer is not None  # while the gates learn
+        out, loss = self._pass(x, y, [self.optimizer] if held_out or self.gate_optimizer is None else
+                               [self.optimizer, self.gate_optimizer])
+        if draws is not None:
+            record_draw(self.net, draws)
+        if held_out:
+            self._pass(*self._gate_batch(self.step), [cast(torch.optim.Optimizer, self.gate_optimizer)])
+        self.step += 1
+        return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
+                            torch.tensor(float(len(y)), device=out.device)])
+
+    def _pass(self, x: torch.Tensor, y: torch.Tensor,
+              optimizers: list[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward and a step of ``optimizers`` (the others' gradients are dropped at their next pass);
+        returns the outputs and the mean loss."""
         with autocast(self.device, self.amp):
             out = self.model(x.contiguous(memory_format=torch.channels_last) if self.channels_last else x)
             if any(hasattr(g, "surrogate") for _, g in self.net.gates()):  # a kind whose gradient needs the loss
@@ -370,11 +394,9 @@ class Trainer:
                 loss, objective = losses.mean(), losses.mean() + self.net.surrogate_loss(losses)
             else:
                 loss = objective = F.cross_entropy(out, y)
-        if draws is not None:
-            record_draw(self.net, draws)
-        optimizers = [self.optimizer, *([self.gate_optimizer] if self.gate_optimizer else [])]
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.gate_optimizer is not None:
+            self.gate_optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(objective).backward()
             for optimizer in optimizers:
@@ -384,9 +406,17 @@ class Trainer:
             objective.backward()
             for optimizer in optimizers:
                 optimizer.step()
-        self.step += 1
-        return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
-                            torch.tensor(float(len(y)), device=out.device)])
+        return out, loss
+
+    def _gate_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held-out batch of gate step ``index``: batch ``index % n`` of the gate loader's epoch ``index // n``."""
+        loader = cast(Any, self.gate_loader)
+        n = len(loader)
+        if self._gate_batches is None or self._gate_batches[0] != index or index % n == 0:  # a start or a resume
+            self._gate_batches = (index, iter(loader.epoch(index // n, start=index % n)))
+        batch = next(self._gate_batches[1])
+        self._gate_batches = (index + 1, self._gate_batches[1])
+        return batch
 
     def _freeze(self, epoch: int) -> None:
         """Fix the connectivity to each block's top-K and stop updating gates; the gates it reads are
