@@ -227,3 +227,13 @@ def test_the_ceiling_splits_a_crossed_table_and_draws_balanced_connectivities():
     mask = ceiling.balanced_mask(8, 8, 4, torch.Generator().manual_seed(0))
     assert mask.sum(1).tolist() == [4] * 8 and mask.sum(0).tolist() == [4] * 8
     assert ceiling.expected_max(1, draws=20000) == pytest.approx(0.0, abs=0.02)
+
+
+def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
+    from connlearn.train.compare import Study, read_study
+
+    files = sorted((ROOT / "benchmarks" / "studies").rglob("*.toml"))
+    assert len(files) >= 15
+    for path in files:
+        common, arms, baseline = read_study(path)
+        Study(arms, common, (0, 1), tmp_path, baseline or next(iter(arms)))  # every arm a valid RunConfig
