@@ -25,9 +25,9 @@ FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 
 
 def example_input(net: ConnectivityNet, batch: int = 2) -> torch.Tensor:
-    """A random batch of the network's image size, on its device and in its dtype."""
-    size, param = net.graph().nodes["input"]["image_size"], next(net.parameters())
-    return torch.randn(batch, net.in_channels, size, size, device=param.device, dtype=param.dtype)
+    """A random batch of the network's input shape, on its device and in its dtype."""
+    param = next(net.parameters())
+    return torch.randn(batch, net.in_channels, *net.input_size, device=param.device, dtype=param.dtype)
 
 
 def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchscript") -> list[Path]:

@@ -5,8 +5,9 @@ is compiled from it and returns it with the current gates (``net.graph()``), pru
 
 A ``networkx.DiGraph`` with
 
-- node ``"input"`` (the stem): ``kind="input"``, ``in_channels``, ``out_channels``, ``image_size``,
-  ``resolution`` (after the stem), ``stem`` (``{"kernel", "stride", "maxpool"}``);
+- node ``"input"`` (the stem): ``kind="input"``, ``in_channels``, ``out_channels``, the input's spatial shape
+  (``image_size`` for square images; ``input_size``, a list, for signals ``[L]`` and vectors ``[]``),
+  ``resolution`` (after the stem; 1 for vectors), ``stem`` (``{"kernel", "stride", "maxpool"}``);
 - one node ``"m{i}.b{j}"`` per residual block (module i = 1..M, branch j = 1..C_i): ``kind="block"``,
   ``module``, ``branch``, ``block`` (block kind), ``in_channels``, ``out_channels``, ``stride``,
   ``resolution`` (of its output) and ``params`` (the block kind's keyword parameters);
@@ -37,9 +38,15 @@ FORMAT, VERSION = "connlearn.BranchGraph", 1
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
 CONV_INITS = ("branch", "resnext")
 #: Attributes each node kind must have, every one an integer >= 1.
-_SIZES = {"input": ("in_channels", "out_channels", "image_size", "resolution"),
+_SIZES = {"input": ("in_channels", "out_channels", "resolution"),
           "block": ("module", "branch", "in_channels", "out_channels", "stride", "resolution"),
           "output": ("in_channels", "num_classes")}
+
+
+def input_shape(node: dict[str, Any]) -> tuple[int, ...]:
+    """The spatial shape of the input node's data: ``input_size`` where it says (``(L,)``, ``()``), else square
+    images of ``image_size``."""
+    return tuple(node["input_size"]) if "input_size" in node else (node["image_size"],) * 2
 
 
 def block_name(module: int, branch: int) -> str:
@@ -168,7 +175,15 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"node 'input' has stem {stem!r}; it needs kernel, stride and maxpool (a bool)")
         for key in ("kernel", "stride"):
             _count(f"the stem's {key}", stem.get(key))
-        size = (d["image_size"] + 2 * (stem["kernel"] // 2) - stem["kernel"]) // stem["stride"] + 1
+        shape = d.get("input_size", [d.get("image_size")] * 2)
+        if not isinstance(shape, list | tuple) or len(shape) > 2:
+            raise GraphError(f"node 'input' has input_size {shape!r}; a list of 0, 1 or 2 sizes")
+        for size in shape:
+            _count("node 'input''s spatial size", size)
+        if not shape and (stem["kernel"], stem["stride"], stem["maxpool"]) != (1, 1, False):
+            raise GraphError(f"node 'input' takes vectors: its stem is a linear map (kernel 1, stride 1, no "
+                             f"max-pool), not {stem}")
+        size = (shape[0] + 2 * (stem["kernel"] // 2) - stem["kernel"]) // stem["stride"] + 1 if shape else 1
         size = (size - 1) // 2 + 1 if stem["maxpool"] else size
         if d["resolution"] != size:
             raise GraphError(f"node 'input' has resolution {d['resolution']}; its stem makes {size}")

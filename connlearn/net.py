@@ -30,61 +30,70 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from connlearn.blocks import BLOCKS, has_start
+from connlearn.blocks import BLOCKS, block_dims, has_start, norm
 from connlearn.errors import CheckpointError, ConfigError, check_choice
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
-from connlearn.graph import BranchGraph
+from connlearn.graph import BranchGraph, input_shape
 
 ENGINES = ("fused", "reference", "auto")
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
-    """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, H, W]`` (N = Σ N_s branches), ``mix``
-    ``[C, N]`` (or ``[B, C, N]``: a connectivity per example) → ``[B, C·ch, H, W]``, in the inputs' memory
-    format: one batched GEMM."""
-    b, _, h, w = inputs[0].shape
+    """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, *S]`` (N = Σ N_s branches; S the spatial
+    shape: ``H, W``, ``L`` or none), ``mix`` ``[C, N]`` (or ``[B, C, N]``: a connectivity per example) →
+    ``[B, C·ch, *S]``, in the inputs' memory format: one batched GEMM."""
+    b, spatial = inputs[0].shape[0], inputs[0].shape[2:]
     c, n = mix.shape[-2:]
+    size = math.prod(spatial)
     if mix.dim() == 3:
-        y = torch.cat([t.reshape(b, t.shape[1] // ch, ch * h * w) for t in inputs], dim=1)
-        return torch.bmm(mix.to(y.dtype), y).relu().reshape(b, c * ch, h, w)
-    if inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[0].is_contiguous():
+        y = torch.cat([t.reshape(b, t.shape[1] // ch, ch * size) for t in inputs], dim=1)
+        return torch.bmm(mix.to(y.dtype), y).relu().reshape(b, c * ch, *spatial)
+    if inputs[0].dim() == 4 and inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[
+            0].is_contiguous():
+        h, w = spatial
         parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
         return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
-    parts = [t.reshape(b, t.shape[1] // ch, ch * h * w) for t in inputs]
+    parts = [t.reshape(b, t.shape[1] // ch, ch * size) for t in inputs]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, h, w)
+    return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, *spatial)
+
+
+def _layer(dims: int, in_ch: int, out_ch: int, kernel: int, stride: int) -> nn.Module:
+    """A bias-free convolution over ``dims`` (0: a linear map of vectors), Kaiming-normal (fan-out, ReLU)."""
+    layer: nn.Module = (nn.Linear(in_ch, out_ch, bias=False) if dims == 0 else
+                        (nn.Conv1d if dims == 1 else nn.Conv2d)(in_ch, out_ch, kernel, stride=stride,
+                                                                padding=kernel // 2, bias=False))
+    nn.init.kaiming_normal_(cast(torch.Tensor, layer.weight), mode="fan_out", nonlinearity="relu")
+    return layer
 
 
 class Stem(nn.Sequential):
-    """Input convolution → BN → ReLU (→ 3x3 max-pool, stride 2)."""
+    """Input convolution → BN → ReLU (→ 3-wide max-pool, stride 2); over signals or, for vectors, a linear map."""
 
-    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, maxpool: bool) -> None:
-        conv = nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, bias=False)
-        pool = nn.MaxPool2d(3, stride=2, padding=1) if maxpool else nn.Identity()
-        super().__init__(OrderedDict(conv=conv, bn=nn.BatchNorm2d(out_ch), relu=nn.ReLU(inplace=True), pool=pool))
-        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, maxpool: bool, dims: int = 2) -> None:
+        pool = (nn.MaxPool1d if dims == 1 else nn.MaxPool2d)(3, stride=2, padding=1) if maxpool else nn.Identity()
+        super().__init__(OrderedDict(conv=_layer(dims, in_ch, out_ch, kernel, stride), bn=norm(out_ch, dims),
+                                     relu=nn.ReLU(inplace=True), pool=pool))
 
 
 class Projection(nn.Sequential):
     """The shortcut P where the shape changes: one 1x1 conv (stride) + BN, shared by a module's branches."""
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
-        conv = nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False)
-        super().__init__(conv, nn.BatchNorm2d(out_ch))
-        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+    def __init__(self, in_ch: int, out_ch: int, stride: int, dims: int = 2) -> None:
+        super().__init__(_layer(dims, in_ch, out_ch, 1, stride), norm(out_ch, dims))
 
 
 class Head(nn.Module):
-    """Global average pooling and a linear classifier."""
+    """Global average pooling (over whatever spatial axes there are) and a linear classifier."""
 
     def __init__(self, in_ch: int, num_classes: int) -> None:
         super().__init__()
         self.fc = nn.Linear(in_ch, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return self.fc(x.flatten(2).mean(-1) if x.dim() > 2 else x)
 
 
 class FusedModule(nn.Module):
@@ -99,19 +108,19 @@ class FusedModule(nn.Module):
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
         c, ch = self.branches, self.in_ch
         if mix is None:  # the first module: every branch reads the stem, whose shortcut is computed once
-            b, _, h, w = inputs[0].shape
-            x = inputs[0].unsqueeze(1).expand(b, c, ch, h, w).reshape(b, c * ch, h, w)
+            b, spatial = inputs[0].shape[0], inputs[0].shape[2:]
+            x = inputs[0].unsqueeze(1).expand(b, c, ch, *spatial).reshape(b, c * ch, *spatial)
             out = self.block(x)
             short = inputs[0] if self.proj is None else self.proj(inputs[0])
-            oh, ow = short.shape[-2:]
-            return (out.reshape(b, c, self.out_ch, oh, ow) + short.unsqueeze(1)).reshape(b, c * self.out_ch, oh, ow)
+            after = short.shape[2:]
+            return (out.reshape(b, c, self.out_ch, *after) + short.unsqueeze(1)).reshape(b, c * self.out_ch, *after)
         x = mix_branches(inputs, mix, ch)
-        b, _, h, w = x.shape
+        b, spatial = x.shape[0], x.shape[2:]
         out = self.block(x)
         if self.proj is None:
             return x + out
-        short = self.proj(x.reshape(b * c, ch, h, w))
-        return short.reshape(b, c * self.out_ch, *short.shape[-2:]) + out
+        short = self.proj(x.reshape(b * c, ch, *spatial))
+        return short.reshape(b, c * self.out_ch, *short.shape[2:]) + out
 
 
 class ReferenceModule(nn.Module):
@@ -126,7 +135,7 @@ class ReferenceModule(nn.Module):
             short = inputs[0] if self.proj is None else self.proj(inputs[0])
             return [short + block(inputs[0]) for block in self.blocks]
         def w(j: int, k: int) -> torch.Tensor:  # a weight, or a weight per example ([B, C, N] mixes)
-            return mix[j, k] if mix.dim() == 2 else mix[:, j, k].view(-1, 1, 1, 1)
+            return mix[j, k] if mix.dim() == 2 else mix[:, j, k].view(-1, *[1] * (inputs[0].dim() - 1))
 
         xs = [sum((w(j, k) * y for k, y in enumerate(inputs[1:], 1)), w(j, 0) * inputs[0]).relu()
               for j in range(len(self.blocks))]
@@ -173,7 +182,8 @@ class ConnectivityNet(nn.Module):
         gate_cls = GATES.get(self.gate_kind)
         inp, out = graph.nodes["input"], graph.nodes["output"]
         self.in_channels, self.num_classes = inp["in_channels"], out["num_classes"]
-        self.stem = Stem(inp["in_channels"], inp["out_channels"], **inp["stem"])
+        self.input_size, self.dims = input_shape(inp), len(input_shape(inp))
+        self.stem = Stem(inp["in_channels"], inp["out_channels"], **inp["stem"], dims=self.dims)
         self.module_ids = graph.modules()
         position = {m: p for p, m in enumerate(self.module_ids)}
         self._sources = [_sources(graph, m, position) for m in self.module_ids]
@@ -210,9 +220,9 @@ class ConnectivityNet(nn.Module):
                 outputs.append(stage(inputs, mix))
         last = outputs[-1]
         if self.engine == "fused":
-            b, n, hh, ww = last.shape
+            b, n, spatial = last.shape[0], last.shape[1], last.shape[2:]
             c = cast(FusedModule, self.stages[-1]).branches
-            last = last.reshape(b, c, n // c, hh, ww).mean(dim=1).relu()
+            last = last.reshape(b, c, n // c, *spatial).mean(dim=1).relu()
         elif self.engine == "reference":
             last = torch.stack(last, dim=1).mean(dim=1).relu()
         return self.head(last)
@@ -223,9 +233,9 @@ class ConnectivityNet(nn.Module):
             return list(out) if chosen is None else [out[i] for i in chosen]
         if chosen is None:
             return [out]
-        b, n, h, w = out.shape
+        b, n, spatial = out.shape[0], out.shape[1], out.shape[2:]
         ch = cast(FusedModule, stage).in_ch
-        return [out.reshape(b, n // ch, ch, h, w)[:, chosen].reshape(b, len(chosen) * ch, h, w)]
+        return [out.reshape(b, n // ch, ch, *spatial)[:, chosen].reshape(b, len(chosen) * ch, *spatial)]
 
     @torch._disable_dynamo
     def _draw(self, batch: int) -> dict[int, torch.Tensor]:
@@ -385,9 +395,16 @@ class ConnectivityNet(nn.Module):
         nodes = graph.branches(module)
         d = graph.nodes[nodes[0]]
         in_ch, out_ch, stride, kind = d["in_channels"], d["out_channels"], d["stride"], BLOCKS.get(d["block"])
-        proj = Projection(in_ch, out_ch, stride) if in_ch != out_ch or stride != 1 else None
+        for name in dict.fromkeys(graph.nodes[n]["block"] for n in nodes):
+            if self.dims not in block_dims(BLOCKS.get(name)):
+                raise ConfigError(f"block kind {name!r} works on {_in_words(block_dims(BLOCKS.get(name)))}; this "
+                                  f"network's input is {_in_words((self.dims,))}" + ("; use 'vector'" if self.dims == 0
+                                                                                     else ""))
+        dims = {"dims": self.dims} if self.dims != 2 else {}  # images: the default of every kind
+        proj = Projection(in_ch, out_ch, stride, self.dims) if in_ch != out_ch or stride != 1 else None
         if self.engine == "single-stream":
-            return SingleStreamModule(kind.single_stream(in_ch, out_ch, stride, len(nodes), **d["params"]), proj)
+            return SingleStreamModule(kind.single_stream(in_ch, out_ch, stride, len(nodes), **d["params"], **dims),
+                                      proj)
         gate = None
         if graph.candidates(module):
             values, active = graph.gate_matrix(module)
@@ -396,9 +413,9 @@ class ConnectivityNet(nn.Module):
                 check_choice(f"gate option of {self.gate_kind!r}", name, gate_cls.knobs)
             gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **options)
         if self.engine == "fused":
-            return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"]), proj, gate, in_ch, out_ch,
-                               len(nodes))
-        blocks = [BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"])
+            return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"], **dims), proj, gate, in_ch,
+                               out_ch, len(nodes))
+        blocks = [BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"], **dims)
                   for n in nodes]
         return ReferenceModule(blocks, proj, gate)
 
@@ -433,6 +450,10 @@ class ConnectivityNet(nn.Module):
             return has_start(block, hook)
         kind = graph.nodes[graph.branches(module)[0]]["block"]
         raise ConfigError(f"{init!r} start: block kind {kind!r} has no {hook}; use {fallback!r}")
+
+
+def _in_words(dims: tuple[int, ...]) -> str:
+    return " and ".join({0: "vectors (0-D)", 1: "signals (1-D)", 2: "images (2-D)"}[d] for d in dims)
 
 
 class _Recomputable:

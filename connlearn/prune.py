@@ -89,12 +89,13 @@ def summary(net: ConnectivityNet) -> str:
     graph = net.graph()
     live = active_branches(graph)
     lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules, engine="
-             f"{net.engine}, {net.in_channels}x{graph.nodes['input']['image_size']}px in, {net.num_classes} out"]
+             f"{net.engine}, {'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out"]
     for m in net.module_ids:
         d = graph.nodes[graph.branches(m)[0]]
         reads = f"{net.K} of {len(graph.candidates(m))} inputs" if graph.candidates(m) else "the stem"
+        at = f" at {d['resolution']}" if net.dims else ""  # a vector has no resolution
         lines.append(f"  module {m:>2}: {len(graph.branches(m))} x {d['block']} {d['in_channels']}->"
-                     f"{d['out_channels']} at {d['resolution']}px, {live[m]} live, each reads {reads}")
+                     f"{d['out_channels']}{at}, {live[m]} live, each reads {reads}")
     if freezing_changes_outputs(net):
         lines.append(f"  parameters: {net.num_parameters() / 1e6:.3f}M (real gates: nothing to prune until frozen)")
     else:

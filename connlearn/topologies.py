@@ -44,6 +44,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             layout: str | None = None, block: str = "bottleneck", block_params: dict[str, Any] | None = None,
             seed: int = 0, gate_init: float | str = 0.5, stem_channels: int | None = None,
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
+            input_size: tuple[int, ...] | list[int] | None = None,
             residual_init: str = "auto", conv_init: str = "branch", gate_options: dict[str, Any] | None = None,
             kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
@@ -58,6 +59,9 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         seed: the weights, the initial gates, the Fixed-Random draw, the tie orders and the draws.
         gate_init: the initial real gates, a value in [0, 1] or ``"uniform"``.
         stem_channels, base_channels, in_channels, image_size: override the layout's.
+        input_size: the data's spatial shape beyond images: ``(L,)`` for signals ``[B, in_channels, L]`` (1-D
+            convolutions, the stages halving L), ``()`` for vectors ``[B, in_channels]`` (linear maps, block
+            ``vector``); ``(S, S)`` is ``image_size=S``.
         residual_init: each branch's output starts at ``sqrt_k``: sqrt(K), the fan-in of the mean reading it
             (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
@@ -85,7 +89,18 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
-    size = check_int("image_size", lay["image_size"] if image_size is None else image_size, 1)
+    if input_size is not None:
+        input_size = tuple(check_int("input_size", n, 1) for n in input_size)
+        if len(input_size) > 2 or (len(input_size) == 2 and input_size[0] != input_size[1]):
+            raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
+        if len(input_size) == 2:
+            image_size, input_size = input_size[0], None
+    dims = 2 if input_size is None else len(input_size)
+    size = (check_int("image_size", lay["image_size"] if image_size is None else image_size, 1) if dims == 2 else
+            input_size[0] if input_size else 1)
+    if dims == 0:
+        kernel, stride, maxpool = 1, 1, False  # a linear stem; no stage can halve a vector
+        block = "vector" if block == "bottleneck" else block  # the default kind, in its vector form
     params = _block_params(block, block_params, width)
     if kernels is not None:
         kernels = tuple(kernels)
@@ -100,14 +115,15 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
                     conv_init=conv_init, **knobs, options={"preset": preset, "layout": layout or base["layout"],
                                                            "depth": 2 + 3 * sum(stages), "width": width, "C": C})
     res = math.ceil(math.ceil(size / stride) / (2 if maxpool else 1))
+    shape = {"image_size": size} if dims == 2 else {"input_size": list(input_size or ())}
     g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
-               image_size=size, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
+               **shape, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
     values_rng, ties = torch.Generator().manual_seed(seed), tie_generator(seed)
     module, prev = 0, stem_ch
     for s, count in enumerate(stages):
         stage_modules: list[int] = []
         for p in range(count):
-            module, step = module + 1, 2 if s > 0 and p == 0 else 1
+            module, step = module + 1, 2 if s > 0 and p == 0 and dims else 1
             res = math.ceil(res / step)
             branch_params = {**params, "width": width * 2**s} if "width" in params else params
             for j in range(1, C + 1):

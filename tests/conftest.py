@@ -21,6 +21,24 @@ def tiny(**overrides):
             "seed": 0, **overrides}
 
 
+#: The inputs the laws run over, by dimensionality: build options (beside tiny's) and one example's shape.
+SHAPES = {2: ({}, (3, 32, 32)), 1: ({"in_channels": 2, "input_size": (12,)}, (2, 12)),
+          0: ({"in_channels": 6, "input_size": ()}, (6,))}
+
+
+def shaped(dims, **overrides):
+    """tiny()'s options for inputs of ``dims`` (2: images, 1: signals, 0: vectors, whose block is ``vector``)."""
+    block = {"block": "vector"} if dims == 0 and overrides.get("block", "bottleneck") == "bottleneck" else {}
+    return tiny(**{**SHAPES[dims][0], **overrides, **block})
+
+
+def batch(net_or_dims, n=2, seed=7, dtype=torch.float32):
+    """A random batch for a network (or a dimensionality's tiny networks)."""
+    shape = (SHAPES[net_or_dims][1] if isinstance(net_or_dims, int)
+             else (net_or_dims.in_channels, *net_or_dims.input_size))
+    return torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
 @pytest.fixture
 def images():
     return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))

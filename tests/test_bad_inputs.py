@@ -20,7 +20,7 @@ from connlearn.export import export
 from connlearn.files import write_text
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
 from connlearn.train.compare import Study, collect, parse_arm
-from connlearn.train.data import load_dataset, read_image_folder
+from connlearn.train.data import ArrayDataset, load_dataset, read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
 
@@ -103,6 +103,12 @@ def _npz(tmp_path, **arrays):
     return path
 
 
+def _npz_arrays(tmp_path, train_x):
+    np.savez(tmp_path / "a.npz", train_x=train_x, train_y=np.zeros(len(train_x), int), test_x=np.zeros((1, 2, 2)),
+             test_y=np.zeros(1, int))
+    return tmp_path / "a.npz"
+
+
 def _npy(path):
     with open(path, "wb") as f:
         np.save(f, np.zeros(3))
@@ -121,6 +127,16 @@ def _pack(*argv):
     from connlearn.cli import build_parser, cmd_pack
 
     return cmd_pack(build_parser().parse_args(["pack", *map(str, argv)]))
+
+
+def _signal_net_given_images(tmp_path):
+    from connlearn.train.checkpoint import make_checkpoint, save_checkpoint
+    from connlearn.train.data import synthetic
+    from connlearn.train.protocol import build_net
+
+    net = connlearn.build(**tiny(in_channels=2, input_size=(12,))).freeze()
+    save_checkpoint(make_checkpoint(net), tmp_path / "signals.pt")
+    return build_net(RunConfig(dataset="cifar10", connectivity=str(tmp_path / "signals.pt")), synthetic()[0])
 
 
 def _file(tmp_path, name, content):
@@ -261,6 +277,17 @@ CASES = [
     (lambda t: write_text("/dev/full", "x"), ConfigError, ["/dev/full exists and is not a regular file"]),
     (lambda t: write_text(_fifo(t, "out.npz"), "x"), ConfigError, ["out.npz exists and is not a regular file"]),
     (lambda t: write_text(t, "x"), ConfigError, ["is not a regular file"]),
+    # beyond images: the shapes a network and its blocks take
+    (lambda _: connlearn.build(block="basic", input_size=()), ConfigError,
+     ["block kind 'basic' works on signals (1-D) and images (2-D)", "input is vectors (0-D)", "use 'vector'"]),
+    (lambda _: connlearn.build(block="vector"), ConfigError, ["'vector' works on vectors (0-D)", "images (2-D)"]),
+    (lambda _: connlearn.build(input_size=(4, 5)), ConfigError, ["input_size must be (), (L,) or square", "(4, 5)"]),
+    (lambda _: ArrayDataset(np.zeros((4, 2, 3, 5)), [0] * 4, ["a"]), DataError,
+     ["[N, C, L] (signals) or [N, F] (vectors)", "[4, 2, 3, 5]"]),
+    (lambda _: ArrayDataset(np.array([[0.0, np.nan]]), [0], ["a"]), DataError, ["finite", "x[0, 1] is nan"]),
+    (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2)))), DataError, ["a.npz (train)", "[N, C, L]"]),
+    (lambda t: _signal_net_given_images(t), ConfigError,
+     ["takes 2-channel signals of length 12 to 10 classes", "the data is 3x32x32 images"]),
     # registries
     (lambda _: connlearn.register_gate("odd", int), ConfigError,
      ["gate kind 'odd'", "subclass of connlearn.gates.Gate"]),

@@ -7,14 +7,15 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import tiny
+from conftest import SHAPES, shaped, tiny
 
 import connlearn
 from connlearn.train import Trainer, get_recipe
-from connlearn.train.data import synthetic
+from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import make_loaders
 
 
@@ -38,8 +39,22 @@ def _worker(rank, world, init, out, results):
     resumed = trainer("resumed")
     resumed.fit()
     kinds = {gate: _digest(_fit(trainer(gate, gate))) for gate in ("imle", "score")}
+    shapes = {}
+    for dims in (1, 0):  # signals and vectors: every rank the same network, a resume as if uninterrupted
+        rng = np.random.default_rng(dims)
+        x = rng.normal(size=(96, *SHAPES[dims][1])).astype("float32")
+        arrays = ArrayDataset(x, rng.integers(0, 10, 96), [str(c) for c in range(10)])
+
+        def of_shape(folder, dims=dims, arrays=arrays):
+            loaders = make_loaders(arrays, arrays, 16 // world, device="cpu", seed=0, rank=rank, world_size=world)
+            return Trainer(connlearn.build(**shaped(dims)), *loaders, get_recipe("cifar").scaled(2),
+                           out_dir=os.path.join(out, folder), progress=False, snapshot_every=0)
+
+        whole = _fit(of_shape(f"d{dims}"))
+        of_shape(f"d{dims}-resumed").fit(max_epochs=1)
+        shapes[dims] = (_digest(whole), _digest(_fit(of_shape(f"d{dims}-resumed"))))
     results[rank] = (_digest(straight.net), _digest(resumed.net), straight.history[-1]["test_top1"],
-                     straight.history[-1]["drawn_distinct"], kinds, _global_draws(rank, world))
+                     straight.history[-1]["drawn_distinct"], kinds, _global_draws(rank, world), shapes)
     dist.destroy_process_group()
 
 
@@ -65,8 +80,9 @@ def test_ranks_agree_and_a_resume_ends_as_an_uninterrupted_run(tmp_path):
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(_worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path), results), nprocs=2, join=True)
-    (digest0, again0, top1_0, draws0, kinds0, global0), (digest1, again1, top1_1, draws1, kinds1, global1) = (
-        results[0], results[1])
+    (digest0, again0, top1_0, draws0, kinds0, global0, shapes0), (digest1, again1, top1_1, draws1, kinds1, global1,
+                                                                   shapes1) = results[0], results[1]
+    assert shapes0 == shapes1 and all(whole == again for whole, again in shapes0.values())  # signals, vectors
     assert digest0 == digest1 and again0 == again1  # every rank holds the same network
     assert digest0 == again0  # resumed as if uninterrupted
     assert top1_0 == top1_1 and draws0 == draws1  # metrics summed over both ranks' shards

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import SHAPES, batch, shaped, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from plain_resnext import PlainResNeXt
@@ -25,10 +25,12 @@ def configs(draw):
     C = draw(st.integers(1, 6))
     topology = draw(st.sampled_from(["resnext", "dense"]))
     gate = draw(st.sampled_from([g for g in GATES.names() if g != "frozen" and (g != "full" or topology == "resnext")]))
-    return topology, tiny(C=C, K=C if gate == "full" else draw(st.integers(1, C)), gate=gate,
-                          M=draw(st.sampled_from([3, 6])), block=draw(st.sampled_from(["bottleneck", "basic"])),
-                          seed=draw(st.integers(0, 100)), gate_init=draw(st.sampled_from([0.5, "uniform"])),
-                          residual_init=draw(st.sampled_from(["auto", "sqrt_k", "one", "zero"]))), draw(st.booleans())
+    dims = draw(st.sampled_from([2, 1, 0]))
+    return topology, shaped(dims, C=C, K=C if gate == "full" else draw(st.integers(1, C)), gate=gate,
+                            M=draw(st.sampled_from([3, 6])),
+                            block="vector" if dims == 0 else draw(st.sampled_from(["bottleneck", "basic"])),
+                            seed=draw(st.integers(0, 100)), gate_init=draw(st.sampled_from([0.5, "uniform"])),
+                            residual_init=draw(st.sampled_from(["auto", "sqrt_k", "one", "zero"]))), draw(st.booleans())
 
 
 def _reference_grad(ref, fused, name, grads):
@@ -44,10 +46,10 @@ def test_fused_and_reference_compute_the_same_outputs_and_gradients(config):
     topology, options, train = config
     fused = connlearn.build(topology, **options).train(train)
     ref = to_engine(fused, "reference")
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    x = batch(fused, 4)
     torch.testing.assert_close(fused(x), ref(x), atol=1e-5, rtol=1e-4)
     fused.double(), ref.double()  # float64: a ReLU input within rounding of 0 falls alike in both
-    target = torch.randn(2, 10, dtype=torch.float64)
+    target = torch.randn(4, 10, dtype=torch.float64)
     (fused(x.double()) * target).sum().backward()
     (ref(x.double()) * target).sum().backward()
     grads = {n: p.grad for n, p in ref.named_parameters()}
@@ -201,11 +203,12 @@ def test_every_training_row_has_k_ones_and_eval_is_the_top_k(gate):
 
 @settings(max_examples=10)
 @given(seed=st.integers(0, 10**6), topology=st.sampled_from(["resnext", "dense"]), K=st.integers(1, 2),
-       kernels=st.sampled_from([None, (1, 3, 5)]))
-def test_pruning_keeps_the_eval_outputs_and_reports_what_it_removed(seed, topology, K, kernels):
+       shape=st.sampled_from([(2, None), (2, (1, 3, 5)), (1, None), (1, (1, 3, 5)), (0, None)]))
+def test_pruning_keeps_the_eval_outputs_and_reports_what_it_removed(seed, topology, K, shape):
+    dims, kernels = shape
     net = connlearn.build(topology, engine="auto", kernels=kernels,
-                          **tiny(C=4, K=K, M=6, seed=seed, gate_init="uniform")).freeze().eval()
-    x = torch.randn(3, 3, 32, 32)
+                          **shaped(dims, C=4, K=K, M=6, seed=seed, gate_init="uniform")).freeze().eval()
+    x = batch(net, 3)
     pruned, report = prune_dead_blocks(net)
     torch.testing.assert_close(pruned.eval()(x), net(x), atol=1e-5, rtol=1e-5)
     assert report.blocks_before - report.blocks_after == len(dead_blocks(net.graph()))
@@ -241,16 +244,17 @@ def test_the_default_is_figure_3s_model_and_gates_count_only_when_asked():
 
 
 @given(seed=st.integers(0, 10**6), gate=st.sampled_from(["topk", "real", "random"]),
-       kernels=st.sampled_from([None, (1, 3, 5)]))
-def test_a_graph_compiles_to_the_network_it_came_from(seed, gate, kernels):
+       shape=st.sampled_from([(2, None), (2, (1, 3, 5)), (1, None), (0, None)]))
+def test_a_graph_compiles_to_the_network_it_came_from(seed, gate, shape):
+    dims, kernels = shape
     net = connlearn.build("dense", engine="auto", kernels=kernels,
-                          **tiny(seed=seed, gate=gate, M=6, gate_init="uniform")).eval()
+                          **shaped(dims, seed=seed, gate=gate, M=6, gate_init="uniform")).eval()
     graph = BranchGraph.from_json(net.graph().to_json())
     assert graph.graph == net.graph().graph and list(graph.edges(data=True)) == list(net.graph().edges(data=True))
     assert list(graph.nodes(data=True)) == list(net.graph().nodes(data=True))
     again = connlearn.from_graph(graph, engine="auto").eval()
     again.load_state_dict(net.state_dict())
-    x = torch.randn(2, 3, 32, 32)
+    x = batch(net)
     torch.testing.assert_close(again(x), net(x))
     assert all(torch.equal(a, b) for a, b in zip(again.connectivity().values(), net.connectivity().values(),
                                                             strict=True))
@@ -405,3 +409,17 @@ def test_torch_compile_captures_a_training_pass_in_one_graph_with_the_same_outpu
     compiled = torch.compile(twin, backend="aot_eager")
     torch.testing.assert_close(compiled(x), net(x))
     torch.testing.assert_close(compiled.eval()(x), net.eval()(x))
+
+
+@pytest.mark.parametrize("dims", [2, 1, 0])
+def test_a_pruned_network_exports_to_what_it_computes_at_every_dimensionality(dims, tmp_path):
+    from connlearn.export import export
+
+    net = connlearn.build(**shaped(dims, K=1, gate_init="uniform")).freeze().eval()
+    pruned = prune_dead_blocks(net)[0].eval()
+    x = batch(net, 3)
+    files = export(pruned, tmp_path / "m.ts", "torchscript") + export(pruned, tmp_path / "m.pt2", "export")
+    torch.testing.assert_close(torch.jit.load(str(files[0]))(x), net(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.export.load(str(files[1])).module()(x), net(x), atol=1e-5, rtol=1e-5)
+    if dims < 2:  # the network's own shapes: a signal network takes signals, a vector one vectors
+        assert pruned.input_size == SHAPES[dims][0]["input_size"]

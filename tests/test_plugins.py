@@ -5,11 +5,11 @@ from importlib import metadata
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import batch, shaped, tiny
 from torch import nn
 
 import connlearn
-from connlearn.blocks import BranchBlock, Looped, conv
+from connlearn.blocks import BLOCKS, BranchBlock, Looped, block_dims, conv
 from connlearn.gates import GATES, LearnedGate
 from connlearn.graph import BranchGraph, block_name
 from connlearn.net import to_engine
@@ -20,14 +20,14 @@ from connlearn.updater import GateUpdater, param_groups
 def _train_freeze_prune_draw(net, tmp_path):
     opt = torch.optim.SGD(param_groups(net, 0.1, 5e-4, 0.2), lr=0.1, momentum=0.9)
     GateUpdater(net).attach(opt)
-    loss = net(torch.randn(4, net.in_channels, 32, 32)).logsumexp(1).mean()
+    loss = net(batch(net, 4)).logsumexp(1).mean()
     loss.backward()
     opt.step()
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in net.parameters())
     if connlearn.prune.freezing_changes_outputs(net):
         net.freeze()
     pruned, _ = connlearn.prune_dead_blocks(net, freeze=True)
-    x = torch.randn(2, net.in_channels, 32, 32)
+    x = batch(net)
     torch.testing.assert_close(pruned.eval()(x), net.freeze().eval()(x), atol=1e-5, rtol=1e-5)
     connlearn.render.save(net.graph(), tmp_path / "c.dot")
 
@@ -45,8 +45,9 @@ def test_every_registered_gate_kind_and_topology_trains_freezes_prunes_and_draws
 
 @pytest.mark.parametrize("block", connlearn.list_blocks())
 @pytest.mark.parametrize("engine", ["fused", "reference"])
-def test_every_registered_block_kind_runs_on_both_engines(block, engine, tmp_path):
-    _train_freeze_prune_draw(connlearn.build(**tiny(block=block), engine=engine), tmp_path)
+def test_every_registered_block_kind_runs_on_both_engines_at_every_dimensionality_it_takes(block, engine, tmp_path):
+    for dims in block_dims(BLOCKS.get(block)):
+        _train_freeze_prune_draw(connlearn.build(**shaped(dims, block=block), engine=engine), tmp_path)
 
 
 class PlainBlock(BranchBlock):

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from conftest import RandomLoader, tiny
+from conftest import RandomLoader, shaped, tiny
 
 import connlearn
 import connlearn.files
@@ -21,7 +21,7 @@ from connlearn.errors import CheckpointError, ConfigError, DivergenceError
 from connlearn.files import read_jsonl
 from connlearn.train import Phase, Recipe, RunConfig, Trainer, TrainingStopped, get_recipe, load_checkpoint
 from connlearn.train.checkpoint import folder_lock
-from connlearn.train.data import synthetic
+from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
@@ -265,6 +265,40 @@ def test_the_gates_held_out_images_leave_the_weights_training_images_as_they_wer
     train, _, _, held = load_data(RunConfig(**options, gate_holdout=100))
     assert np.array_equal(plain.images, train.images) and len(held) == 100
     assert not (held.images[:, None] == train.images[None]).all(axis=(2, 3, 4)).any()
+
+
+def _arrays(dims, n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = {1: (2, 12), 0: (6,)}[dims]
+    return ArrayDataset(rng.normal(size=(n, *shape)), rng.integers(0, 10, n), [str(c) for c in range(10)])
+
+
+@pytest.mark.parametrize("dims", [1, 0])
+def test_a_run_of_signals_or_vectors_resumed_within_an_epoch_ends_as_an_uninterrupted_one(tmp_path, dims):
+    train, test = _arrays(dims), _arrays(dims, 20, seed=1)
+
+    def trainer(out, **options):
+        return Trainer(connlearn.build(**shaped(dims, gate_init="uniform")), *make_loaders(train, test, 16,
+                       device="cpu", seed=3), RECIPE, out_dir=out, device="cpu", progress=False, snapshot_every=3,
+                       **options)
+
+    straight = trainer(tmp_path / "straight")
+    straight.fit()
+    interrupted = trainer(tmp_path / "resumed", checkpoint_every=1)
+    real_epoch = interrupted.train_loader.epoch
+
+    def stop_at(epoch, start=0):  # a kill at batch 2 of epoch 1 (phase 2)
+        for i, batch in enumerate(real_epoch(epoch, start), start):
+            if (epoch, i) == (1, 2):
+                raise KeyboardInterrupt
+            yield batch
+
+    interrupted.train_loader.epoch = stop_at
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit()
+    resumed = trainer(tmp_path / "resumed", checkpoint_every=1)
+    resumed.fit()
+    _same_run(straight, resumed)
 
 
 def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_path):

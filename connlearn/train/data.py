@@ -1,10 +1,14 @@
-"""Image datasets in memory: the packed file format, conversions, a generated stand-in, and finding data.
+"""Datasets in memory: the packed file formats, conversions, a generated stand-in, and finding data.
 
 An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB) with int64
 labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
 image files joined end to end, uint8), ``{split}_offsets`` (N+1 integers: image ``i`` is
 ``buf[off[i]:off[i+1]]``) and ``{split}_labels``; ``class_names``; ``encoding`` (``png``; JPEG where absent).
 :func:`pack` writes it from an ImageDataset, a torchvision dataset or an image folder (``connlearn pack``).
+
+An :class:`ArrayDataset` is float32 signals ``[N, C, L]`` or vectors ``[N, F]`` with int64 labels; its packed
+format is an ``.npz`` of ``train_x``, ``train_y``, ``test_x``, ``test_y`` and, optionally, ``class_names``
+(:func:`pack_arrays`; ``numpy.savez`` writes one too).
 
 :func:`load_dataset` finds a dataset by name where :func:`data_folders` says, and for CIFAR downloads it
 there if it can; nothing found is one DataError saying where it looked and how to fix it.
@@ -91,13 +95,7 @@ class ImageDataset(ClassBalanced):
         if self.images.dtype != np.uint8 or self.images.ndim != 4 or not len(self.images):
             raise DataError(f"images must be uint8 [N, H, W, C] with N >= 1, got {self.images.dtype} "
                             f"{list(self.images.shape)}")
-        if self.labels.shape != (len(self.images),):
-            raise DataError(f"labels must be one per image: {len(self.images)} images, labels of shape "
-                            f"{list(self.labels.shape)}")
-        bad = np.flatnonzero((self.labels < 0) | (self.labels >= self.num_classes))
-        if len(bad):
-            raise DataError(f"label {bad[0]} is {self.labels[bad[0]]}: labels must be in 0..{self.num_classes - 1} "
-                            f"(one per class name; {len(bad)} are not)")
+        _check_labels(self.labels, len(self.images), self.num_classes)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -120,6 +118,55 @@ class ImageDataset(ClassBalanced):
 
     def _take(self, keep: np.ndarray) -> ImageDataset:
         return ImageDataset(self.images[keep], self.labels[keep], self.class_names)
+
+
+@attrs.frozen(eq=False)
+class ArrayDataset(ClassBalanced):
+    """Signals ``x [N, C, L]`` or vectors ``x [N, F]`` (finite float32) with int64 ``labels [N]`` in
+    ``0 .. len(class_names) - 1``: time series, audio features, embeddings, tabular rows."""
+
+    x: np.ndarray = attrs.field(converter=lambda v: np.ascontiguousarray(v, dtype=np.float32))
+    labels: np.ndarray = attrs.field(converter=lambda v: whole_labels(v))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+
+    def __attrs_post_init__(self) -> None:
+        if self.x.ndim not in (2, 3) or not len(self.x):
+            raise DataError(f"arrays must be [N, C, L] (signals) or [N, F] (vectors) with N >= 1, got "
+                            f"{list(self.x.shape)}")
+        if not np.isfinite(self.x).all():
+            first = np.argwhere(~np.isfinite(self.x))[0]
+            raise DataError(f"arrays must be finite; x{first.tolist()} is {self.x[tuple(first)]}")
+        _check_labels(self.labels, len(self.x), self.num_classes)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __repr__(self) -> str:
+        return f"ArrayDataset({len(self)} of {'x'.join(map(str, self.x.shape[1:]))}, {self.num_classes} classes)"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def channels(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def input_size(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.x.shape[2:])
+
+    def _take(self, keep: np.ndarray) -> ArrayDataset:
+        return ArrayDataset(self.x[keep], self.labels[keep], self.class_names)
+
+
+def _check_labels(labels: np.ndarray, count: int, classes: int) -> None:
+    if labels.shape != (count,):
+        raise DataError(f"labels must be one per example: {count} examples, labels of shape {list(labels.shape)}")
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if len(bad):
+        raise DataError(f"label {bad[0]} is {labels[bad[0]]}: labels must be in 0..{classes - 1} (one per class "
+                        f"name; {len(bad)} are not)")
 
 
 @attrs.frozen(eq=False)
@@ -261,8 +308,9 @@ def _decode(buffer: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
     return images
 
 
-def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
-    """``(train, test)`` of a packed ``.npz`` file (the format of this module's docstring)."""
+def load_packed(path: str | os.PathLike) -> tuple[Any, Any]:
+    """``(train, test)`` of a packed ``.npz`` file (the formats of this module's docstring): ImageDatasets, or
+    ArrayDatasets for a file of arrays."""
     path = path_of(path)
     try:
         archive = np.load(path, allow_pickle=False)
@@ -270,6 +318,8 @@ def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
             raise DataError(f"{path} holds one array (a .npy file), not a packed dataset; write one with "
                             "connlearn pack")
         with archive:
+            if "train_x" in archive.files:
+                return _arrays(path, archive)
             names = tuple(str(n) for n in np.atleast_1d(archive["class_names"]))
             splits = []
             for split in ("train", "test"):
@@ -290,6 +340,34 @@ def load_packed(path: str | os.PathLike) -> tuple[ImageDataset, ImageDataset]:
         raise DataError(f"{path} is not a readable packed dataset ({type(exc).__name__}: {exc}); write one with "
                         "connlearn pack") from None
     return splits[0], splits[1]
+
+
+def _arrays(path: Path, archive: Any) -> tuple[ArrayDataset, ArrayDataset]:
+    """``(train, test)`` of a packed file of arrays: ``train_x``, ``train_y``, ``test_x``, ``test_y`` and,
+    optionally, ``class_names`` (else ``0 .. classes - 1``)."""
+    labels = [archive[f"{split}_y"] for split in ("train", "test")]
+    classes = int(max(np.max(y) for y in labels)) + 1 if all(len(y) for y in labels) else 1
+    names = (tuple(str(n) for n in np.atleast_1d(archive["class_names"])) if "class_names" in archive.files
+             else tuple(str(c) for c in range(classes)))
+    splits = []
+    for split, y in zip(("train", "test"), labels, strict=True):
+        try:
+            splits.append(ArrayDataset(archive[f"{split}_x"], y, names))
+        except DataError as exc:
+            raise DataError(f"{path} ({split}): {exc}") from None
+    if splits[0].x.shape[1:] != splits[1].x.shape[1:]:
+        raise DataError(f"{path}: the train arrays are {list(splits[0].x.shape[1:])} each, the test arrays "
+                        f"{list(splits[1].x.shape[1:])}; one shape for both")
+    return splits[0], splits[1]
+
+
+def pack_arrays(path: str | os.PathLike, train: ArrayDataset, test: ArrayDataset) -> Path:
+    """Write ``train`` and ``test`` as a packed ``.npz`` of arrays; returns its path."""
+    path = path_of(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, Any] = {"train_x": train.x, "train_y": train.labels, "test_x": test.x, "test_y": test.labels,
+                              "class_names": np.array(train.class_names, dtype=str)}
+    return write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
 def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> ImageDataset:

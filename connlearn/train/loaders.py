@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from connlearn.errors import ConfigError, check_choice
-from connlearn.train.data import ImageDataset, pixel_mean
+from connlearn.train.data import ArrayDataset, ImageDataset, pixel_mean
 from connlearn.train.signals import start_workers, worker_init
 
 MAX_SEED = 2**40
@@ -174,13 +174,51 @@ class DataLoaderPath(_Augmented):
                 for x, y in start_workers(loader))
 
 
-def make_loaders(train: ImageDataset, test: ImageDataset, batch_size: int, *, device: str | torch.device,
-                 seed: int = 0, path: str = "auto", eval_batch_size: int | None = None,
-                 **options: Any) -> tuple[BatchLoader | DataLoaderPath, BatchLoader | DataLoaderPath]:
-    """The train and test loaders: ``path`` ``auto`` (:class:`BatchLoader`) or ``dataloader``
+class ArrayLoader(ShardedBatches):
+    """Batches ``(x float32 [B, C, L] or [B, F], y int64 [B])`` of an :class:`ArrayDataset` on ``device``, each
+    channel (each feature of vectors) standardised by ``mean`` and ``std`` (default the dataset's own, over
+    its examples and time steps: give the evaluation loader the training set's), shuffled per ``(seed,
+    epoch)`` in training; no augmentation. The other options are :class:`ShardedBatches`'."""
+
+    def __init__(self, dataset: ArrayDataset, batch_size: int, *, train: bool, mean: torch.Tensor | None = None,
+                 std: torch.Tensor | None = None, **options: Any) -> None:
+        super().__init__(len(dataset), batch_size, train=train, **options)
+        self.dataset = dataset
+        own_mean, own_std = channel_moments(dataset)
+        self.mean, self.std = (own_mean if mean is None else mean), (own_std if std is None else std)
+        shape = (1, -1, *[1] * len(dataset.input_size))
+        x = (torch.from_numpy(dataset.x) - self.mean.reshape(shape)) / self.std.reshape(shape)
+        self._x, self._y = x.to(self.device), torch.from_numpy(dataset.labels).to(self.device)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch`` from its batch ``start`` on."""
+        order = self.order(epoch).to(self.device)
+        for lo in range(start * self.batch_size, len(self) * self.batch_size, self.batch_size):
+            rows = order[lo:min(lo + self.batch_size, self.num_samples)]
+            yield self._x[rows], self._y[rows]
+
+
+def channel_moments(dataset: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel mean and standard deviation ``[C]`` of a dataset's arrays, over examples and time (a
+    constant channel's std taken as 1)."""
+    axes = (0, *range(2, dataset.x.ndim))
+    mean, std = dataset.x.mean(axis=axes, dtype=np.float64), dataset.x.std(axis=axes, dtype=np.float64)
+    return torch.from_numpy(mean).float(), torch.from_numpy(np.where(std > 0, std, 1.0)).float()
+
+
+def make_loaders(train: Any, test: Any, batch_size: int, *, device: str | torch.device, seed: int = 0,
+                 path: str = "auto", eval_batch_size: int | None = None, **options: Any) -> tuple[Any, Any]:
+    """The train and test loaders of ImageDatasets: ``path`` ``auto`` (:class:`BatchLoader`) or ``dataloader``
     (:class:`DataLoaderPath`); ``options`` go to both (``drop_last`` and ``shuffle`` to the train loader only).
-    The test loader subtracts the train set's pixel mean and keeps its last partial batch."""
+    The test loader subtracts the train set's pixel mean and keeps its last partial batch. Of ArrayDatasets:
+    two :class:`ArrayLoader`, both standardised by the train set's moments (the image options do not apply)."""
     cls = BatchLoader if check_choice("loader path", path, ("auto", "dataloader")) == "auto" else DataLoaderPath
+    if isinstance(train, ArrayDataset):
+        mean, std = channel_moments(train)
+        kept = {k: v for k, v in options.items() if k in ("rank", "world_size", "drop_last", "shuffle")}
+        return (ArrayLoader(train, batch_size, train=True, device=device, seed=seed, mean=mean, std=std, **kept),
+                ArrayLoader(test, eval_batch_size or batch_size, train=False, device=device, seed=seed, mean=mean,
+                            std=std, **{k: v for k, v in kept.items() if k in ("rank", "world_size")}))
     options.setdefault("mean", pixel_mean(train))
     train_only = {k: options.pop(k) for k in ("drop_last", "shuffle") if k in options}
     return (cls(train, batch_size, train=True, device=device, seed=seed, **train_only, **options),

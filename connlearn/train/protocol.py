@@ -30,6 +30,7 @@ from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
 from connlearn.train.data import (
     NUM_CLASSES,
+    ArrayDataset,
     ImageDataset,
     ImageFiles,
     load_dataset,
@@ -38,7 +39,7 @@ from connlearn.train.data import (
     synthetic,
 )
 from connlearn.train.folders import folder_loaders, load_imagenet
-from connlearn.train.loaders import MAX_SEED, make_loaders
+from connlearn.train.loaders import MAX_SEED, ArrayLoader, channel_moments, make_loaders
 from connlearn.train.recipe import GATE_OPTIMIZERS, Recipe, get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES, Trainer
@@ -213,6 +214,9 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str, Any]:
         (train, test), source = load_packed(str(config.data)), str(config.data)
     else:
         (train, test), source = load_dataset(config.dataset, config.data), config.dataset
+    if isinstance(train, ArrayDataset) and protocol.image_size:
+        raise DataError(f"the {config.dataset} data found holds arrays of {describe(train)}, not images: train it "
+                        "as --dataset custom")
     if isinstance(train, ImageDataset) and protocol.image_size and (train.image_size, train.channels) != (
             (protocol.image_size,) * 2, 3):
         h, w = train.image_size
@@ -243,15 +247,21 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
             graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
             graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
         net = connlearn.from_graph(graph, engine=config.engine, seed=config.seed).freeze()
-        channels = train.channels if isinstance(train, ImageDataset) else 3
-        if (net.in_channels, net.num_classes) != (channels, train.num_classes):
-            raise ConfigError(f"connectivity {path}: its network takes {net.in_channels} channels to {net.num_classes} "
-                              f"classes; the data has {channels} and {train.num_classes}")
+        if isinstance(train, ArrayDataset):
+            fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
+        else:  # images of any size: the loaders crop them
+            fits = net.dims == 2 and net.in_channels == (train.channels if isinstance(train, ImageDataset) else 3)
+        if not fits or net.num_classes != train.num_classes:
+            raise ConfigError(f"connectivity {path}: its network takes {describe(net.in_channels, net.input_size)} to "
+                              f"{net.num_classes} classes; the data is {describe(train)} in {train.num_classes} "
+                              "classes")
         return net
     protocol = PROTOCOLS[config.dataset]
     options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
                                                "residual_init", "conv_init") if getattr(config, k) is not None}
-    if protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
+    if isinstance(train, ArrayDataset):  # signals or vectors: their own shape and channels
+        options.update(input_size=train.input_size, in_channels=train.channels)
+    elif protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
         options.update(image_size=min(train.image_size), in_channels=train.channels)  # the loaders crop the square
     elif protocol.crop:
         options["image_size"] = protocol.crop
@@ -264,7 +274,21 @@ def data_facts(train: Any, test: Any) -> dict[str, Any]:
     """What a run records of its data, to refuse resuming on other data under the same path."""
     names = hashlib.sha256("\n".join(train.class_names).encode()).hexdigest()[:16]
     return {"train_images": len(train), "eval_images": len(test), "class_names_sha256": names,
-            "image_size": list(train.image_size) if isinstance(train, ImageDataset) else None}
+            "image_size": list(train.image_size) if isinstance(train, ImageDataset) else None,
+            **({"input_size": list(train.input_size)} if isinstance(train, ArrayDataset) else {})}
+
+
+def describe(data: Any, input_size: tuple[int, ...] | None = None) -> str:
+    """What a network takes or a dataset holds, in words: ``3x32x32 images``, ``12-channel signals of length
+    29``, ``vectors of 64``; ``data`` a dataset, or a channel count with ``input_size``."""
+    if input_size is None:
+        if not isinstance(data, ArrayDataset):
+            return (f"{data.channels}x{'x'.join(map(str, data.image_size))} images" if isinstance(data, ImageDataset)
+                    else "image files")
+        data, input_size = data.channels, data.input_size
+    if len(input_size) == 2:
+        return f"{data}x{'x'.join(map(str, input_size))} images"
+    return f"{data}-channel signals of length {input_size[0]}" if input_size else f"vectors of {data}"
 
 
 def _check_settings(ckpt: dict[str, Any], config: RunConfig, facts: dict[str, Any]) -> None:
@@ -329,9 +353,14 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     else:
         loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
                                eval_batch_size=eval_batch, crop=protocol.crop, pad=protocol.pad, **shards)
-    gate_loader = None if held is None else make_loaders(held, test, batch, device=device, seed=config.seed,
-                                                         path=config.loader, mean=pixel_mean(train),
-                                                         crop=protocol.crop, pad=protocol.pad, **shards)[0]
+    gate_loader = None
+    if isinstance(held, ArrayDataset):
+        mean, std = channel_moments(train)
+        gate_loader = ArrayLoader(held, batch, train=True, device=device, seed=config.seed, mean=mean, std=std,
+                                  rank=rank, world_size=world)
+    elif held is not None:
+        gate_loader = make_loaders(held, test, batch, device=device, seed=config.seed, path=config.loader,
+                                   mean=pixel_mean(train), crop=protocol.crop, pad=protocol.pad, **shards)[0]
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
          f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
