@@ -68,8 +68,8 @@ def test_engines_agree_where_a_module_reads_part_of_the_previous_one():
     fused = connlearn.from_graph(graph).eval()
     reference = to_engine(fused, "reference").eval()
     assert connlearn.from_graph(graph, engine="reference").engine == "reference"
-    for batch in (3, 0):
-        x = torch.randn(batch, 3, 32, 32)
+    for size in (3, 0):
+        x = torch.randn(size, 3, 32, 32)
         torch.testing.assert_close(fused(x), reference(x))
     torch.testing.assert_close(to_engine(reference, "fused")(x), fused(x))
 
