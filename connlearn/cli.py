@@ -283,6 +283,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
     per_class = None if args.test_per_class is None else check_int("--test-per-class", args.test_per_class, 1)
     if args.source in ("cifar10", "cifar100"):
         train, test = load_dataset(args.source, args.data)
+    elif args.source.startswith("ucr:"):
+        from connlearn.train.data import load_ucr, pack_arrays
+
+        series, held = load_ucr(args.source.removeprefix("ucr:"))
+        written = pack_arrays(args.output, series, held)
+        shape = "x".join(map(str, series.x.shape[1:]))
+        print(f"wrote {written}: {len(series)} train and {len(held)} test series of {shape}, {series.num_classes} "
+              "classes")
+        return 0
     elif not source.exists():
         raise DataError(f"{args.source}: no such folder (nor cifar10 or cifar100)")
     elif (source / "train").is_dir() and (source / "test").is_dir():
@@ -356,8 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("torchscript", "onnx", "export"), default="torchscript")
     p.add_argument("-o", "--output", help="default: the checkpoint's name with .ts, .onnx or .pt2")
     p.add_argument("--no-prune", action="store_true")
-    p = command("pack", cmd_pack, "pack cifar10/cifar100 or an image folder (train/ and test/, or class folders "
-                                  "and --test-per-class) into one .npz")
+    p = command("pack", cmd_pack, "pack cifar10/cifar100, an image folder (train/ and test/, or class folders "
+                                  "and --test-per-class) or a UCR/UEA time-series set (ucr:GunPoint, shipped with "
+                                  "the aeon package) into one .npz")
     p.add_argument("source")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")
