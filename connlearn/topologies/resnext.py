@@ -20,7 +20,6 @@ from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
 from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
 from connlearn.graph import CONV_INITS, RESIDUAL_INITS, BranchGraph, block_name
-from connlearn.registry import Registry
 
 #: image size, stem (kernel, stride, max-pool), classes and, for ImageNet, the stage depths of each depth
 LAYOUTS: dict[str, dict[str, Any]] = {
@@ -89,25 +88,13 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
-    if input_size is not None:
-        input_size = tuple(check_int("input_size", n, 1) for n in input_size)
-        if len(input_size) > 2 or (len(input_size) == 2 and input_size[0] != input_size[1]):
-            raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
-        if len(input_size) == 2:
-            image_size, input_size = input_size[0], None
-    dims = 2 if input_size is None else len(input_size)
-    size = (check_int("image_size", lay["image_size"] if image_size is None else image_size, 1) if dims == 2 else
-            input_size[0] if input_size else 1)
+    shape, size = _input_shape(input_size, lay["image_size"] if image_size is None else image_size)
+    dims = len(shape)
     if dims == 0:
         kernel, stride, maxpool = 1, 1, False  # a linear stem; no stage can halve a vector
         block = "vector" if block == "bottleneck" else block  # the default kind, in its vector form
     params = _block_params(block, block_params, width)
-    if kernels is not None:
-        kernels = tuple(kernels)
-        if not kernels or not all(isinstance(k, int) and k >= 1 and k % 2 for k in kernels):
-            raise ConfigError(f"kernels must be odd sizes, e.g. (1, 3, 5); got {kernels!r}")
-        if not takes(BLOCKS.get(block), "kernel"):
-            raise ConfigError(f"kernels: block kind {block!r} takes no 'kernel' (bottleneck does)")
+    kernels = _kernels(kernels, block)
     if gate_options is not None and not isinstance(gate_options, dict):
         raise ConfigError(f"gate_options must be a dict of the gate kind's knobs, got {gate_options!r}")
     knobs = {"gate_options": dict(gate_options)} if gate_options else {}
@@ -115,9 +102,9 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
                     conv_init=conv_init, **knobs, options={"preset": preset, "layout": layout or base["layout"],
                                                            "depth": 2 + 3 * sum(stages), "width": width, "C": C})
     res = math.ceil(math.ceil(size / stride) / (2 if maxpool else 1))
-    shape = {"image_size": size} if dims == 2 else {"input_size": list(input_size or ())}
+    spatial = {"image_size": size} if dims == 2 else {"input_size": list(shape)}
     g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
-               **shape, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
+               **spatial, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
     values_rng, ties = torch.Generator().manual_seed(seed), tie_generator(seed)
     module, prev = 0, stem_ch
     for s, count in enumerate(stages):
@@ -145,12 +132,31 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     return g
 
 
-def dense(**options: Any) -> BranchGraph:
-    """:func:`resnext` whose blocks may read every earlier module of their stage (same channels and
-    resolution): the paper's proposed DenseNet-style skip connectivity. Takes :func:`resnext`'s options."""
-    if options.get("gate") == "full":
-        raise ConfigError("gate 'full' is ResNeXt's connectivity: use the topology 'resnext'")
-    return resnext(**options, dense=True)
+def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
+    """``(spatial shape, the stem's input length)`` of ``input_size`` (``()``, ``(L,)``, ``(S, S)``), else of
+    square images of ``image_size``."""
+    if input_size is None or len(input_size) == 2:
+        shape = tuple(input_size or (image_size, image_size))
+        if shape[0] != shape[1]:
+            raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
+        side = check_int("image_size" if input_size is None else "input_size", shape[0], 1)
+        return (side, side), side
+    shape = tuple(check_int("input_size", n, 1) for n in input_size)
+    if len(shape) > 1:
+        raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
+    return shape, shape[0] if shape else 1
+
+
+def _kernels(kernels: Any, block: str) -> tuple[int, ...] | None:
+    """The branches' kernel sizes, checked (see :func:`resnext`)."""
+    if kernels is None:
+        return None
+    kernels = tuple(kernels)
+    if not kernels or not all(isinstance(k, int) and k >= 1 and k % 2 for k in kernels):
+        raise ConfigError(f"kernels must be odd sizes, e.g. (1, 3, 5); got {kernels!r}")
+    if not takes(BLOCKS.get(block), "kernel"):
+        raise ConfigError(f"kernels: block kind {block!r} takes no 'kernel' (bottleneck does)")
+    return kernels
 
 
 def _block_params(block: str, block_params: dict[str, Any] | None, width: int) -> dict[str, Any]:
@@ -211,13 +217,3 @@ def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | s
               else torch.full((rows, cols), float(gate_init)))
     order = random_tie_order(rows, cols, ties)
     return values, topk_mask(values, K, order), order
-
-
-def _check_topology(name: str, fn: Any) -> None:
-    if not callable(fn):
-        raise ConfigError(f"topology {name!r} must be a function of keyword options returning a BranchGraph")
-
-
-TOPOLOGIES: Registry[Any] = Registry("topology", "connlearn.topologies", check=_check_topology)
-TOPOLOGIES.register("resnext", resnext)
-TOPOLOGIES.register("dense", dense)
