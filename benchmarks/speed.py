@@ -9,8 +9,11 @@ Fixed-Random {29,8,8} net before and after pruning its dead blocks.
     python benchmarks/speed.py                          # CPU (or --device cuda)
     python benchmarks/speed.py --archs cifar-20-4-8 --repeats 5 --json speed.json
     python benchmarks/speed.py --archs cifar-20-4-8 --skip-reference --compile reduce-overhead
+    python benchmarks/speed.py --archs cifar-20-4-8 --dims 1 0       # also signals and vectors: fused vs reference
 
 Targets (GPU): fused >= 4x faster than reference; topk <= 1.03x random; full <= 1.05x the plain ResNeXt.
+``--dims`` adds the same network over signals (3 channels of length 1,024) and vectors (3,072 features), the
+same numbers per example as a 3x32x32 image: the fused engine must stay at least as fast as the reference.
 Results go in BENCHMARKS.md with the device, date, command and number of runs.
 """
 
@@ -69,7 +72,8 @@ def time_train_step(model: torch.nn.Module, device: torch.device, batch: int, wa
     """Median seconds of a training step."""
     model = model.to(device, memory_format=memory).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=memory)
+    x = torch.randn(batch, *_example(model), device=device)
+    x = x.contiguous(memory_format=memory) if x.dim() == 4 else x
     y = torch.randint(0, 100, (batch,), device=device)
     times = []
     for i in range(warmup + repeats):
@@ -99,6 +103,15 @@ def time_inference(model: torch.nn.Module, device: torch.device, batch: int, war
     return statistics.median(times)
 
 
+def _example(model: torch.nn.Module) -> tuple[int, ...]:
+    """One example's shape: the network's own (signals, vectors), else a 3x32x32 image."""
+    return (model.in_channels, *model.input_size) if hasattr(model, "input_size") else (3, 32, 32)
+
+
+#: --dims: the build options of each input (as many numbers per example as a 3x32x32 image)
+SHAPES = {1: {"in_channels": 3, "input_size": (1024,)}, 0: {"in_channels": 3072, "input_size": ()}}
+
+
 def plain_for(preset: str) -> PlainResNeXt:
     p = PRESETS[preset]
     base, stem = (256, 64) if p["width"] >= 64 else (64, 16)
@@ -119,6 +132,8 @@ def main() -> None:
     parser.add_argument("--compile", nargs="?", const="default", metavar="MODE",
                         choices=COMPILE_MODES,
                         help="also time fused topk K=4 and full under torch.compile (the warm-up compiles)")
+    parser.add_argument("--dims", nargs="*", type=int, default=[], choices=(1, 0),
+                        help="also time fused and reference topk K=4 over signals (1) and vectors (0)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -142,13 +157,17 @@ def main() -> None:
         if not args.skip_reference:
             configs["reference topk K=4"] = lambda a=arch: connlearn.build(preset=a, gate="topk", K=4,
                                                                           engine="reference")
+        for dims in args.dims:
+            for engine in ("fused", "reference"):
+                configs[f"{engine} topk K=4, {dims}-D"] = lambda a=arch, e=engine, d=dims: connlearn.build(
+                    preset=a, gate="topk", K=4, engine=e, **SHAPES[d])
         if args.compile:
             for label in ("fused topk K=4", "full (ResNeXt)"):
                 configs[f"{label}, compiled"] = lambda make=configs[label]: torch.compile(make(), mode=args.compile)
         for label, make in configs.items():
             steps = max(warmup, 2) if label.endswith("compiled") else warmup
             row[label] = time_train_step(make(), device, args.batch, steps, repeats, memory)
-            print(f"{arch:14s} {label:20s} {1000 * row[label]:10.1f} ms/step", flush=True)
+            print(f"{arch:14s} {label:28s} {1000 * row[label]:10.1f} ms/step", flush=True)
         results[arch] = row
     if args.profile:
         print(f"\nprofile of 5 steps, fused topk K=4, {args.archs[0]}:")
@@ -175,6 +194,13 @@ def main() -> None:
         speedup = "-" if ref is None else f"{ref / row['fused topk K=4']:.2f}x"
         print(f"| {arch} | {ms} | {speedup} | {row['fused topk K=4'] / row['fused random K=4']:.3f} | "
               f"{row['full (ResNeXt)'] / row['plain ResNeXt']:.3f} |")
+    if args.dims:
+        print("\n| arch | input | fused topk | reference topk | reference/fused |\n| --- | --- | --- | --- | --- |")
+        for arch, row in results.items():
+            for dims in args.dims:
+                fused, ref = row[f"fused topk K=4, {dims}-D"], row[f"reference topk K=4, {dims}-D"]
+                what = "signals 3x1024" if dims else "vectors of 3072"
+                print(f"| {arch} | {what} | {1000 * fused:.1f} ms | {1000 * ref:.1f} ms | {ref / fused:.2f}x |")
     if args.compile:
         print(f"\ntorch.compile (mode {args.compile}), eager / compiled step time:")
         for arch, row in results.items():
