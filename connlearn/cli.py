@@ -294,6 +294,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
         return 0
     elif not source.exists():
         raise DataError(f"{args.source}: no such folder (nor cifar10 or cifar100)")
+    elif source.is_file():  # an .npz of arrays: checked, then written in the packed form
+        from connlearn.train.data import ArrayDataset, load_packed, pack_arrays
+
+        series, held = load_packed(source)
+        if not isinstance(series, ArrayDataset):
+            raise DataError(f"{source} is packed already (images); train it with --dataset custom --data {source}")
+        written = pack_arrays(args.output, series, held)
+        print(f"wrote {written}: {len(series)} train and {len(held)} test arrays of "
+              f"{'x'.join(map(str, series.x.shape[1:]))}, {series.num_classes} classes")
+        return 0
     elif (source / "train").is_dir() and (source / "test").is_dir():
         train = read_image_folder(source / "train", size, channels=channels)
         test = read_image_folder(source / "test", size, classes=train.class_names, channels=train.channels)
@@ -366,8 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="default: the checkpoint's name with .ts, .onnx or .pt2")
     p.add_argument("--no-prune", action="store_true")
     p = command("pack", cmd_pack, "pack cifar10/cifar100, an image folder (train/ and test/, or class folders "
-                                  "and --test-per-class) or a UCR/UEA time-series set (ucr:GunPoint, shipped with "
-                                  "the aeon package) into one .npz")
+                                  "and --test-per-class), a UCR/UEA time-series set (ucr:GunPoint, shipped with "
+                                  "the aeon package) or an .npz of arrays (train_x [N, C, L] or [N, F], train_y, "
+                                  "test_x, test_y) into one checked .npz")
     p.add_argument("source")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")

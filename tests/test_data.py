@@ -183,3 +183,43 @@ def test_a_write_through_a_link_replaces_the_file_it_names_and_keeps_the_link(tm
     (tmp_path / "link.json").symlink_to("real.json")
     write_text(tmp_path / "link.json", "new")
     assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"
+
+
+def test_arrays_pack_and_load_back_the_same_values(tmp_path):
+    from connlearn.cli import main
+    from connlearn.train.data import ArrayDataset, pack_arrays
+
+    rng = np.random.default_rng(0)
+    for shape in ((2, 7), (5,)):
+        train = ArrayDataset(rng.normal(size=(12, *shape)), np.arange(12) % 3, ["a", "b", "c"])
+        test = ArrayDataset(rng.normal(size=(6, *shape)), np.arange(6) % 3, ["a", "b", "c"])
+        np.savez(tmp_path / "raw.npz", train_x=train.x, train_y=train.labels, test_x=test.x, test_y=test.labels)
+        assert main(["pack", str(tmp_path / "raw.npz"), "-o", str(tmp_path / "packed.npz")]) == 0
+        for path in (pack_arrays(tmp_path / "mine.npz", train, test), tmp_path / "packed.npz"):
+            loaded = load_packed(path)
+            assert all(np.array_equal(a.x, b.x) and np.array_equal(a.labels, b.labels)
+                       for a, b in zip((train, test), loaded, strict=True))
+        assert loaded[0].input_size == shape[1:] and loaded[0].channels == shape[0]
+
+
+def test_a_ucr_set_loads_as_the_archive_splits_it():
+    pytest.importorskip("aeon")
+    from connlearn.train.data import load_ucr, ucr_sets
+
+    assert {"GunPoint", "ItalyPowerDemand", "ArrowHead", "JapaneseVowels"} <= set(ucr_sets())
+    train, test = load_ucr("GunPoint")
+    assert train.x.shape == (50, 1, 150) and test.x.shape == (150, 1, 150) and train.class_names == ("1", "2")
+    vowels, _ = load_ucr("JapaneseVowels")  # unequal lengths, padded at the end to the longest: the UEA's 29
+    assert vowels.x.shape[1:] == (12, 29) and vowels.num_classes == 9 and (vowels.x[:, :, -1] == 0).any()
+
+
+def test_the_array_loaders_standardise_each_channel_by_the_training_set():
+    from connlearn.train.data import ArrayDataset
+
+    rng = np.random.default_rng(1)
+    train = ArrayDataset(rng.normal(3.0, 2.0, size=(64, 2, 9)), np.arange(64) % 2, ["a", "b"])
+    loader, evaluation = make_loaders(train, train, 64, device="cpu", seed=0)
+    x, _ = next(evaluation.epoch(0))
+    assert torch.allclose(x.mean((0, 2)), torch.zeros(2), atol=1e-5)
+    assert torch.allclose(x.std((0, 2), unbiased=False), torch.ones(2), atol=1e-4)
+    assert sorted(torch.cat([y for _, y in loader.epoch(3)]).tolist()) == sorted(train.labels.tolist())
