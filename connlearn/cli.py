@@ -352,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "(made anywhere)")
     p.add_argument("--margin", type=float, default=1.0, help="the equivalence margin of TOST, in points of "
                                                              "top-1 (default 1)")
-    add_train_arguments(p, skip=("seed",))  # --out is the study's folder; the other options are common to all arms
+    p.add_argument("--out", help="the study's folder: run ARM of seed S in OUT/ARM-sS, the report beside them "
+                                 "(default runs/compare)")
+    add_train_arguments(p, skip=("seed", "out"))  # the other train options are common to every arm
     p = command("prune", cmd_prune, "remove the dead blocks of a checkpoint")
     p.add_argument("checkpoint")
     p.add_argument("-o", "--output", required=True)
