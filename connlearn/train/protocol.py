@@ -153,7 +153,7 @@ class RunConfig:
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
-        if self.kernels is not None and self.engine == "fused":
+        if self.kernels is not None and len(set(self.kernels)) > 1 and self.engine == "fused":
             raise ConfigError(f"kernels {list(self.kernels)} make a module's blocks unlike, which the fused engine "
                               "cannot batch: give engine 'reference' (or 'auto') too")
         if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
