@@ -131,8 +131,10 @@ def analyse(folder: Path, prefix: str, boots: int) -> str:
     from connlearn.train.compare import collect
 
     found, _ = collect([folder])
-    arms = sorted(a for a in found if a.startswith(prefix))
-    seeds = sorted(set.intersection(*(set(found[a]) for a in arms)))
+    arms = sorted(a for a in found if a.startswith(prefix) and len(found[a]) >= 2)  # the crossed part so far
+    seeds = sorted(set.intersection(*(set(found[a]) for a in arms))) if arms else []
+    if len(arms) < 2 or len(seeds) < 2:
+        return f"not yet crossed: {len(arms)} connectivities with 2 seeds or more ({prefix}*)"
     table = np.array([[found[a][s]["test_top1"] for s in seeds] for a in arms])
     conn, seed, e = components(table)
     rng = np.random.default_rng(0)
