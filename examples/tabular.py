@@ -48,8 +48,10 @@ def mlp(features: int, classes: int, budget: int) -> nn.Module:
         return nn.Sequential(nn.Linear(features, h), nn.BatchNorm1d(h), nn.ReLU(), nn.Linear(h, h),
                              nn.BatchNorm1d(h), nn.ReLU(), nn.Linear(h, classes))
 
-    width = max(h for h in range(1, 4096) if sum(p.numel() for p in build(h).parameters()) <= budget)
-    return build(width)
+    def count(h: int) -> int:  # the parameters of build(h): two Linear+BN layers and the classifier
+        return (features + 1) * h + 2 * h + (h + 1) * h + 2 * h + (h + 1) * classes
+
+    return build(max(h for h in range(1, 4096) if count(h) <= budget))
 
 
 def train_mlp(data: Path, seed: int, epochs: int, budget: int) -> tuple[float, int]:
