@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, ConnlearnError, DataError, closest
+from connlearn.errors import ConfigError, ConnlearnError, DataError, closest, number_or_text
 from connlearn.files import path_of
 
 HELP = {
@@ -61,16 +61,6 @@ HELP = {
 }
 
 
-def _value(text: str) -> Any:
-    """A flag value as an int, a float, or the text (``--gate-init uniform`` and ``--gate-init 0.3``)."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
     """A flag for every option of :class:`~connlearn.train.protocol.RunConfig` but those in ``skip``."""
     from connlearn.train.protocol import RunConfig
@@ -95,7 +85,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             options.update(action=argparse.BooleanOptionalAction)
         else:  # a value of the field's type: "--out 007" is the folder 007
             kinds = str(field.type)
-            options.update(type=_value if field.name == "gate_init" else int if kinds.startswith("int") else
+            options.update(type=number_or_text if field.name == "gate_init" else int if kinds.startswith("int") else
                            float if kinds.startswith("float") else str)
         parser.add_argument(flag, **options)
 

@@ -68,3 +68,13 @@ def check_float(name: str, value: Any, low: float | None = None, high: float | N
     if (low is not None and value < low) or (high is not None and value > high):
         raise ConfigError(f"{name} must be in [{low}, {high if high is not None else '∞'}], got {value}")
     return value
+
+
+def number_or_text(text: str) -> Any:
+    """A value given as text, as an int, a float, or the text (``--gate-init uniform``, ``--gate-init 0.3``)."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, DataError, closest
+from connlearn.errors import ConfigError, DataError, closest, number_or_text
 from connlearn.files import path_of, write_text
 
 NAME = re.compile(r"[A-Za-z0-9_.]+")
@@ -60,15 +60,13 @@ def check_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
     """``"NAME key=value ..."`` (``gumbel gate=gumbel K=4 gate_lr=0.05``) as ``(name, options)``."""
-    from connlearn.cli import _value
-
     name, *pairs = text.split()
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ConfigError(f"arm {name!r}: {pair!r} is not key=value (e.g. 'gumbel gate=gumbel K=4')")
-        options[key] = {"true": True, "false": False}.get(value.lower(), _value(value))
+        options[key] = {"true": True, "false": False}.get(value.lower(), number_or_text(value))
     return check_name(name), check_options(f"arm {name!r}", options)
 
 
