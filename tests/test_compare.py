@@ -82,3 +82,16 @@ def test_a_tiny_study_end_to_end(tmp_path, capsys):
     assert main([*argv, "--print-commands"]) == 0
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 4 and all(" train " in c and "--seed" in c for c in commands)
+
+
+def test_a_report_of_mixed_settings_is_one_line_and_overwrites_nothing(tmp_path, capsys):
+    for seed in (0, 1):
+        _run(tmp_path / f"random-s{seed}", 50.0 + seed, seed=seed)
+        _run(tmp_path / f"topk-s{seed}", 51.0 + seed, seed=seed, gate="topk")
+    assert main(["compare", "--report", str(tmp_path)]) == 0
+    before = (tmp_path / "report.md").read_text()
+    _run(tmp_path / "topk-s2", 52.0, seed=2, gate="topk", epochs=32)  # a run of another schedule
+    assert main(["compare", "--report", str(tmp_path)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "different settings" in error and "epochs=16 against 32" in error
+    assert (tmp_path / "report.md").read_text() == before
