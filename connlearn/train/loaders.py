@@ -207,19 +207,23 @@ def channel_moments(dataset: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def make_loaders(train: Any, test: Any, batch_size: int, *, device: str | torch.device, seed: int = 0,
-                 path: str = "auto", eval_batch_size: int | None = None, **options: Any) -> tuple[Any, Any]:
+                 path: str = "auto", eval_batch_size: int | None = None, normalised_by: Any = None,
+                 **options: Any) -> tuple[Any, Any]:
     """The train and test loaders of ImageDatasets: ``path`` ``auto`` (:class:`BatchLoader`) or ``dataloader``
     (:class:`DataLoaderPath`); ``options`` go to both (``drop_last`` and ``shuffle`` to the train loader only).
-    The test loader subtracts the train set's pixel mean and keeps its last partial batch. Of ArrayDatasets:
-    two :class:`ArrayLoader`, both standardised by the train set's moments (the image options do not apply)."""
+    Both subtract the pixel mean of ``normalised_by`` (default ``train``: another set's loaders, such as the
+    gates' held-out images, take the training set's); the test loader keeps its last partial batch. Of
+    ArrayDatasets: two :class:`ArrayLoader`, both standardised by those moments (the image options do not
+    apply)."""
     cls = BatchLoader if check_choice("loader path", path, ("auto", "dataloader")) == "auto" else DataLoaderPath
+    reference = train if normalised_by is None else normalised_by
     if isinstance(train, ArrayDataset):
-        mean, std = channel_moments(train)
+        mean, std = channel_moments(reference)
         kept = {k: v for k, v in options.items() if k in ("rank", "world_size", "drop_last", "shuffle")}
         return (ArrayLoader(train, batch_size, train=True, device=device, seed=seed, mean=mean, std=std, **kept),
                 ArrayLoader(test, eval_batch_size or batch_size, train=False, device=device, seed=seed, mean=mean,
                             std=std, **{k: v for k, v in kept.items() if k in ("rank", "world_size")}))
-    options.setdefault("mean", pixel_mean(train))
+    options.setdefault("mean", pixel_mean(reference))
     train_only = {k: options.pop(k) for k in ("drop_last", "shuffle") if k in options}
     return (cls(train, batch_size, train=True, device=device, seed=seed, **train_only, **options),
             cls(test, eval_batch_size or batch_size, train=False, device=device, seed=seed, **options))

@@ -35,11 +35,10 @@ from connlearn.train.data import (
     ImageFiles,
     load_dataset,
     load_packed,
-    pixel_mean,
     synthetic,
 )
 from connlearn.train.folders import folder_loaders, load_imagenet
-from connlearn.train.loaders import MAX_SEED, ArrayLoader, channel_moments, make_loaders
+from connlearn.train.loaders import MAX_SEED, make_loaders
 from connlearn.train.recipe import GATE_OPTIMIZERS, Recipe, get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES, Trainer
@@ -353,14 +352,9 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     else:
         loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
                                eval_batch_size=eval_batch, crop=protocol.crop, pad=protocol.pad, **shards)
-    gate_loader = None
-    if isinstance(held, ArrayDataset):
-        mean, std = channel_moments(train)
-        gate_loader = ArrayLoader(held, batch, train=True, device=device, seed=config.seed, mean=mean, std=std,
-                                  rank=rank, world_size=world)
-    elif held is not None:
-        gate_loader = make_loaders(held, test, batch, device=device, seed=config.seed, path=config.loader,
-                                   mean=pixel_mean(train), crop=protocol.crop, pad=protocol.pad, **shards)[0]
+    gate_loader = None if held is None else make_loaders(
+        held, test, batch, device=device, seed=config.seed, path=config.loader, normalised_by=train,
+        crop=protocol.crop, pad=protocol.pad, **shards)[0]
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
          f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
