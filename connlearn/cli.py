@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from connlearn.errors import ConfigError, ConnlearnError, DataError, closest, number_or_text
+from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest, number_or_text
 from connlearn.files import path_of
 
 HELP = {
@@ -266,35 +266,31 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from connlearn.errors import check_int
-    from connlearn.train.data import load_dataset, pack, read_image_folder
+    from connlearn.train.data import (
+        ArrayDataset,
+        load_dataset,
+        load_packed,
+        load_ucr,
+        pack,
+        pack_arrays,
+        read_image_folder,
+    )
 
+    train: Any
+    test: Any
     source, channels = path_of(args.source), 3 if args.rgb else None
     size = None if args.size is None else check_int("--size", args.size, 1)
     per_class = None if args.test_per_class is None else check_int("--test-per-class", args.test_per_class, 1)
     if args.source in ("cifar10", "cifar100"):
         train, test = load_dataset(args.source, args.data)
     elif args.source.startswith("ucr:"):
-        from connlearn.train.data import load_ucr, pack_arrays
-
-        series, held = load_ucr(args.source.removeprefix("ucr:"))
-        written = pack_arrays(args.output, series, held)
-        shape = "x".join(map(str, series.x.shape[1:]))
-        print(f"wrote {written}: {len(series)} train and {len(held)} test series of {shape}, {series.num_classes} "
-              "classes")
-        return 0
+        train, test = load_ucr(args.source.removeprefix("ucr:"))
     elif not source.exists():
         raise DataError(f"{args.source}: no such folder (nor cifar10 or cifar100)")
     elif source.is_file():  # an .npz of arrays: checked, then written in the packed form
-        from connlearn.train.data import ArrayDataset, load_packed, pack_arrays
-
-        series, held = load_packed(source)
-        if not isinstance(series, ArrayDataset):
+        train, test = load_packed(source)
+        if not isinstance(train, ArrayDataset):
             raise DataError(f"{source} is packed already (images); train it with --dataset custom --data {source}")
-        written = pack_arrays(args.output, series, held)
-        print(f"wrote {written}: {len(series)} train and {len(held)} test arrays of "
-              f"{'x'.join(map(str, series.x.shape[1:]))}, {series.num_classes} classes")
-        return 0
     elif (source / "train").is_dir() and (source / "test").is_dir():
         train = read_image_folder(source / "train", size, channels=channels)
         test = read_image_folder(source / "test", size, classes=train.class_names, channels=train.channels)
@@ -304,13 +300,15 @@ def cmd_pack(args: argparse.Namespace) -> int:
     else:
         raise DataError(f"{args.source!r} is neither cifar10/cifar100, a folder of train/ and test/, nor a folder of "
                         "class folders with --test-per-class N")
-    written = pack(args.output, train, test, format=args.format)
-    shape = "x".join(map(str, train.images.shape[1:]))
-    print(f"wrote {written}: {len(train)} train and {len(test)} test images of {shape}, {train.num_classes} classes")
+    arrays = isinstance(train, ArrayDataset)
+    written = pack_arrays(args.output, train, test) if arrays else pack(args.output, train, test, format=args.format)
+    what, shape = ("arrays", train.x.shape[1:]) if arrays else ("images", train.images.shape[1:])
+    print(f"wrote {written}: {len(train)} train and {len(test)} test {what} of {'x'.join(map(str, shape))}, "
+          f"{train.num_classes} classes")
     for split, data in (("train", train), ("test", test)):
         missing = [n for c, n in enumerate(train.class_names) if c not in set(data.labels.tolist())]
         if missing:
-            print(f"note: {split} has no images of {', '.join(missing)}")
+            print(f"note: {split} has no {what} of {', '.join(missing)}")
     return 0
 
 
