@@ -202,6 +202,12 @@ def _settings(run: dict[str, Any]) -> dict[str, Any]:
             if k not in PER_RUN and k not in MAY_CHANGE}
 
 
+def _shared(summary: dict[str, Any]) -> dict[str, Any]:
+    """What every run of one report shares: its :data:`SHARED` settings and the facts of its data."""
+    settings = _settings(summary["run"])
+    return {**{k: settings[k] for k in SHARED}, "data": summary.get("data")}
+
+
 def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, dict[str, Any]]], list[str]]:
     """``(arm -> seed -> summary, unfinished)`` of run folders (``ARM-sSEED``) and of folders holding them.
     Runs of one arm must share their settings, and every run the data and schedule (:data:`SHARED`)."""
@@ -237,8 +243,7 @@ def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, d
     arms = list(found)
     for arm in arms[1:]:
         a, b = next(iter(found[arms[0]].values())), next(iter(found[arm].values()))
-        differ = _differ({k: _settings(a["run"])[k] for k in SHARED} | {"data": a.get("data")},
-                         {k: _settings(b["run"])[k] for k in SHARED} | {"data": b.get("data")})
+        differ = _differ(_shared(a), _shared(b))
         if differ:
             raise DataError(f"arms {arms[0]!r} and {arm!r} differ in their data or schedule ({differ}): runs of "
                             "different settings cannot be compared")
@@ -246,7 +251,7 @@ def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, d
 
 
 def _run_name(name: str) -> tuple[str, int] | None:
-    found = re.fullmatch(r"([A-Za-z0-9_.]+)-s(\d+)", name)
+    found = re.fullmatch(rf"({NAME.pattern})-s(\d+)", name)
     return (found[1], int(found[2])) if found else None
 
 
@@ -316,10 +321,9 @@ def report(found: dict[str, dict[int, dict[str, Any]]], baseline: str, margin: f
     for arm, adjusted in zip(testable, holm([tests[a]["p"] for a in testable]), strict=True):
         tests[arm]["p_holm"] = adjusted
         tests[arm]["verdict"] = _verdict(tests[arm], margin)
-    first = next(iter(found[baseline].values()))
+    shared = _shared(next(iter(found[baseline].values())))
     return {"baseline": baseline, "margin": margin, "alpha": 0.05, "power": 0.8, "arms": arms, "against": tests,
-            "setting": {k: _settings(first["run"])[k] for k in SHARED}, "eval_images": (first.get("data") or {}).get(
-                "eval_images")}
+            "setting": {k: shared[k] for k in SHARED}, "eval_images": (shared["data"] or {}).get("eval_images")}
 
 
 def _verdict(test: dict[str, Any], margin: float) -> str:
