@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from connlearn.blocks import BLOCKS, block_dims, has_start, norm
+from connlearn.blocks import BLOCKS, block_dims, conv, has_start, norm
 from connlearn.errors import CheckpointError, ConfigError, check_choice
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, input_shape
@@ -61,10 +61,9 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torc
 
 
 def _layer(dims: int, in_ch: int, out_ch: int, kernel: int, stride: int) -> nn.Module:
-    """A bias-free convolution over ``dims`` (0: a linear map of vectors), Kaiming-normal (fan-out, ReLU)."""
-    layer: nn.Module = (nn.Linear(in_ch, out_ch, bias=False) if dims == 0 else
-                        (nn.Conv1d if dims == 1 else nn.Conv2d)(in_ch, out_ch, kernel, stride=stride,
-                                                                padding=kernel // 2, bias=False))
+    """The blocks' one-branch :func:`~connlearn.blocks.conv` over ``dims`` (0: a linear map of vectors),
+    Kaiming-normal (fan-out, ReLU)."""
+    layer = conv(in_ch, out_ch, kernel, 1, stride=stride, dims=dims)
     nn.init.kaiming_normal_(cast(torch.Tensor, layer.weight), mode="fan_out", nonlinearity="relu")
     return layer
 
