@@ -55,9 +55,14 @@ def balanced(labels: np.ndarray, num_classes: int, n: int, from_end: bool = Fals
 
 
 class ClassBalanced:
-    """Class-balanced subsets and hold-outs of a dataset with ``labels``, ``num_classes`` and ``_take``."""
+    """Class-balanced subsets and hold-outs of a dataset with ``labels``, ``class_names`` and ``_take``."""
 
     labels: np.ndarray
+    class_names: tuple[str, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
     def subset(self, n: int) -> Any:
         """The first ``n // num_classes`` samples of each class, in order."""
@@ -66,7 +71,7 @@ class ClassBalanced:
     def split(self, n: int) -> tuple[Any, Any]:
         """``(rest, held_out)``: the last ``n // num_classes`` samples of each class held out (a validation
         split of a training set), and the others, both in order."""
-        held = balanced(self.labels, self.num_classes, n, from_end=True)  # type: ignore[attr-defined]
+        held = balanced(self.labels, self.num_classes, n, from_end=True)
         if held.all():
             raise ConfigError(f"holding out {n} of {len(held)} samples leaves none to train on")
         return self._take(~held), self._take(held)  # type: ignore[attr-defined]
@@ -105,10 +110,6 @@ class ImageDataset(ClassBalanced):
         return f"ImageDataset({n} images of {h}x{w}x{c}, {self.num_classes} classes)"
 
     @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
     def image_size(self) -> tuple[int, int]:
         return int(self.images.shape[1]), int(self.images.shape[2])
 
@@ -145,10 +146,6 @@ class ArrayDataset(ClassBalanced):
         return f"ArrayDataset({len(self)} of {'x'.join(map(str, self.x.shape[1:]))}, {self.num_classes} classes)"
 
     @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
     def channels(self) -> int:
         return int(self.x.shape[1])
 
@@ -179,10 +176,6 @@ class ImageFiles(ClassBalanced):
 
     def __len__(self) -> int:
         return len(self.paths)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
 
     def _take(self, keep: np.ndarray) -> ImageFiles:
         return ImageFiles([p for p, k in zip(self.paths, keep, strict=True) if k], self.labels[keep], self.class_names)

@@ -138,10 +138,10 @@ class Trainer:
             within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
             recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
             training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
+            tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         gate_loader: held-out batches for the gates (a first-order bilevel step, as DARTS's): in phase 1 every
             weight step on a training batch is followed by a gate step on the next held-out batch (its
             ``epoch(e, start)`` read in order), the weights and the gates each in their own optimizer.
-            tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         progress: a progress bar and a line per epoch. meta: JSON-able facts kept in the checkpoints.
         resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
     """
@@ -161,7 +161,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
-        self.gate_loader, self._gate_batches = gate_loader, cast(tuple[int, Iterator[Any]] | None, None)
+        self.gate_loader = gate_loader
+        self._gate_batches: tuple[int, Iterator[Any]] | None = None  # the next gate step's index, its batches
         self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
         self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
         self.eval_every = check_int("eval_every", eval_every, 1)
