@@ -2,11 +2,11 @@
 random connectivities x weight seeds, each seed's starting weights, data order and augmentation shared by
 every connectivity, so that the spread splits into what the connectivity explains and what the seed does.
 
-    python benchmarks/ceiling.py prepare --out runs/ceiling       # connectivities, random.toml, balanced.toml
-    connlearn compare --arms runs/ceiling/random.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
-    connlearn compare --arms runs/ceiling/balanced.toml --seeds 0 1 2 --out runs/ceiling/runs --parallel 2
-    python benchmarks/ceiling.py analyse runs/ceiling/runs
-    python benchmarks/ceiling.py complement runs/learned/gumbel-s0/last.pt -o runs/ceiling/gumbel-s0-complement.json
+    S=benchmarks/studies/ceiling                    # what `prepare --out $S` wrote, committed
+    connlearn compare --arms $S/random.toml --seeds 0 1 2 --out $S/results --parallel 2
+    connlearn compare --arms $S/balanced.toml --seeds 0 1 2 --out $S/results --parallel 2
+    python benchmarks/ceiling.py analyse $S/results --recorded $S/recorded.json
+    python benchmarks/ceiling.py complement RUN/last.pt -o $S/connectivities/RUN-complement.json
 
 ``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
 ``--balanced`` degree-balanced ones (every branch read by exactly K blocks of the next module) as graph JSON,
@@ -19,9 +19,12 @@ did not keep: at K = C/2 again a valid K-of-C choice), to retrain beside the lea
 information, the complement should do worse.
 
 ``analyse`` fits the two-way random-effects model ``top1 = mu + conn + seed + e`` by ANOVA (method of moments)
-and prints sigma_conn, sigma_seed and sigma_e with percentile-bootstrap 95% intervals (resampling
-connectivities and seeds), and the expected best-of-N headroom ``sigma_conn * E[max of N standard normals]``
-that picking the best of N connectivities could give.
+and prints sigma_conn, sigma_seed and sigma_e with percentile-bootstrap 95% intervals (the connectivity and
+the residual resampling connectivities, the seed resampling seeds: resampling both at once, with three seeds,
+often repeats one seed and cannot bound sigma_conn below the residual whatever the data), the F-test of
+sigma_conn = 0 with the one-sided 95% upper bound on sigma_conn that the decision rule reads, and the
+expected best-of-N headroom ``sigma_conn * E[max of N standard normals]`` that picking the best of N
+connectivities could give.
 """
 
 from __future__ import annotations
@@ -109,17 +112,38 @@ def complement(checkpoint: Path, out: Path) -> None:
     print(f"wrote {out}: the complement of {checkpoint}'s connectivity")
 
 
+def mean_squares(table: np.ndarray) -> tuple[float, float, float]:
+    """The mean squares ``(connectivities, seeds, residual)`` of a full [connectivities, seeds] table."""
+    a, b = table.shape
+    grand = table.mean()
+    rows, cols = table.mean(axis=1), table.mean(axis=0)
+    resid = table - rows[:, None] - cols[None, :] + grand
+    return (b * ((rows - grand) ** 2).sum() / (a - 1), a * ((cols - grand) ** 2).sum() / (b - 1),
+            (resid ** 2).sum() / ((a - 1) * (b - 1)))
+
+
 def components(table: np.ndarray) -> tuple[float, float, float]:
     """``(sigma_conn, sigma_seed, sigma_e)`` of a full [connectivities, seeds] table by two-way ANOVA without
     replication (negative variance estimates taken as 0)."""
     a, b = table.shape
-    grand = table.mean()
-    rows, cols = table.mean(axis=1), table.mean(axis=0)
-    ms_rows = b * ((rows - grand) ** 2).sum() / (a - 1)
-    ms_cols = a * ((cols - grand) ** 2).sum() / (b - 1)
-    resid = table - rows[:, None] - cols[None, :] + grand
-    ms_e = (resid ** 2).sum() / ((a - 1) * (b - 1))
+    ms_rows, ms_cols, ms_e = mean_squares(table)
     return (math.sqrt(max(0.0, (ms_rows - ms_e) / b)), math.sqrt(max(0.0, (ms_cols - ms_e) / a)), math.sqrt(ms_e))
+
+
+def conn_test(table: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
+    """``(p, upper)``: the F-test's p-value that the connectivity explains nothing (sigma_conn = 0), and the
+    one-sided ``1 - alpha`` upper confidence bound on sigma_conn, by the modified large-sample method for
+    ``(MS_conn - MS_e) / seeds`` (Ting, Burdick, Graybill, Jeyaratnam and Lu 1990)."""
+    from scipy import stats
+
+    a, b = table.shape
+    n1, n2 = a - 1, (a - 1) * (b - 1)
+    s1, _, s2 = mean_squares(table)
+    h1, g2 = n1 / stats.chi2.ppf(alpha, n1) - 1, 1 - n2 / stats.chi2.ppf(1 - alpha, n2)
+    f = stats.f.ppf(alpha, n1, n2)
+    h12 = ((1 - f) ** 2 - h1 ** 2 * f ** 2 - g2 ** 2) / f
+    upper = (s1 - s2) / b + math.sqrt(h1 ** 2 * s1 ** 2 + g2 ** 2 * s2 ** 2 + h12 * s1 * s2) / b
+    return float(stats.f.sf(s1 / s2, n1, n2)), math.sqrt(max(0.0, upper))
 
 
 def expected_max(n: int, draws: int = 200_000) -> float:
@@ -127,30 +151,46 @@ def expected_max(n: int, draws: int = 200_000) -> float:
     return float(np.random.default_rng(0).standard_normal((draws, n)).max(axis=1).mean())
 
 
-def analyse(folder: Path, prefix: str, boots: int) -> str:
+def analyse(folder: Path, prefix: str, boots: int, recorded: Path | None = None) -> str:
     from connlearn.train.compare import collect
 
     found, _ = collect([folder])
-    arms = sorted(a for a in found if a.startswith(prefix) and len(found[a]) >= 2)  # the crossed part so far
-    seeds = sorted(set.intersection(*(set(found[a]) for a in arms))) if arms else []
+    top1 = {(a, s): run["test_top1"] for a, runs in found.items() for s, run in runs.items()}
+    lines = []
+    if recorded is not None:  # values of runs whose folders are gone: a run here again must reproduce them
+        for name, value in json.loads(recorded.read_text())["top1"].items():
+            arm, seed = name.rsplit("-s", 1)
+            if (arm, int(seed)) in top1:
+                again = top1[arm, int(seed)]
+                lines.append(f"{name}: recorded {value:.2f}, run again {again:.2f}"
+                             + ("" if round(again, 2) == value else " (NOT REPRODUCED)"))
+            top1.setdefault((arm, int(seed)), value)
+    by_arm: dict[str, set[int]] = {}
+    for arm, seed in top1:
+        by_arm.setdefault(arm, set()).add(seed)
+    arms = sorted(a for a in by_arm if a.startswith(prefix) and len(by_arm[a]) >= 2)  # the crossed part so far
+    seeds = sorted(set.intersection(*(by_arm[a] for a in arms))) if arms else []
     if len(arms) < 2 or len(seeds) < 2:
         return f"not yet crossed: {len(arms)} connectivities with 2 seeds or more ({prefix}*)"
-    table = np.array([[found[a][s]["test_top1"] for s in seeds] for a in arms])
+    table = np.array([[top1[a, s] for s in seeds] for a in arms])
     conn, seed, e = components(table)
-    rng = np.random.default_rng(0)
-    samples = np.array([components(table[rng.integers(0, len(arms), len(arms))][:, rng.integers(0, len(seeds),
-                                                                                                 len(seeds))])
-                        for _ in range(boots)])
-    low, high = np.percentile(samples, [2.5, 97.5], axis=0)
-    lines = [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
-             f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
-             "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
+    p, upper = conn_test(table)
+    rng = np.random.default_rng(0)  # each factor resampled on its own, the other held as the blocks it is
+    by_conn = np.array([components(table[rng.integers(0, len(arms), len(arms))]) for _ in range(boots)])
+    by_seed = np.array([components(table[:, rng.integers(0, len(seeds), len(seeds))]) for _ in range(boots)])
+    low, high = np.percentile(by_conn, [2.5, 97.5], axis=0)
+    low[1], high[1] = np.percentile(by_seed[:, 1], [2.5, 97.5])
+    lines += [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
+              f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
+              "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
     for name, value, lo, hi in zip(("connectivity", "seed", "residual"), (conn, seed, e), low, high, strict=True):
         lines.append(f"| {name} | {value:.2f} | [{lo:.2f}, {hi:.2f}] |")
+    lines.append(f"connectivity effect: F-test p = {p:.3g}; one-sided 95% upper bound on sigma_conn {upper:.2f} "
+                 "points (modified large-sample)")
     lines.append("connectivity means: " + ", ".join(f"{a} {m:.2f}" for a, m in zip(arms, table.mean(axis=1),
                                                                                     strict=True)))
     lines += [f"best-of-{n} headroom: {conn * expected_max(n):.2f} points (sigma_conn x {expected_max(n):.2f}; "
-              f"bootstrap 95% [{low[0] * expected_max(n):.2f}, {high[0] * expected_max(n):.2f}])" for n in (4, 12, 100)]
+              f"at most {upper * expected_max(n):.2f} at the 95% bound)" for n in (4, 12, 100)]
     return "\n".join(lines)
 
 
@@ -168,13 +208,15 @@ def main() -> None:
     p.add_argument("folder", type=Path)
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
     p.add_argument("--boots", type=int, default=2000)
+    p.add_argument("--recorded", type=Path, help="a JSON file {\"top1\": {\"ARM-sSEED\": top-1}} of runs whose "
+                   "folders are gone; a run of the same name in FOLDER must reproduce its value")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out, args.random, args.balanced)
     elif args.command == "complement":
         complement(args.checkpoint, args.output)
     else:
-        print(analyse(args.folder, args.prefix, args.boots))
+        print(analyse(args.folder, args.prefix, args.boots, args.recorded))
 
 
 if __name__ == "__main__":

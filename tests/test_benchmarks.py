@@ -229,6 +229,22 @@ def test_the_ceiling_splits_a_crossed_table_and_draws_balanced_connectivities():
     assert ceiling.expected_max(1, draws=20000) == pytest.approx(0.0, abs=0.02)
 
 
+def test_the_ceilings_f_test_has_its_size_and_its_upper_bound_its_coverage():
+    import numpy as np
+
+    ceiling, rng = _load("benchmarks/ceiling.py"), np.random.default_rng(0)
+
+    def tests(sigma_conn):  # 2,000 tables of 12 connectivities x 3 seeds, seed and residual spreads as measured
+        tables = (sigma_conn * rng.standard_normal((2000, 12, 1)) + 0.7 * rng.standard_normal((2000, 1, 3))
+                  + 0.7 * rng.standard_normal((2000, 12, 3)))
+        return np.array([ceiling.conn_test(t) for t in tables]).T
+
+    p, _ = tests(0.0)
+    assert np.mean(p < 0.05) == pytest.approx(0.05, abs=0.015)
+    _, upper = tests(0.5)
+    assert np.mean(upper >= 0.5) == pytest.approx(0.95, abs=0.02)
+
+
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     from connlearn.train.compare import Study, read_study
 
