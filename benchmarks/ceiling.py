@@ -6,7 +6,7 @@ every connectivity, so that the spread splits into what the connectivity explain
     connlearn compare --arms $S/random.toml --seeds 0 1 2 --out $S/results --parallel 2
     connlearn compare --arms $S/balanced.toml --seeds 0 1 2 --out $S/results --parallel 2
     python benchmarks/ceiling.py analyse $S/results --recorded $S/recorded.json
-    python benchmarks/ceiling.py complement RUN/last.pt -o $S/connectivities/RUN-complement.json
+    python benchmarks/ceiling.py complement RUN/last.pt --name NAME --out $S     # then train $S/NAME.toml
 
 ``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
 ``--balanced`` degree-balanced ones (every branch read by exactly K blocks of the next module) as graph JSON,
@@ -14,9 +14,9 @@ and two arms files (random, balanced) whose arms each train one of them from scr
 with the options of :data:`COMMON`: 5,000 training images, 16 epochs (6/5/3/2) at batch 32, evaluated once, at
 the end, on a 10,000-image validation split of the training set (CIFAR-10's test set stays untouched).
 
-``complement`` writes the connectivity a learned run rejected (every block reads the inputs its gates
-did not keep: at K = C/2 again a valid K-of-C choice), to retrain beside the learned one: if learning found
-information, the complement should do worse.
+``complement`` writes a learned run's connectivity and the one it rejected (every block reads the inputs its
+gates did not keep: at K = C/2 again a valid K-of-C choice), and an arms file that retrains both beside the
+random ones: if learning found information, the complement should do worse.
 
 ``analyse`` fits the two-way random-effects model ``top1 = mu + conn + seed + e`` by ANOVA (method of moments)
 and prints sigma_conn, sigma_seed and sigma_e with percentile-bootstrap 95% intervals (the connectivity and
@@ -83,22 +83,30 @@ def prepare(out: Path, random: int, balanced: int) -> None:
         (folder / f"b{i:02d}.json").write_text(json.dumps(data))
         arms.append(f"b{i:02d}")
     for name, prefix in (("random", "r"), ("balanced", "b")):
-        lines = ["# the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained from scratch",
-                 *(f"{k} = {json.dumps(v)}" for k, v in COMMON.items()), "",
-                 *(f"[arms.{a}]\nconnectivity = {json.dumps(str(folder / (a + '.json')))}\n" for a in arms
-                   if a.startswith(prefix))]
-        (out / f"{name}.toml").write_text("\n".join(lines))
+        write_arms(out / f"{name}.toml", folder, [a for a in arms if a.startswith(prefix)])
     print(f"wrote {len(arms)} connectivities to {folder}, and {out / 'random.toml'} and {out / 'balanced.toml'}")
 
 
-def complement(checkpoint: Path, out: Path) -> None:
-    """The complement of a learned connectivity: every block of a gated module reads the inputs its gates
-    rejected (at K = C/2 again a K-of-C choice), written as a frozen graph JSON to train with --connectivity."""
+def write_arms(path: Path, folder: Path, arms: list[str]) -> None:
+    """An arms file on :data:`COMMON` whose arm NAME trains ``folder/NAME.json`` from scratch."""
+    lines = ["# the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained from scratch",
+             *(f"{k} = {json.dumps(v)}" for k, v in COMMON.items()), "",
+             *(f"[arms.{a}]\nconnectivity = {json.dumps(str(folder / (a + '.json')))}\n" for a in arms)]
+    path.write_text("\n".join(lines))
+
+
+def complement(checkpoint: Path, out: Path, name: str) -> None:
+    """A learned run's connectivity and its complement (every block of a gated module reads the inputs its
+    gates rejected: at K = C/2 again a K-of-C choice) as frozen graph JSON, ``NAME`` and ``NAME_complement``,
+    with the arms file ``out/NAME.toml`` that trains both from scratch."""
     from connlearn.train.checkpoint import load_checkpoint
 
     data = json.loads(load_checkpoint(checkpoint)["graph"])
     if data["graph"]["gate"] not in ("frozen", "random"):
         raise SystemExit(f"{checkpoint}: its connectivity is not frozen yet ({data['graph']['gate']})")
+    folder = out / "connectivities"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(data))
     rows: dict[str, int] = {}
     for edge in data["edges"]:
         if edge["kind"] == "gate":
@@ -108,8 +116,9 @@ def complement(checkpoint: Path, out: Path) -> None:
     if set(rows.values()) != {data["graph"]["K"]}:
         raise SystemExit(f"{checkpoint}: K={data['graph']['K']} is not half of the candidates; the complement "
                          "would read another number of inputs")
-    out.write_text(json.dumps(data))
-    print(f"wrote {out}: the complement of {checkpoint}'s connectivity")
+    (folder / f"{name}_complement.json").write_text(json.dumps(data))
+    write_arms(out / f"{name}.toml", folder, [name, f"{name}_complement"])
+    print(f"wrote {name} (the connectivity of {checkpoint}) and {name}_complement to {folder}, and {out / name}.toml")
 
 
 def mean_squares(table: np.ndarray) -> tuple[float, float, float]:
@@ -152,7 +161,7 @@ def expected_max(n: int, draws: int = 200_000) -> float:
 
 
 def analyse(folder: Path, prefix: str, boots: int, recorded: Path | None = None) -> str:
-    from connlearn.train.compare import collect
+    from connlearn.train.compare import collect, paired
 
     found, _ = collect([folder])
     top1 = {(a, s): run["test_top1"] for a, runs in found.items() for s, run in runs.items()}
@@ -191,6 +200,13 @@ def analyse(folder: Path, prefix: str, boots: int, recorded: Path | None = None)
                                                                                     strict=True)))
     lines += [f"best-of-{n} headroom: {conn * expected_max(n):.2f} points (sigma_conn x {expected_max(n):.2f}; "
               f"at most {upper * expected_max(n):.2f} at the 95% bound)" for n in (4, 12, 100)]
+    means = table.mean(axis=1)
+    for probe in sorted(a for a in by_arm if not a.startswith(prefix) and set(seeds) <= by_arm[a]):
+        row = np.array([top1[probe, s] for s in seeds])  # another connectivity (learned, its complement, ...)
+        t = paired(list(row - table.mean(axis=0)), margin=1.0)
+        lines.append(f"{probe}: {row.mean():.2f}, minus the {len(arms)} connectivities' mean on the same seeds "
+                     f"{t['mean']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]; above {(means < row.mean()).sum()} of "
+                     f"{len(arms)} of them")
     return "\n".join(lines)
 
 
@@ -198,12 +214,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
-    p.add_argument("--out", type=Path, default=Path("runs/ceiling"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/studies/ceiling"))
     p.add_argument("--random", type=int, default=12)
     p.add_argument("--balanced", type=int, default=6)
-    p = sub.add_parser("complement", help="the rejected inputs of a learned run's connectivity, as graph JSON")
+    p = sub.add_parser("complement", help="a learned run's connectivity and the inputs it rejected, as graph JSON")
     p.add_argument("checkpoint", type=Path)
-    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("--name", required=True, help="the learned connectivity's arm (the complement's: NAME_complement)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/studies/ceiling"))
     p = sub.add_parser("analyse")
     p.add_argument("folder", type=Path)
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
@@ -214,7 +231,7 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.out, args.random, args.balanced)
     elif args.command == "complement":
-        complement(args.checkpoint, args.output)
+        complement(args.checkpoint, args.out, args.name)
     else:
         print(analyse(args.folder, args.prefix, args.boots, args.recorded))
 

@@ -3,7 +3,8 @@ drawn from one search space with a fixed seed, each trained on the same validati
 connectivities gets as many runs: the Fixed-Random connectivities of ``benchmarks/ceiling.py``.
 
     python benchmarks/tuning.py --K 4 --out benchmarks/studies/tuning_k4
-    connlearn compare --arms benchmarks/studies/tuning_k4/gumbel.toml --seeds 0 1 --out runs/tuning_k4 --parallel 2
+    connlearn compare --arms benchmarks/studies/tuning_k4/gumbel.toml --seeds 0 1 \
+        --out benchmarks/studies/tuning_k4/results --parallel 2
 
 writes one arms file per kind (``KIND.toml``: :data:`CONFIGS` configurations, arms ``KIND_0`` ...), on the
 options of ``benchmarks/ceiling.py``'s :data:`COMMON` (the reduced {20,4,8}, 5,000 training images, 16 epochs,

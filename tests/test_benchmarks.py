@@ -229,6 +229,27 @@ def test_the_ceiling_splits_a_crossed_table_and_draws_balanced_connectivities():
     assert ceiling.expected_max(1, draws=20000) == pytest.approx(0.0, abs=0.02)
 
 
+def test_the_complement_of_a_learned_connectivity_reads_every_input_it_rejected(tmp_path):
+    import json
+
+    import connlearn
+    from connlearn.train.checkpoint import make_checkpoint, save_checkpoint
+
+    ceiling = _load("benchmarks/ceiling.py")
+    net = connlearn.build(gate="random", C=4, K=2, M=3, width=2, base_channels=8, stem_channels=8, num_classes=10,
+                          seed=3)
+    save_checkpoint(make_checkpoint(net), tmp_path / "last.pt")
+    ceiling.complement(tmp_path / "last.pt", tmp_path, "learned")
+
+    def reads(name):  # block -> the inputs it reads
+        edges = json.loads((tmp_path / "connectivities" / f"{name}.json").read_text())["edges"]
+        return {(e["target"], e["source"]): e["active"] for e in edges if e["kind"] == "gate"}
+
+    learned, rejected = reads("learned"), reads("learned_complement")
+    assert learned.keys() == rejected.keys() and all(learned[k] != rejected[k] for k in learned)
+    assert "[arms.learned_complement]" in (tmp_path / "learned.toml").read_text()
+
+
 def test_the_ceilings_f_test_has_its_size_and_its_upper_bound_its_coverage():
     import numpy as np
 
