@@ -5,7 +5,7 @@ every connectivity, so that the spread splits into what the connectivity explain
     S=benchmarks/studies/ceiling                    # what `prepare --out $S` wrote, committed
     connlearn compare --arms $S/random.toml --seeds 0 1 2 --out $S/results --parallel 2
     connlearn compare --arms $S/balanced.toml --seeds 0 1 2 --out $S/results --parallel 2
-    python benchmarks/ceiling.py analyse $S/results --recorded $S/recorded.json
+    python benchmarks/ceiling.py analyse $S/results
     python benchmarks/ceiling.py complement RUN/last.pt --name NAME --out $S     # then train $S/NAME.toml
 
 ``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
@@ -160,23 +160,12 @@ def expected_max(n: int, draws: int = 200_000) -> float:
     return float(np.random.default_rng(0).standard_normal((draws, n)).max(axis=1).mean())
 
 
-def analyse(folder: Path, prefix: str, boots: int, recorded: Path | None = None) -> str:
+def analyse(folder: Path, prefix: str, boots: int) -> str:
     from connlearn.train.compare import collect, paired
 
     found, _ = collect([folder])
     top1 = {(a, s): run["test_top1"] for a, runs in found.items() for s, run in runs.items()}
-    lines = []
-    if recorded is not None:  # values of runs whose folders are gone: a run here again must reproduce them
-        for name, value in json.loads(recorded.read_text())["top1"].items():
-            arm, seed = name.rsplit("-s", 1)
-            if (arm, int(seed)) in top1:
-                again = top1[arm, int(seed)]
-                lines.append(f"{name}: recorded {value:.2f}, run again {again:.2f}"
-                             + ("" if round(again, 2) == value else " (NOT REPRODUCED)"))
-            top1.setdefault((arm, int(seed)), value)
-    by_arm: dict[str, set[int]] = {}
-    for arm, seed in top1:
-        by_arm.setdefault(arm, set()).add(seed)
+    by_arm = {a: set(runs) for a, runs in found.items()}
     arms = sorted(a for a in by_arm if a.startswith(prefix) and len(by_arm[a]) >= 2)  # the crossed part so far
     seeds = sorted(set.intersection(*(by_arm[a] for a in arms))) if arms else []
     if len(arms) < 2 or len(seeds) < 2:
@@ -189,9 +178,9 @@ def analyse(folder: Path, prefix: str, boots: int, recorded: Path | None = None)
     by_seed = np.array([components(table[:, rng.integers(0, len(seeds), len(seeds))]) for _ in range(boots)])
     low, high = np.percentile(by_conn, [2.5, 97.5], axis=0)
     low[1], high[1] = np.percentile(by_seed[:, 1], [2.5, 97.5])
-    lines += [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
-              f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
-              "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
+    lines = [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
+             f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
+             "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
     for name, value, lo, hi in zip(("connectivity", "seed", "residual"), (conn, seed, e), low, high, strict=True):
         lines.append(f"| {name} | {value:.2f} | [{lo:.2f}, {hi:.2f}] |")
     lines.append(f"connectivity effect: F-test p = {p:.3g}; one-sided 95% upper bound on sigma_conn {upper:.2f} "
@@ -225,15 +214,13 @@ def main() -> None:
     p.add_argument("folder", type=Path)
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
     p.add_argument("--boots", type=int, default=2000)
-    p.add_argument("--recorded", type=Path, help="a JSON file {\"top1\": {\"ARM-sSEED\": top-1}} of runs whose "
-                   "folders are gone; a run of the same name in FOLDER must reproduce its value")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out, args.random, args.balanced)
     elif args.command == "complement":
         complement(args.checkpoint, args.out, args.name)
     else:
-        print(analyse(args.folder, args.prefix, args.boots, args.recorded))
+        print(analyse(args.folder, args.prefix, args.boots))
 
 
 if __name__ == "__main__":
