@@ -164,6 +164,7 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
     env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
     running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     failed: list[str] = []
+    spent: list[float] = []  # minutes of each run ended here, for the time left
     while queue or running:
         while queue and len(running) < parallel:
             arm, seed = queue.pop(0)
@@ -180,10 +181,13 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
             del running[name]
             done += 1
             minutes = (time.perf_counter() - started) / 60
+            spent.append(minutes)
+            left = len(queue) + len(running)
+            eta = f"; about {math.ceil(left / parallel) * sum(spent) / len(spent):.0f} min left" if left else ""
             summary = study.out / name / "summary.json"
             if proc.returncode == 0 and summary.exists():
                 top1 = json.loads(summary.read_text())["test_top1"]
-                print(f"compare: [{done}/{len(runs)}] {name}: top-1 {top1:.2f}% ({minutes:.1f} min)", flush=True)
+                print(f"compare: [{done}/{len(runs)}] {name}: top-1 {top1:.2f}% ({minutes:.1f} min{eta})", flush=True)
             else:
                 failed.append(name)
                 lines = (study.out / name / "output.log").read_text(errors="replace").strip().splitlines()
