@@ -204,7 +204,7 @@ def test_arrays_pack_and_load_back_the_same_values(tmp_path):
 
 def test_a_ucr_set_loads_as_the_archive_splits_it():
     pytest.importorskip("aeon")
-    from connlearn.train.data import load_ucr, ucr_sets
+    from connlearn.train.ucr import load_ucr, ucr_sets
 
     assert {"GunPoint", "ItalyPowerDemand", "ArrowHead", "JapaneseVowels"} <= set(ucr_sets())
     train, test = load_ucr("GunPoint")
