@@ -27,6 +27,10 @@
 #             (--conv-init resnext): random4 and topk4 under the CPU's chosen setting, two at a time, for the
 #             seeds in SEEDS, in runs/sweep30_resnext; its Fixed-Full is runs/sweep30's (ResNeXt's single
 #             stream has no other start)
+#   studies   the declared studies of the verdict (benchmarks/studies/*/FILE.toml, listed in STUDIES) for the
+#             seeds in SEEDS, PARALLEL runs at a time (default 8) by connlearn compare, each into its study's
+#             results/; RESULTS/studies.tar.gz then holds every finished run's summary.json (unpack it in the
+#             repository root and commit: the same command skips those runs, here or on the CPU)
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
 # (runs/sweep30, runs/sweep30_annealed, runs/sweep30_resnext, runs/sweep320, runs/choose30,
@@ -42,8 +46,8 @@ mode=$1 data=$2 results=$3 total=${4:-540}
 device=${DEVICE:-cuda} extra=${EXTRA:-} seeds=${SEEDS:-0}
 annealed=(--gate-temperature 1 --gate-temperature-end 0.05) # phase 1's annealed sampling temperature
 case $mode in
-measure | rules | choose | sweep | protocol | claim | convinit) ;;
-*) echo "unknown mode $mode: measure, rules, choose, sweep, protocol, claim or convinit" >&2; exit 2 ;;
+measure | rules | choose | sweep | protocol | claim | convinit | studies) ;;
+*) echo "unknown mode $mode: measure, rules, choose, sweep, protocol, claim, convinit or studies" >&2; exit 2 ;;
 esac
 mkdir -p "$results"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -122,6 +126,16 @@ claim)
   ;;
 convinit)
   sweep 30 "random4 topk4-centered" "$seeds" 2 runs/sweep30_resnext --conv-init resnext "${annealed[@]}"
+  ;;
+studies)
+  for arms in ${STUDIES:?STUDIES lists the arms files to run}; do
+    # shellcheck disable=SC2086
+    step "$(left)" studies.log python3 -m connlearn.cli compare --arms "$arms" --seeds $seeds --data "$data" \
+      --device "$device" --parallel "${PARALLEL:-8}" --threads 1 --out "$(dirname "$arms")/results"
+  done
+  summaries=$(ls benchmarks/studies/*/results/*/summary.json 2>/dev/null)
+  # shellcheck disable=SC2086
+  [ -n "$summaries" ] && tar -czf "$results/studies.tar.gz" $summaries
   ;;
 esac
 [ -n "${dmon:-}" ] && kill "$dmon"
