@@ -266,6 +266,18 @@ def test_the_ceilings_f_test_has_its_size_and_its_upper_bound_its_coverage():
     assert np.mean(upper >= 0.5) == pytest.approx(0.95, abs=0.02)
 
 
+def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_path):
+    from connlearn.train.compare import Study, read_study
+
+    budget = _load("benchmarks/budget.py")
+    budget.write(ROOT / "benchmarks/studies/tuning_k1/gumbel.toml", "gumbel_3", tmp_path)
+    for epochs in budget.BUDGETS:
+        common, arms, baseline = read_study(tmp_path / f"e{epochs}.toml")
+        Study(arms, common, (0,), tmp_path / "runs", baseline)
+        assert common["epochs"] == common["eval_every"] == epochs and arms["random"]["K"] == arms["learned"]["K"] == 1
+    assert arms["sampling"] == {**arms["learned"], "gate_lr": 0.0}
+
+
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     from connlearn.train.compare import Study, read_study
 

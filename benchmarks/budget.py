@@ -1,0 +1,58 @@
+"""Does the training budget change the verdict? A learned arm against Fixed-Random of the same K at 8, 16, 32
+and 64 epochs (the recipe's 6/5/3/2 split scaled), and at the longest the sampling-only control: the learned
+arm's draws with a gate learning rate of 0, so the gates never move, then the freeze. If the control matches
+the learned arm, phase 1's gain is the regularisation of its sampling, not the connectivity it learns.
+
+    python benchmarks/budget.py benchmarks/studies/tuning_k1/gumbel.toml gumbel_3 --out benchmarks/studies/budget
+    connlearn compare --arms benchmarks/studies/budget/e64.toml --seeds 0 1 2 3 4 \
+        --out benchmarks/studies/budget/results_e64 --parallel 2
+
+writes ``eE.toml`` per budget (every run of one report shares its epochs): the arm ``learned`` with the
+options of ARM in FILE (a tuned configuration), ``random`` (Fixed-Random with its network and K), and, at the
+longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are the ceiling's
+(``benchmarks/ceiling.py``'s :data:`COMMON`) with ``eval_every`` set to the budget: one evaluation, at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ceiling import COMMON
+
+from connlearn.train.compare import read_study
+
+BUDGETS = (8, 16, 32, 64)
+NETWORK_KEYS = ("preset", "M", "C", "width", "base_channels", "stem_channels", "K", "kernels", "engine")
+
+
+def write(file: Path, arm: str, out: Path) -> None:
+    common, arms, _ = read_study(file)
+    learned = {**{k: v for k, v in common.items() if k not in COMMON}, **arms[arm]}
+    random = {"gate": "random", **{k: learned[k] for k in NETWORK_KEYS if k in learned}}
+    out.mkdir(parents=True, exist_ok=True)
+    for epochs in BUDGETS:
+        study = {"random": random, "learned": learned}
+        if epochs == BUDGETS[-1]:
+            study["sampling"] = {**learned, "gate_lr": 0.0}
+        lines = [f"# the budget (benchmarks/budget.py): {arm} of {file} against Fixed-Random, {epochs} epochs",
+                 *(f"{k} = {json.dumps(v)}" for k, v in {**COMMON, "epochs": epochs, "eval_every": epochs}.items()),
+                 'baseline = "random"', ""]
+        for name, options in study.items():
+            lines += [f"[arms.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in options.items()), ""]
+        (out / f"e{epochs}.toml").write_text("\n".join(lines))
+    print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", type=Path, help="an arms file holding the learned configuration")
+    parser.add_argument("arm", help="its name in FILE")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    write(args.file, args.arm, args.out)
+
+
+if __name__ == "__main__":
+    main()
