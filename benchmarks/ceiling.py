@@ -104,10 +104,7 @@ def complement(checkpoint: Path, out: Path, name: str) -> None:
     data = json.loads(load_checkpoint(checkpoint)["graph"])
     if data["graph"]["gate"] not in ("frozen", "random"):
         raise SystemExit(f"{checkpoint}: its connectivity is not frozen yet ({data['graph']['gate']})")
-    folder = out / "connectivities"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(data))
-    rows: dict[str, int] = {}
+    learned, rows = json.dumps(data), {}
     for edge in data["edges"]:
         if edge["kind"] == "gate":
             edge["active"] = not edge["active"]
@@ -116,6 +113,9 @@ def complement(checkpoint: Path, out: Path, name: str) -> None:
     if set(rows.values()) != {data["graph"]["K"]}:
         raise SystemExit(f"{checkpoint}: K={data['graph']['K']} is not half of the candidates; the complement "
                          "would read another number of inputs")
+    folder = out / "connectivities"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(learned)
     (folder / f"{name}_complement.json").write_text(json.dumps(data))
     write_arms(out / f"{name}.toml", folder, [name, f"{name}_complement"])
     print(f"wrote {name} (the connectivity of {checkpoint}) and {name}_complement to {folder}, and {out / name}.toml")
