@@ -142,3 +142,18 @@ def test_every_kind_compiles_to_the_same_outputs_and_gradients(kind):
     (losses.mean() + twin.surrogate_loss(losses)).backward()
     for a, b in zip(net.gate_parameters(), twin.gate_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_every_kinds_documented_knobs_are_its_defaults():
+    # docs/estimators.md's table is where a user reads a kind's knobs and their defaults
+    import re
+    from pathlib import Path
+
+    from connlearn.gates import GATES
+
+    table = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text().split("\n## ")[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    documented = {kind: {k: float(v) for k, v in re.findall(r"`(\w+)` \(([\d.]+)\)", row[3])}
+                  for row in rows for kind in re.findall(r"`(\w+)`", row[0])}
+    assert set(documented) == set(GATES.names())
+    assert documented == {kind: dict(GATES.get(kind).knobs) for kind in documented}
