@@ -185,8 +185,10 @@ def analyse(folder: Path, prefix: str, boots: int) -> str:
         lines.append(f"| {name} | {value:.2f} | [{lo:.2f}, {hi:.2f}] |")
     lines.append(f"connectivity effect: F-test p = {p:.3g}; one-sided 95% upper bound on sigma_conn {upper:.2f} "
                  "points (modified large-sample)")
-    lines.append("connectivity means: " + ", ".join(f"{a} {m:.2f}" for a, m in zip(arms, table.mean(axis=1),
-                                                                                    strict=True)))
+    lines += ["", "| connectivity | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+              "| --- " * (len(seeds) + 2) + "|",
+              *(f"| {a} | " + " | ".join(f"{v:.2f}" for v in row) + f" | {row.mean():.2f} |"
+                for a, row in zip(arms, table, strict=True)), ""]
     lines += [f"best-of-{n} headroom: {conn * expected_max(n):.2f} points (sigma_conn x {expected_max(n):.2f}; "
               f"at most {upper * expected_max(n):.2f} at the 95% bound)" for n in (4, 12, 100)]
     means = table.mean(axis=1)
