@@ -144,7 +144,7 @@ def test_the_suite_checks_a_module_that_exists():
 @needs_bash
 def test_an_unknown_mode_is_refused_before_anything_runs(tmp_path):
     done, calls = _suite(tmp_path, "sweeep", "data.npz", "out")
-    assert done.returncode == 2 and "measure, rules, choose, sweep, protocol, claim or convinit" in done.stderr
+    assert done.returncode == 2 and "measure, rules, choose, sweep, protocol, claim, convinit or studies" in done.stderr
     assert calls == [] and not (tmp_path / "out").exists()
 
 
@@ -191,15 +191,23 @@ def test_every_command_of_every_mode_parses(tmp_path, parses):
     suite = tmp_path / "suite"
     suite.mkdir()
     seen = set()
-    for mode in ("measure", "rules", "choose", "sweep", "protocol", "claim", "convinit"):
-        done, calls = _suite(suite, mode, "data.npz", "out", "1000", SEEDS="0 1")
+    from connlearn.cli import build_parser
+
+    for mode in ("measure", "rules", "choose", "sweep", "protocol", "claim", "convinit", "studies"):
+        done, calls = _suite(suite, mode, "data.npz", "out", "1000", SEEDS="0 1",
+                             STUDIES="benchmarks/studies/a/x.toml benchmarks/studies/b/y.toml")
         assert done.returncode == 0, (mode, done.stderr)
         for call in calls:
             words = shlex.split(call)
             if words and words[0].startswith("benchmarks/"):
                 seen.add(words[0])
                 parses(words[0], words[1:], f"gpu_suite.sh {mode}: ")
-    assert seen == {f"benchmarks/{s}.py" for s in ("epoch", "speed", "memory", "gate_dynamics", "accuracy")}
+            elif words[:2] == ["-m", "connlearn.cli"]:  # studies: connlearn compare per arms file
+                with pytest.raises(_ParsedSignal):
+                    build_parser().parse_args(words[2:])
+                seen.add(words[words.index("--out") + 1])
+    assert seen == {*(f"benchmarks/{s}.py" for s in ("epoch", "speed", "memory", "gate_dynamics", "accuracy")),
+                    "benchmarks/studies/a/results", "benchmarks/studies/b/results"}
 
 
 def test_every_run_of_the_estimator_benchmark_is_a_valid_connlearn_train(tmp_path):
