@@ -16,10 +16,9 @@ longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from ceiling import COMMON
+from ceiling import COMMON, arms_toml
 
 from connlearn.train.compare import read_study
 
@@ -36,12 +35,9 @@ def write(file: Path, arm: str, out: Path) -> None:
         study = {"random": random, "learned": learned}
         if epochs == BUDGETS[-1]:
             study["sampling"] = {**learned, "gate_lr": 0.0}
-        lines = [f"# the budget (benchmarks/budget.py): {arm} of {file} against Fixed-Random, {epochs} epochs",
-                 *(f"{k} = {json.dumps(v)}" for k, v in {**COMMON, "epochs": epochs, "eval_every": epochs}.items()),
-                 'baseline = "random"', ""]
-        for name, options in study.items():
-            lines += [f"[arms.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in options.items()), ""]
-        (out / f"e{epochs}.toml").write_text("\n".join(lines))
+        (out / f"e{epochs}.toml").write_text(arms_toml(
+            f"the budget (benchmarks/budget.py): {arm} of {file} against Fixed-Random, {epochs} epochs",
+            {**COMMON, "epochs": epochs, "eval_every": epochs, "baseline": "random"}, study))
     print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
 
 

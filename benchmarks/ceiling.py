@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,12 +88,18 @@ def prepare(out: Path, random: int, balanced: int) -> None:
     print(f"wrote {len(arms)} connectivities to {folder}, and {out / 'random.toml'} and {out / 'balanced.toml'}")
 
 
+def arms_toml(comment: str, common: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+    """The text of an arms file for ``connlearn compare``: ``common`` options, then a table per arm."""
+    lines = [f"# {comment}", *(f"{k} = {json.dumps(v)}" for k, v in common.items()), ""]
+    for name, options in arms.items():
+        lines += [f"[arms.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in options.items()), ""]
+    return "\n".join(lines)
+
+
 def write_arms(path: Path, folder: Path, arms: list[str]) -> None:
     """An arms file on :data:`COMMON` whose arm NAME trains ``folder/NAME.json`` from scratch."""
-    lines = ["# the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained from scratch",
-             *(f"{k} = {json.dumps(v)}" for k, v in COMMON.items()), "",
-             *(f"[arms.{a}]\nconnectivity = {json.dumps(str(folder / (a + '.json')))}\n" for a in arms)]
-    path.write_text("\n".join(lines))
+    path.write_text(arms_toml("the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained "
+                              "from scratch", COMMON, {a: {"connectivity": str(folder / f"{a}.json")} for a in arms}))
 
 
 def complement(checkpoint: Path, out: Path, name: str) -> None:

@@ -18,12 +18,11 @@ the training batches. The best configuration of each kind on the validation spli
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 from pathlib import Path
 
-from ceiling import COMMON, NETWORK
+from ceiling import COMMON, NETWORK, arms_toml
 
 KINDS = ("topk", "gumbel", "simple", "imle", "magnitude")
 CONFIGS = 8
@@ -52,12 +51,9 @@ def write(K: int, out: Path, seed: int) -> None:
     network = {k: v for k, v in NETWORK.items() if k != "num_classes"} | {"K": K}
     for kind in KINDS:
         rng = random.Random(f"{seed}-{kind}")
-        lines = [f"# {kind}, K={K}: {CONFIGS} configurations drawn with seed {seed} (benchmarks/tuning.py)",
-                 *(f"{k} = {json.dumps(v)}" for k, v in COMMON.items()), ""]
-        for i in range(CONFIGS):
-            arm = {**network, "gate": kind, **configuration(kind, rng)}
-            lines += [f"[arms.{kind}_{i}]", *(f"{k} = {json.dumps(v)}" for k, v in arm.items()), ""]
-        (out / f"{kind}.toml").write_text("\n".join(lines))
+        arms = {f"{kind}_{i}": {**network, "gate": kind, **configuration(kind, rng)} for i in range(CONFIGS)}
+        (out / f"{kind}.toml").write_text(arms_toml(f"{kind}, K={K}: {CONFIGS} configurations drawn with seed {seed} "
+                                                    "(benchmarks/tuning.py)", COMMON, arms))
     print(f"wrote {len(KINDS)} arms files of {CONFIGS} configurations to {out}")
 
 
