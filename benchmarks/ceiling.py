@@ -24,7 +24,8 @@ the residual resampling connectivities, the seed resampling seeds: resampling bo
 often repeats one seed and cannot bound sigma_conn below the residual whatever the data), the F-test of
 sigma_conn = 0 with the one-sided 95% upper bound on sigma_conn that the decision rule reads, and the
 expected best-of-N headroom ``sigma_conn * E[max of N standard normals]`` that picking the best of N
-connectivities could give.
+connectivities could give; then another family (``--family``, the balanced ones) against the table's, and
+every other arm trained on the same seeds (a learned connectivity, its complement) against the table's mean.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 
 import connlearn
 
@@ -167,7 +169,16 @@ def expected_max(n: int, draws: int = 200_000) -> float:
     return float(np.random.default_rng(0).standard_normal((draws, n)).max(axis=1).mean())
 
 
-def analyse(folder: Path, prefix: str, boots: int) -> str:
+def versus(table: np.ndarray, other: np.ndarray) -> tuple[float, float, float, float]:
+    """Another family of connectivities trained on the same seeds (rows) against the table's, as populations:
+    the difference of their seed-averaged means (the seeds' shared part cancels), Welch's 95% interval, p."""
+    a, b = table.mean(axis=1), other.mean(axis=1)
+    t = stats.ttest_ind(b, a, equal_var=False)
+    low, high = t.confidence_interval()
+    return float(b.mean() - a.mean()), float(low), float(high), float(t.pvalue)
+
+
+def analyse(folder: Path, prefix: str, family: str, boots: int) -> str:
     from connlearn.train.compare import collect, paired
 
     found, _ = collect([folder])
@@ -199,7 +210,12 @@ def analyse(folder: Path, prefix: str, boots: int) -> str:
     lines += [f"best-of-{n} headroom: {conn * expected_max(n):.2f} points (sigma_conn x {expected_max(n):.2f}; "
               f"at most {upper * expected_max(n):.2f} at the 95% bound)" for n in (4, 12, 100)]
     means = table.mean(axis=1)
-    for probe in sorted(a for a in by_arm if not a.startswith(prefix) and set(seeds) <= by_arm[a]):
+    others = sorted(a for a in by_arm if a.startswith(family) and set(seeds) <= by_arm[a])
+    if len(others) >= 2:
+        diff, low, high, p = versus(table, np.array([[top1[a, s] for s in seeds] for a in others]))
+        lines.append(f"{len(others)} {family}* connectivities minus the {len(arms)} {prefix}* ones: {diff:+.2f} "
+                     f"[{low:+.2f}, {high:+.2f}] (Welch, on the connectivities' means), p = {p:.2g}")
+    for probe in sorted(a for a in by_arm if not a.startswith((prefix, family)) and set(seeds) <= by_arm[a]):
         row = np.array([top1[probe, s] for s in seeds])  # another connectivity (learned, its complement, ...)
         t = paired(list(row - table.mean(axis=0)), margin=1.0)
         lines.append(f"{probe}: {row.mean():.2f}, minus the {len(arms)} connectivities' mean on the same seeds "
@@ -222,6 +238,7 @@ def main() -> None:
     p = sub.add_parser("analyse")
     p.add_argument("folder", type=Path)
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
+    p.add_argument("--family", default="b", help="another family of connectivities to set against the table's")
     p.add_argument("--boots", type=int, default=2000)
     args = parser.parse_args()
     if args.command == "prepare":
@@ -229,7 +246,7 @@ def main() -> None:
     elif args.command == "complement":
         complement(args.checkpoint, args.out, args.name)
     else:
-        print(analyse(args.folder, args.prefix, args.boots))
+        print(analyse(args.folder, args.prefix, args.family, args.boots))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 drawn from one search space with a fixed seed, each trained on the same validation seeds. Random search over
 connectivities gets as many runs: the Fixed-Random connectivities of ``benchmarks/ceiling.py``.
 
-    python benchmarks/tuning.py --K 4 --out benchmarks/studies/tuning_k4
+    python benchmarks/tuning.py write --K 4 --out benchmarks/studies/tuning_k4
     connlearn compare --arms benchmarks/studies/tuning_k4/gumbel.toml --seeds 0 1 \
         --out benchmarks/studies/tuning_k4/results --parallel 2
+    python benchmarks/tuning.py analyse benchmarks/studies/tuning_k4/results benchmarks/studies/ceiling/results
 
 writes one arms file per kind (``KIND.toml``: :data:`CONFIGS` configurations, arms ``KIND_0`` ...), on the
 options of ``benchmarks/ceiling.py``'s :data:`COMMON` (the reduced {20,4,8}, 5,000 training images, 16 epochs,
@@ -13,6 +14,11 @@ the gates' optimizer and learning rate (the paper's SGD at 0.2, or Adam at 1e-3 
 sampling temperature's end (none, or 0.1 to 0.5 for the kinds that draw), a warm-up of 0 or 2 epochs before
 the gates learn, and the gates' steps on held-out batches (5,000 images apart from the training subset) or on
 the training batches. The best configuration of each kind on the validation split goes on to the verdict.
+
+``analyse`` prints every configuration's validation top-1 on seeds 0 and 1 minus the mean of the random
+connectivities that random search tried (the first :data:`CONFIGS` of the ceiling's, on the same seeds), each
+kind's best, and random search's best: every winner is the best of :data:`CONFIGS` tries on the same seeds, so
+each carries the same optimism of picking a maximum.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 from ceiling import COMMON, NETWORK, arms_toml
 
 KINDS = ("topk", "gumbel", "simple", "imle", "magnitude")
 CONFIGS = 8
+SEEDS = (0, 1)  # the validation seeds
+KNOBS = ("gate_rule", "gate_optimizer", "gate_lr", "gate_temperature_end", "gate_warmup", "gate_holdout")
 DRAWS = ("topk", "gumbel", "simple", "imle")  # the kinds whose phase 1 samples, so a temperature matters
 
 
@@ -45,7 +54,6 @@ def configuration(kind: str, rng: random.Random) -> dict[str, object]:
     return options
 
 
-
 def write(K: int, out: Path, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     network = {k: v for k, v in NETWORK.items() if k != "num_classes"} | {"K": K}
@@ -57,13 +65,52 @@ def write(K: int, out: Path, seed: int) -> None:
     print(f"wrote {len(KINDS)} arms files of {CONFIGS} configurations to {out}")
 
 
+def analyse(folders: list[Path]) -> str:
+    from connlearn.train.compare import collect
+
+    found, _ = collect(folders)
+    done = {a: runs for a, runs in found.items() if set(SEEDS) <= set(runs)}
+    top1 = {a: np.array([runs[s]["test_top1"] for s in SEEDS]) for a, runs in done.items()}
+    tried = [f"r{i:02d}" for i in range(CONFIGS)]  # random search's tries: the ceiling's first connectivities
+    missing = [a for a in tried if a not in top1]
+    if missing:
+        return f"random search is not done on seeds {list(SEEDS)}: {', '.join(missing)} missing"
+    random = np.mean([top1[a] for a in tried], axis=0)  # per seed
+    lines = [f"validation top-1, seeds {list(SEEDS)}; minus: the mean of random search's {CONFIGS} connectivities "
+             f"on the same seeds ({random.mean():.2f})", "", "| arm | knobs | " +
+             " | ".join(f"seed {s}" for s in SEEDS) + " | mean | minus random |", "| --- " * (len(SEEDS) + 4) + "|"]
+    best: dict[str, str] = {}
+    for kind in (*KINDS, "random search"):
+        arms = tried if kind == "random search" else sorted(a for a in top1 if a.rsplit("_", 1)[0] == kind)
+        for arm in arms:
+            run = done[arm][SEEDS[0]]["run"]  # the knobs a configuration sets
+            knobs = ", ".join(f"{k[5:]} {run[k]}" for k in KNOBS if run[k] not in (None, 0, "sgd", "plain"))
+            lines.append(f"| {arm} | {knobs or '-'} | " + " | ".join(f"{v:.2f}" for v in top1[arm]) +
+                         f" | {top1[arm].mean():.2f} | {(top1[arm] - random).mean():+.2f} |")
+        if arms:
+            best[kind] = max(arms, key=lambda a: top1[a].mean())
+    lines += ["", "| kind | configurations done | best | mean | minus random |", "| --- | --- | --- | --- | --- |"]
+    for kind, arm in best.items():
+        n = CONFIGS if kind == "random search" else sum(a.rsplit("_", 1)[0] == kind for a in top1)
+        lines.append(f"| {kind} | {n} of {CONFIGS} | {arm} | {top1[arm].mean():.2f} | "
+                     f"{(top1[arm] - random).mean():+.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--K", type=int, default=4)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("write", help="the arms files of the declared configurations")
+    p.add_argument("--K", type=int, default=4)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("analyse", help="the configurations' results against random search's")
+    p.add_argument("folders", type=Path, nargs="+", help="the tuning's results and the ceiling's")
     args = parser.parse_args()
-    write(args.K, args.out, args.seed)
+    if args.command == "write":
+        write(args.K, args.out, args.seed)
+    else:
+        print(analyse(args.folders))
 
 
 if __name__ == "__main__":

@@ -235,6 +235,8 @@ def test_the_ceiling_splits_a_crossed_table_and_draws_balanced_connectivities():
     mask = ceiling.balanced_mask(8, 8, 4, torch.Generator().manual_seed(0))
     assert mask.sum(1).tolist() == [4] * 8 and mask.sum(0).tolist() == [4] * 8
     assert ceiling.expected_max(1, draws=20000) == pytest.approx(0.0, abs=0.02)
+    diff, low, high, _ = ceiling.versus(table, table[:3] + 1.0)  # a family one point better, rows for rows
+    assert diff == pytest.approx(1 - conn[3] / 4) and low < diff < high
 
 
 def test_the_complement_of_a_learned_connectivity_reads_every_input_it_rejected(tmp_path):
@@ -272,6 +274,30 @@ def test_the_ceilings_f_test_has_its_size_and_its_upper_bound_its_coverage():
     assert np.mean(p < 0.05) == pytest.approx(0.05, abs=0.015)
     _, upper = tests(0.5)
     assert np.mean(upper >= 0.5) == pytest.approx(0.95, abs=0.02)
+
+
+def test_the_tuning_picks_each_kinds_best_against_random_search_on_the_same_seeds(tmp_path):
+    import json
+    import shutil
+
+    tuning = _load("benchmarks/tuning.py")
+    ceiling = ROOT / "benchmarks/studies/ceiling/results"
+    for i in range(tuning.CONFIGS):  # random search's tries, as committed
+        for s in tuning.SEEDS:
+            shutil.copytree(ceiling / f"r{i:02d}-s{s}", tmp_path / "random" / f"r{i:02d}-s{s}")
+    for arm, top1, lr in (("gumbel_0", 50.0, None), ("gumbel_1", 60.0, 0.01), ("magnitude_0", 55.0, None)):
+        for s in tuning.SEEDS:
+            summary = json.loads((ceiling / f"r00-s{s}" / "summary.json").read_text())
+            summary["test_top1"] = top1 + s
+            summary["run"] |= {"gate": arm.split("_")[0], "gate_lr": lr, "connectivity": None}
+            (tmp_path / "tuned" / f"{arm}-s{s}").mkdir(parents=True)
+            (tmp_path / "tuned" / f"{arm}-s{s}" / "summary.json").write_text(json.dumps(summary))
+    random = [json.loads((tmp_path / "random" / f"r{i:02d}-s{s}" / "summary.json").read_text())["test_top1"]
+              for i in range(tuning.CONFIGS) for s in tuning.SEEDS]
+    text = tuning.analyse([tmp_path / "tuned", tmp_path / "random"])
+    assert f"| gumbel | 2 of 8 | gumbel_1 | 60.50 | {60.5 - sum(random) / len(random):+.2f} |" in text
+    assert "| gumbel_1 | lr 0.01 |" in text and "| magnitude | 1 of 8 | magnitude_0 |" in text
+    assert "| random search | 8 of 8 | r00 | 54.78 | +0.56 |" in text  # the best of r00-r07 on seeds 0, 1, as committed
 
 
 def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_path):
