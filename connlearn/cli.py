@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", metavar="FILE", help="a TOML file: common train options, baseline = NAME, and a "
                                                   "table [arms.NAME] of train options per arm")
     p.add_argument("--arm", action="append", metavar="'NAME key=value ...'",
-                   help="an arm on the command line (repeatable), e.g. 'gumbel gate=gumbel K=4'")
+                   help="an arm on the command line (repeatable), e.g. 'gumbel gate=gumbel K=4'; 'again "
+                        "retrain=gumbel' trains the connectivity each seed of arm gumbel learned from scratch")
     p.add_argument("--baseline", help="the arm the others are compared with (default: the file's, else the first)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="paired seeds (default 0 1 2 3 4)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time, as local processes (default 1)")

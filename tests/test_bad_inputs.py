@@ -229,6 +229,8 @@ CASES = [
     (lambda t: Study({"a": {"epochs": 4}}, {}, (0,), t, "a"), ConfigError, ["arm 'a' sets epochs", "set them for all"]),
     (lambda t: Study({"a": {"gate": "gumbell"}}, {}, (0,), t, "a"), ConfigError, ["'gumbell'", "'gumbel'"]),
     (lambda t: Study({"a": {}}, {}, (0,), t, "b"), ConfigError, ["baseline 'b' is not an arm"]),
+    (lambda t: Study({"a": {}, "b": {"retrain": "c"}}, {}, (0,), t, "a"), ConfigError,
+     ["arm 'b': retrain 'c' must name an arm of the study that learns", "arms: a"]),
     (lambda t: collect([t]), DataError, ["neither a run folder (ARM-sSEED) nor a folder holding them"]),
     (lambda t: collect([_file(t, "a-s0", b"")]), DataError, ["a-s0 is not a connlearn train run"]),
     (lambda t: _runs(t, {"epochs": 16}, {"epochs": 32}), DataError,

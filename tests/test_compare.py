@@ -8,6 +8,7 @@ from scipy import stats
 
 from connlearn.cli import main
 from connlearn.train import compare
+from connlearn.train.checkpoint import load_checkpoint
 
 DIFFS = [0.8, -0.3, 1.1, 0.4, -0.6, 0.9, 0.2, 1.5, -0.1, 0.7]
 
@@ -66,22 +67,28 @@ def test_a_report_reads_runs_made_anywhere(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_study_end_to_end(tmp_path, capsys):
-    argv = ["compare", "--arm", "random gate=random K=2", "--arm", "topk gate=topk K=2", "--seeds", "0", "1",
+    argv = ["compare", "--arm", "again retrain=topk", "--arm", "random gate=random K=2", "--arm", "topk gate=topk K=2",
+            "--baseline", "random", "--seeds", "0", "1",
             "--dataset", "cifar10", "--synthetic", "--epochs", "4", "--preset", "cifar-20-4-8", "--M", "3",
             "--C", "4", "--width", "2", "--base-channels", "8", "--stem-channels", "8", "--train-subset", "64",
             "--test-subset", "50", "--batch-size", "32", "--no-progress", "--out", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "[4/4]" in out and "| topk | 2 |" in out
+    assert "[6/6]" in out and "| topk | 2 |" in out and "| again | 2 |" in out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["arms"]["random"]["seeds"] == [0, 1] and report["against"]["topk"]["n"] == 2
+    for seed in (0, 1):  # retrained: the connectivity the same seed learned, trained from scratch
+        learned, again = (json.loads(load_checkpoint(tmp_path / f"{a}-s{seed}" / "last.pt")["graph"])["edges"]
+                          for a in ("topk", "again"))
+        assert [e["active"] for e in again] == [e["active"] for e in learned]
     first = (tmp_path / "topk-s0" / "summary.json").stat().st_mtime_ns
     assert main(argv) == 0  # again: every run is skipped, none trained again
-    assert "4 finished, 0 to run" in capsys.readouterr().out
+    assert "6 finished, 0 to run" in capsys.readouterr().out
     assert (tmp_path / "topk-s0" / "summary.json").stat().st_mtime_ns == first
     assert main([*argv, "--print-commands"]) == 0
     commands = capsys.readouterr().out.splitlines()
-    assert len(commands) == 4 and all(" train " in c and "--seed" in c for c in commands)
+    assert len(commands) == 6 and all(" train " in c and "--seed" in c for c in commands)
+    assert all("--connectivity" in c for c in commands[4:])  # the retrained runs come last
 
 
 def test_a_report_of_mixed_settings_is_one_line_and_overwrites_nothing(tmp_path, capsys):

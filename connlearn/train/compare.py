@@ -2,10 +2,12 @@
 paired statistics that say whether an arm beats a baseline, loses to it, or is level with it within a margin.
 
 An arm is a name and the train options it sets on top of the common ones (a gate kind and its knobs, a
-connectivity file, ...). Run ``ARM`` of seed ``S`` lives in ``OUT/ARM-sS``: the same command again skips the
-finished runs and resumes the others. Arms change the network, its gates and how they learn; every run of a
-study shares the data, the evaluation set and the schedule, and every arm uses the same seeds, so seed ``S``
-gives every arm the same data order, augmentation and starting weights where the architecture allows.
+connectivity file, ...), or ``retrain = ARM``: train from scratch the connectivity that ARM learned with the
+same seed (its runs start once that run has finished). Run ``ARM`` of seed ``S`` lives in ``OUT/ARM-sS``: the
+same command again skips the finished runs and resumes the others. Arms change the network, its gates and how
+they learn; every run of a study shares the data, the evaluation set and the schedule, and every arm uses the
+same seeds, so seed ``S`` gives every arm the same data order, augmentation and starting weights where the
+architecture allows.
 
 The statistics, per arm against the baseline, over the seeds both have (paired): the mean difference with its
 95% t-interval and p-value (two-sided paired t-test), the p-values Holm-corrected across the arms, TOST at
@@ -35,6 +37,8 @@ from connlearn.files import path_of, write_text
 NAME = re.compile(r"[A-Za-z0-9_.]+")
 #: the options a study sets per run, not per arm
 PER_RUN = ("seed", "out")
+#: an arm's option that is not a train option: ``retrain = ARM`` trains ARM's connectivity of the same seed anew
+RETRAIN = "retrain"
 #: what every run of one report must share: the data, the evaluation and the schedule
 SHARED = ("dataset", "epochs", "phases", "batch_size", "train_subset", "test_subset", "val_split", "eval_every",
           "synthetic")
@@ -49,7 +53,7 @@ def _fields() -> list[str]:
 def check_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with ``-`` in names as ``_``; an unknown name is a ConfigError naming the closest."""
     options = {str(k).replace("-", "_"): v for k, v in options.items()}
-    fields = _fields()
+    fields = [*_fields(), RETRAIN]
     for key in options:
         if key not in fields or key in PER_RUN:
             hint = closest(key, [f for f in fields if f not in PER_RUN])
@@ -116,20 +120,37 @@ class Study:
             if shared:
                 raise ConfigError(f"arm {name!r} sets {', '.join(shared)}: every arm shares the data, evaluation "
                                   "and schedule; set them for all")
+            source = self.source(name)
+            if source is not None and (source not in self.arms or self.source(source) is not None):
+                raise ConfigError(f"arm {name!r}: retrain {source!r} must name an arm of the study that learns; "
+                                  f"arms: {', '.join(a for a in self.arms if self.source(a) is None)}")
             RunConfig(**self.options(name, self.seeds[0]))  # a bad value is named before any run starts
 
     def folder(self, arm: str, seed: int) -> Path:
         return self.out / f"{arm}-s{seed}"
 
+    def source(self, arm: str) -> str | None:
+        """The arm whose learned connectivity ``arm`` trains anew (``retrain``), if any."""
+        return {**self.common, **self.arms[arm]}.get(RETRAIN)
+
     def options(self, arm: str, seed: int) -> dict[str, Any]:
-        return {**self.common, **self.arms[arm], "seed": seed, "out": str(self.folder(arm, seed))}
+        from connlearn.train.protocol import ARCHITECTURE
+
+        options = {**self.common, **self.arms[arm], "seed": seed, "out": str(self.folder(arm, seed))}
+        source = options.pop(RETRAIN, None)
+        if source is not None:  # the architecture is the source's: drop the common one, keep what the arm sets
+            options = {k: v for k, v in options.items() if k not in ARCHITECTURE or k in self.arms[arm]}
+            options["connectivity"] = str(self.folder(source, seed) / "last.pt")
+        return options
 
     def command(self, arm: str, seed: int) -> list[str]:
         """The ``connlearn train`` command of one run."""
         return [sys.executable, "-m", "connlearn.cli", "train", *flags(self.options(arm, seed))]
 
     def runs(self) -> list[tuple[str, int]]:
-        return [(arm, seed) for seed in self.seeds for arm in self.arms]
+        """Every run, those that retrain a learned connectivity after all the others."""
+        return sorted(((arm, seed) for seed in self.seeds for arm in self.arms),
+                      key=lambda run: self.source(run[0]) is not None)
 
 
 def flags(options: dict[str, Any]) -> list[str]:
@@ -165,9 +186,19 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
     running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
+    def ready(run: tuple[str, int]) -> bool:  # a run that retrains a connectivity waits for the run that learns it
+        source = study.source(run[0])
+        return source is None or (study.folder(source, run[1]) / "summary.json").exists()
+
     while queue or running:
-        while queue and len(running) < parallel:
-            arm, seed = queue.pop(0)
+        for arm, seed in [r for r in queue if f"{study.source(r[0])}-s{r[1]}" in failed]:
+            queue.remove((arm, seed))
+            failed.append(f"{arm}-s{seed}")
+            print(f"compare: {arm}-s{seed} FAILED: the run whose connectivity it retrains, "
+                  f"{study.source(arm)}-s{seed}, failed", flush=True)
+        while len(running) < parallel and any(map(ready, queue)):
+            arm, seed = next(filter(ready, queue))
+            queue.remove((arm, seed))
             folder = study.folder(arm, seed)
             folder.mkdir(parents=True, exist_ok=True)
             log = open(folder / "output.log", "a")  # noqa: SIM115 (closed when the run ends)
@@ -202,6 +233,9 @@ def _settings(run: dict[str, Any]) -> dict[str, Any]:
     from connlearn.train.protocol import MAY_CHANGE, RunConfig
 
     run = {**{f.name: f.default for f in attrs.fields(RunConfig)}, **run}
+    source = Path(run["connectivity"] or "").parent.name
+    if source.endswith(f"-s{run['seed']}"):  # the connectivity its seed learned in another arm (retrain)
+        run["connectivity"] = source.removesuffix(f"-s{run['seed']}") + "-s{seed}"
     return {k: list(v) if isinstance(v, tuple) else v for k, v in run.items()
             if k not in PER_RUN and k not in MAY_CHANGE}
 

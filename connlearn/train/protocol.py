@@ -68,6 +68,9 @@ PROTOCOLS = {
 #: The options a resumed run may change (where to run, how fast, what to show); every other must stay.
 MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
               "activation_checkpointing", "snapshot_every")
+#: The options that a connectivity file fixes (its architecture and gates).
+ARCHITECTURE = ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels", "kernels", "residual_init",
+                "conv_init")
 
 
 def _one_of(known: Any, default: Any) -> Any:
@@ -147,8 +150,7 @@ class RunConfig:
             raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s: {', '.join(protocol.presets)}")
         if self.gate is not None:
             GATES.get(self.gate)  # a typo is named before any data is read
-        fixed = [k for k in ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels",
-                             "kernels", "residual_init", "conv_init") if getattr(self, k) is not None]
+        fixed = [k for k in ARCHITECTURE if getattr(self, k) is not None]
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
