@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ceiling import COMMON, arms_toml
 
@@ -26,10 +27,16 @@ BUDGETS = (8, 16, 32, 64)
 NETWORK_KEYS = ("preset", "M", "C", "width", "base_channels", "stem_channels", "K", "kernels", "engine")
 
 
-def write(file: Path, arm: str, out: Path) -> None:
+def tuned(file: Path, arm: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(learned, random)``: ARM's options in FILE, with the common ones that are not the schedule's, and
+    Fixed-Random on its network."""
     common, arms, _ = read_study(file)
     learned = {**{k: v for k, v in common.items() if k not in COMMON}, **arms[arm]}
-    random = {"gate": "random", **{k: learned[k] for k in NETWORK_KEYS if k in learned}}
+    return learned, {"gate": "random", **{k: learned[k] for k in NETWORK_KEYS if k in learned}}
+
+
+def write(file: Path, arm: str, out: Path) -> None:
+    learned, random = tuned(file, arm)
     out.mkdir(parents=True, exist_ok=True)
     for epochs in BUDGETS:
         study = {"random": random, "learned": learned}

@@ -312,6 +312,19 @@ def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_pa
     assert arms["sampling"] == {**arms["learned"], "gate_lr": 0.0}
 
 
+def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_random_on_the_test_set(tmp_path):
+    from connlearn.train.compare import Study, read_study
+
+    verdict = _load("benchmarks/verdict.py")
+    verdict.write(ROOT / "benchmarks/studies/tuning_k4/gumbel.toml", "gumbel_3", tmp_path)
+    for name in ("alike", "unlike"):
+        common, arms, baseline = read_study(tmp_path / f"{name}.toml")
+        study = Study(arms, common, verdict.SEEDS, tmp_path / "runs", baseline)
+        assert "val_split" not in common and baseline == "random" and arms["retrained"]["retrain"] == "learned"
+        assert study.options("retrained", 100)["connectivity"] == str(tmp_path / "runs/learned-s100/last.pt")
+        assert arms["learned"].get("kernels") == ([1, 3, 5] if name == "unlike" else None) and arms["learned"]["K"] == 4
+
+
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     from connlearn.train.compare import Study, read_study
 
