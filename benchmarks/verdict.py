@@ -3,19 +3,25 @@ Fixed-Random of the same K, learned in place and its connectivity retrained from
 network and again with unlike branches (middle kernels 1, 3, 5 cycling over each module's branches), on fresh
 seeds, read on CIFAR-10's test set.
 
-    python benchmarks/verdict.py benchmarks/studies/tuning_k4/gumbel.toml gumbel_3 --out benchmarks/studies/verdict
+    python benchmarks/verdict.py write benchmarks/studies/tuning_k4/gumbel.toml gumbel_3 \
+        --out benchmarks/studies/verdict
     connlearn compare --arms benchmarks/studies/verdict/alike.toml --seeds 100 101 102 103 104 105 106 107 \
         108 109 --out benchmarks/studies/verdict/results_alike --parallel 2
 
-writes ``alike.toml`` and ``unlike.toml``, each with the arms ``random``, ``learned`` (ARM's options in FILE)
-and ``retrained`` (``retrain = "learned"``), baseline ``random``, on the ceiling's options
+    python benchmarks/verdict.py analyse benchmarks/studies/verdict
+
+``write`` writes ``alike.toml`` and ``unlike.toml``, each with the arms ``random``, ``learned`` (ARM's options
+in FILE) and ``retrained`` (``retrain = "learned"``), baseline ``random``, on the ceiling's options
 (``benchmarks/ceiling.py``'s :data:`COMMON`) without its validation split: the test set, never tuned on.
+``analyse`` reads ``results_alike`` and ``results_unlike`` and prints the four comparisons with their
+p-values Holm-corrected across all four, as declared.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from budget import tuned
 from ceiling import COMMON, arms_toml
@@ -37,13 +43,35 @@ def write(file: Path, arm: str, out: Path) -> None:
     print(f"wrote alike.toml and unlike.toml to {out}")
 
 
+def analyse(root: Path, margin: float = 1.0) -> str:
+    from connlearn.train.compare import collect, holm, markdown, report, verdict
+
+    arms: dict[str, Any] = {}
+    tests: dict[str, Any] = {}
+    for name in ("alike", "unlike"):
+        result = report(collect([root / f"results_{name}"])[0], "random", margin)
+        arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
+        tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
+    for test, p in zip(tests.values(), holm([t["p"] for t in tests.values()]), strict=True):
+        test["p_holm"] = p
+        test["verdict"] = verdict(test, margin)
+    return markdown({"baseline": "random", "margin": margin, "arms": arms, "against": tests})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", type=Path, help="an arms file holding the tuned configuration")
-    parser.add_argument("arm", help="its name in FILE")
-    parser.add_argument("--out", type=Path, required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("write", help="the arms files of the primary comparisons")
+    p.add_argument("file", type=Path, help="an arms file holding the tuned configuration")
+    p.add_argument("arm", help="its name in FILE")
+    p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("analyse", help="the four comparisons, Holm across them")
+    p.add_argument("root", type=Path, help="the folder holding results_alike and results_unlike")
     args = parser.parse_args()
-    write(args.file, args.arm, args.out)
+    if args.command == "write":
+        write(args.file, args.arm, args.out)
+    else:
+        print(analyse(args.root), end="")
 
 
 if __name__ == "__main__":

@@ -313,6 +313,8 @@ def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_pa
 
 
 def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_random_on_the_test_set(tmp_path):
+    import json
+
     from connlearn.train.compare import Study, read_study
 
     verdict = _load("benchmarks/verdict.py")
@@ -323,6 +325,16 @@ def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_ran
         assert "val_split" not in common and baseline == "random" and arms["retrained"]["retrain"] == "learned"
         assert study.options("retrained", 100)["connectivity"] == str(tmp_path / "runs/learned-s100/last.pt")
         assert arms["learned"].get("kernels") == ([1, 3, 5] if name == "unlike" else None) and arms["learned"]["K"] == 4
+        for arm, shift in (("random", 0.0), ("learned", 1.0), ("retrained", 0.1)):  # runs with a known spread
+            for seed in verdict.SEEDS:
+                folder = tmp_path / f"results_{name}" / f"{arm}-s{seed}"
+                folder.mkdir(parents=True)
+                (folder / "summary.json").write_text(json.dumps({"test_top1": 50 + shift * (seed % 3), "run": {
+                    "dataset": "cifar10", "epochs": 16, "gate": arm, "seed": seed, "out": str(folder)}}))
+    rows = [line.split(" | ") for line in verdict.analyse(tmp_path).splitlines()
+            if line.startswith(("| alike: ", "| unlike: ")) and "[" in line]
+    assert len(rows) == 4  # four equal p-values: Holm across the four multiplies each by 4 (within a report, 2)
+    assert all(float(r[5]) == pytest.approx(min(1.0, 4 * float(r[4])), rel=0.01) for r in rows)
 
 
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):

@@ -358,13 +358,14 @@ def report(found: dict[str, dict[int, dict[str, Any]]], baseline: str, margin: f
     testable = [a for a in others if "p" in tests[a]]
     for arm, adjusted in zip(testable, holm([tests[a]["p"] for a in testable]), strict=True):
         tests[arm]["p_holm"] = adjusted
-        tests[arm]["verdict"] = _verdict(tests[arm], margin)
+        tests[arm]["verdict"] = verdict(tests[arm], margin)
     shared = _shared(next(iter(found[baseline].values())))
     return {"baseline": baseline, "margin": margin, "alpha": 0.05, "power": 0.8, "arms": arms, "against": tests,
             "setting": {k: shared[k] for k in SHARED}, "eval_images": (shared["data"] or {}).get("eval_images")}
 
 
-def _verdict(test: dict[str, Any], margin: float) -> str:
+def verdict(test: dict[str, Any], margin: float) -> str:
+    """better or worse where Holm's p < 0.05, else level where TOST's p < 0.05, else undecided."""
     if test["p_holm"] < 0.05:
         return "better" if test["mean"] > 0 else "worse"
     if test["tost_p"] < 0.05:
