@@ -3,14 +3,16 @@ and 64 epochs (the recipe's 6/5/3/2 split scaled), and at the longest the sampli
 arm's draws with a gate learning rate of 0, so the gates never move, then the freeze. If the control matches
 the learned arm, phase 1's gain is the regularisation of its sampling, not the connectivity it learns.
 
-    python benchmarks/budget.py benchmarks/studies/tuning_k1/gumbel.toml gumbel_3 --out benchmarks/studies/budget
+    python benchmarks/budget.py write benchmarks/studies/tuning_k4/gumbel.toml gumbel_3 --out benchmarks/studies/budget
     connlearn compare --arms benchmarks/studies/budget/e64.toml --seeds 0 1 2 3 4 \
         --out benchmarks/studies/budget/results_e64 --parallel 2
+    python benchmarks/budget.py analyse benchmarks/studies/budget
 
-writes ``eE.toml`` per budget (every run of one report shares its epochs): the arm ``learned`` with the
+``write`` writes ``eE.toml`` per budget (every run of one report shares its epochs): the arm ``learned`` with the
 options of ARM in FILE (a tuned configuration), ``random`` (Fixed-Random with its network and K), and, at the
 longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are the ceiling's
 (``benchmarks/ceiling.py``'s :data:`COMMON`) with ``eval_every`` set to the budget: one evaluation, at the end.
+``analyse`` prints, per budget found (``results_eE``), each arm minus ``random``, paired by seed.
 """
 
 from __future__ import annotations
@@ -48,13 +50,32 @@ def write(file: Path, arm: str, out: Path) -> None:
     print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
 
 
+def analyse(root: Path, margin: float = 1.0) -> str:
+    from connlearn.train.compare import collect, report
+
+    lines = ["| epochs | arm − random | pairs | mean ± sd | 95% interval | verdict |", "| --- " * 6 + "|"]
+    for epochs in BUDGETS:
+        if (root / f"results_e{epochs}").is_dir():
+            result = report(collect([root / f"results_e{epochs}"])[0], "random", margin)
+            lines += [f"| {epochs} | {arm} | {t['n']} | {t['mean']:+.2f} ± {t['sd']:.2f} | [{t['ci'][0]:+.2f}, "
+                      f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in result["against"].items() if "p" in t]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file", type=Path, help="an arms file holding the learned configuration")
-    parser.add_argument("arm", help="its name in FILE")
-    parser.add_argument("--out", type=Path, required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("write", help="the arms files of every budget")
+    p.add_argument("file", type=Path, help="an arms file holding the learned configuration")
+    p.add_argument("arm", help="its name in FILE")
+    p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("analyse", help="each budget's arms against random")
+    p.add_argument("root", type=Path, help="the folder holding results_e8 ... results_e64")
     args = parser.parse_args()
-    write(args.file, args.arm, args.out)
+    if args.command == "write":
+        write(args.file, args.arm, args.out)
+    else:
+        print(analyse(args.root))
 
 
 if __name__ == "__main__":

@@ -300,6 +300,18 @@ def test_the_tuning_picks_each_kinds_best_against_random_search_on_the_same_seed
     assert "| random search | 8 of 8 | r00 | 54.78 | +0.56 |" in text  # the best of r00-r07 on seeds 0, 1, as committed
 
 
+def _summaries(out, shifts, seeds):
+    """Finished runs of arms whose top-1 is 50 + shift x (seed mod 3): every arm's difference from one with
+    shift 0 has the same t statistic."""
+    import json
+
+    for arm, shift in shifts.items():
+        for seed in seeds:
+            (out / f"{arm}-s{seed}").mkdir(parents=True)
+            (out / f"{arm}-s{seed}" / "summary.json").write_text(json.dumps({"test_top1": 50 + shift * (seed % 3),
+                "run": {"dataset": "cifar10", "epochs": 16, "gate": arm, "seed": seed, "out": str(out)}}))
+
+
 def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_path):
     from connlearn.train.compare import Study, read_study
 
@@ -310,11 +322,12 @@ def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_pa
         Study(arms, common, (0,), tmp_path / "runs", baseline)
         assert common["epochs"] == common["eval_every"] == epochs and arms["random"]["K"] == arms["learned"]["K"] == 1
     assert arms["sampling"] == {**arms["learned"], "gate_lr": 0.0}
+    _summaries(tmp_path / "results_e64", {"random": 0.0, "learned": 1.0, "sampling": -0.5}, range(6))
+    table = budget.analyse(tmp_path)
+    assert "| 64 | learned | 6 | +1.00 ± 0.89 |" in table and "| 64 | sampling | 6 | -0.50 ± 0.45 |" in table
 
 
 def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_random_on_the_test_set(tmp_path):
-    import json
-
     from connlearn.train.compare import Study, read_study
 
     verdict = _load("benchmarks/verdict.py")
@@ -325,12 +338,7 @@ def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_ran
         assert "val_split" not in common and baseline == "random" and arms["retrained"]["retrain"] == "learned"
         assert study.options("retrained", 100)["connectivity"] == str(tmp_path / "runs/learned-s100/last.pt")
         assert arms["learned"].get("kernels") == ([1, 3, 5] if name == "unlike" else None) and arms["learned"]["K"] == 4
-        for arm, shift in (("random", 0.0), ("learned", 1.0), ("retrained", 0.1)):  # runs with a known spread
-            for seed in verdict.SEEDS:
-                folder = tmp_path / f"results_{name}" / f"{arm}-s{seed}"
-                folder.mkdir(parents=True)
-                (folder / "summary.json").write_text(json.dumps({"test_top1": 50 + shift * (seed % 3), "run": {
-                    "dataset": "cifar10", "epochs": 16, "gate": arm, "seed": seed, "out": str(folder)}}))
+        _summaries(tmp_path / f"results_{name}", {"random": 0.0, "learned": 1.0, "retrained": 0.1}, verdict.SEEDS)
     rows = [line.split(" | ") for line in verdict.analyse(tmp_path).splitlines()
             if line.startswith(("| alike: ", "| unlike: ")) and "[" in line]
     assert len(rows) == 4  # four equal p-values: Holm across the four multiplies each by 4 (within a report, 2)
