@@ -186,6 +186,7 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
     running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
+
     def ready(run: tuple[str, int]) -> bool:  # a run that retrains a connectivity waits for the run that learns it
         source = study.source(run[0])
         return source is None or (study.folder(source, run[1]) / "summary.json").exists()
