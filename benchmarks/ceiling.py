@@ -212,9 +212,13 @@ def analyse(folder: Path, prefix: str, family: str, boots: int) -> str:
     means = table.mean(axis=1)
     others = sorted(a for a in by_arm if a.startswith(family) and set(seeds) <= by_arm[a])
     if len(others) >= 2:
-        diff, low, high, p = versus(table, np.array([[top1[a, s] for s in seeds] for a in others]))
+        other = np.array([[top1[a, s] for s in seeds] for a in others])
+        diff, low, high, p = versus(table, other)
+        by_seed = paired(list(other.mean(axis=0) - table.mean(axis=0)), margin=1.0)  # the seeds as the units
         lines.append(f"{len(others)} {family}* connectivities minus the {len(arms)} {prefix}* ones: {diff:+.2f} "
-                     f"[{low:+.2f}, {high:+.2f}] (Welch, on the connectivities' means), p = {p:.2g}")
+                     f"[{low:+.2f}, {high:+.2f}], p = {p:.2g} (Welch, the connectivities as the units, on these "
+                     f"seeds); per seed {', '.join(f'{d:+.2f}' for d in other.mean(axis=0) - table.mean(axis=0))}: "
+                     f"[{by_seed['ci'][0]:+.2f}, {by_seed['ci'][1]:+.2f}], p = {by_seed['p']:.2g} (paired over seeds)")
     for probe in sorted(a for a in by_arm if not a.startswith((prefix, family)) and set(seeds) <= by_arm[a]):
         row = np.array([top1[probe, s] for s in seeds])  # another connectivity (learned, its complement, ...)
         t = paired(list(row - table.mean(axis=0)), margin=1.0)
