@@ -41,7 +41,8 @@ HELP = {
                       "Adam at --gate-lr, e.g. 0.01)",
     "gate_holdout": "hold out this many training images (apart from --train-subset's) for the gates: each "
                     "weight step is followed by a gate step on a held-out batch (first-order bilevel)",
-    "gate_warmup": "epochs at the start of phase 1 in which the gates do not learn (the draws go on; default 0)",
+    "gate_warmup": "epochs at the start of phase 1 in which the gates do not learn (the draws go on; default 0). "
+                   "The gate options a run leaves unset take its gate kind's settings (docs/estimators.md)",
     "gate_temperature": "sampling temperature of phase 1 (default 1, the paper's; below 1: closer to the top-K)",
     "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",
     "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "

@@ -144,6 +144,9 @@ class Gate(nn.Module):
     clipped: ClassVar[bool] = True  # the GateUpdater keeps its parameters in [0, 1]
     per_example: ClassVar[bool] = False  # draws a connectivity per example (``draw(..., batch=B)``)
     knobs: ClassVar[dict[str, Any]] = {}  # the keyword options it takes (the graph's gate_options), by default
+    #: how ``connlearn train`` trains it where a run leaves them unset: its ``gate_optimizer``, ``gate_lr``,
+    #: ``gate_rule``, ``gate_warmup``, ``gate_holdout``, ``gate_temperature_end`` (docs/estimators.md)
+    trains_with: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
         super().__init__()

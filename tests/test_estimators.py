@@ -145,7 +145,7 @@ def test_every_kind_compiles_to_the_same_outputs_and_gradients(kind):
 
 
 def test_every_kinds_documented_knobs_are_its_defaults():
-    # docs/estimators.md's table is where a user reads a kind's knobs and their defaults
+    # docs/estimators.md's tables are where a user reads a kind's knobs and how it trains, by default
     import re
     from pathlib import Path
 
@@ -157,3 +157,9 @@ def test_every_kinds_documented_knobs_are_its_defaults():
                   for row in rows for kind in re.findall(r"`(\w+)`", row[0])}
     assert set(documented) == set(GATES.names())
     assert documented == {kind: dict(GATES.get(kind).knobs) for kind in documented}
+    trains = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text().split(
+        "## How `connlearn train` trains each kind")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in trains.splitlines() if line.startswith("| `")]
+    documented = {re.findall(r"`(\w+)`", row[0])[0]: {k: v if v.isalpha() else float(v) for k, v in
+                                                      re.findall(r"`(\w+)` \(([\w.]+)\)", row[1])} for row in rows}
+    assert documented == {kind: GATES.get(kind).trains_with for kind in GATES.names() if GATES.get(kind).trains_with}

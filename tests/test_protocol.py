@@ -124,6 +124,16 @@ def test_a_connectivity_learned_with_gate_options_trains_again(tmp_path):
     assert again.gate_kind == "frozen" and again.graph().gate_label() == "frozen from gumbel"
 
 
+def test_a_run_trains_its_gate_kind_as_the_kind_says_unless_told_otherwise(monkeypatch):
+    from connlearn.gates import GATES
+
+    monkeypatch.setattr(GATES.get("gumbel"), "trains_with", {"gate_optimizer": "adam", "gate_lr": 0.01})
+    assert (RunConfig(gate="gumbel").gate_optimizer, RunConfig(gate="gumbel").gate_lr) == ("adam", 0.01)
+    assert RunConfig(gate="gumbel", gate_optimizer="sgd").gate_optimizer == "sgd"  # what a run sets wins
+    assert (RunConfig(gate="topk").gate_optimizer, RunConfig(gate="topk").gate_warmup) == ("sgd", 0)  # the paper's
+    assert RunConfig(gate="gumbel").recipe().phases[0].gate_lr == 0.01
+
+
 def test_flags_keep_the_type_of_their_option():
     from connlearn.cli import build_parser, config_from
 

@@ -68,6 +68,9 @@ PROTOCOLS = {
 #: The options a resumed run may change (where to run, how fast, what to show); every other must stay.
 MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
               "activation_checkpointing", "snapshot_every")
+#: The gate kind's training options, at the paper's values where a kind has none of its own (``Gate.trains_with``).
+GATE_TRAINING = {"gate_optimizer": "sgd", "gate_lr": None, "gate_rule": "plain", "gate_warmup": 0, "gate_holdout": None,
+                 "gate_temperature_end": None}
 #: The options that a connectivity file fixes (its architecture and gates).
 ARCHITECTURE = ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels", "kernels", "residual_init",
                 "conv_init")
@@ -115,12 +118,12 @@ class RunConfig:
     engine: str = _one_of(("fused", "reference", "auto"), "fused")
     loader: str = _one_of(("auto", "dataloader"), "auto")
     workers: int | None = attrs.field(default=None, validator=_at_least(0))
-    gate_rule: str = _one_of(GRAD_MODES, "plain")
+    gate_rule: str = _one_of(GRAD_MODES, None)
     gate_init: float | str = 0.5
     gate_lr: float | None = None
     gate_momentum: float | None = None
-    gate_optimizer: str = _one_of(GATE_OPTIMIZERS, "sgd")
-    gate_warmup: int = attrs.field(default=0, validator=_at_least(0))
+    gate_optimizer: str = _one_of(GATE_OPTIMIZERS, None)
+    gate_warmup: int = attrs.field(default=None, validator=_at_least(0))
     gate_holdout: int | None = attrs.field(default=None, validator=_at_least(1))
     gate_temperature: float = 1.0
     gate_temperature_end: float | None = None
@@ -150,6 +153,10 @@ class RunConfig:
             raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s: {', '.join(protocol.presets)}")
         if self.gate is not None:
             GATES.get(self.gate)  # a typo is named before any data is read
+        kind = {} if self.connectivity else GATES.get(self.gate or "topk").trains_with
+        for name, default in GATE_TRAINING.items():  # what the run leaves unset: its gate kind's, else the paper's
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, kind.get(name, default))
         fixed = [k for k in ARCHITECTURE if getattr(self, k) is not None]
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
