@@ -38,15 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 import connlearn
 from connlearn import plots
 from connlearn.errors import ConfigError, ConnlearnError, check_choice
 from connlearn.files import read_jsonl, write_text
 from connlearn.topologies import CONV_INITS, RESIDUAL_INITS, resnext
 from connlearn.train.checkpoint import folder_lock
-from connlearn.train.protocol import GATE_TRAINING, RunConfig, run
+from connlearn.train.protocol import RunConfig, run
+from connlearn.train.protocol import defaults as run_defaults
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES
@@ -184,8 +183,7 @@ def _resolved(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the options it leaves out at their defaults (today's), so that an option given at its
     default value and one left out compare equal. The architecture's come from the network the options
     build (the stem and first-stage channels depend on the width)."""
-    defaults = {k: v for k, v in {**{f.name: f.default for f in attrs.fields(RunConfig)}, **GATE_TRAINING}.items()
-                if k in OVERRIDES}
+    defaults = {k: v for k, v in run_defaults().items() if k in OVERRIDES}
     defaults.update(DEFAULT_STARTS, batch_size=get_recipe("cifar").batch_size)
     given = {k: config[k] for k in ARCHITECTURE_OPTIONS if config.get(k) is not None}
     graph = resnext(preset=config.get("preset"), gate="full", **given)

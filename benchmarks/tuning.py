@@ -34,7 +34,6 @@ from ceiling import COMMON, NETWORK, arms_toml
 KINDS = ("topk", "gumbel", "simple", "imle", "magnitude")
 CONFIGS = 8
 SEEDS = (0, 1)  # the validation seeds
-KNOBS = ("gate_rule", "gate_optimizer", "gate_lr", "gate_temperature_end", "gate_warmup", "gate_holdout")
 DRAWS = ("topk", "gumbel", "simple", "imle")  # the kinds whose phase 1 samples, so a temperature matters
 
 
@@ -67,6 +66,7 @@ def write(K: int, out: Path, seed: int) -> None:
 
 def analyse(folders: list[Path]) -> str:
     from connlearn.train.compare import collect
+    from connlearn.train.protocol import GATE_TRAINING
 
     found, _ = collect(folders)
     done = {a: runs for a, runs in found.items() if set(SEEDS) <= set(runs)}
@@ -79,19 +79,18 @@ def analyse(folders: list[Path]) -> str:
     lines = [f"validation top-1, seeds {list(SEEDS)}; minus: the mean of random search's {CONFIGS} connectivities "
              f"on the same seeds ({random.mean():.2f})", "", "| arm | knobs | " +
              " | ".join(f"seed {s}" for s in SEEDS) + " | mean | minus random |", "| --- " * (len(SEEDS) + 4) + "|"]
-    best: dict[str, str] = {}
+    best: dict[str, tuple[str, int]] = {}  # kind -> its best arm, how many it tried
     for kind in (*KINDS, "random search"):
         arms = tried if kind == "random search" else sorted(a for a in top1 if a.rsplit("_", 1)[0] == kind)
         for arm in arms:
-            run = done[arm][SEEDS[0]]["run"]  # the knobs a configuration sets
-            knobs = ", ".join(f"{k[5:]} {run[k]}" for k in KNOBS if run[k] not in (None, 0, "sgd", "plain"))
+            run = done[arm][SEEDS[0]]["run"]  # the knobs a configuration sets: where it leaves the paper's
+            knobs = ", ".join(f"{k[5:]} {run[k]}" for k, paper in GATE_TRAINING.items() if run[k] != paper)
             lines.append(f"| {arm} | {knobs or '-'} | " + " | ".join(f"{v:.2f}" for v in top1[arm]) +
                          f" | {top1[arm].mean():.2f} | {(top1[arm] - random).mean():+.2f} |")
         if arms:
-            best[kind] = max(arms, key=lambda a: top1[a].mean())
+            best[kind] = max(arms, key=lambda a: top1[a].mean()), len(arms)
     lines += ["", "| kind | configurations done | best | mean | minus random |", "| --- | --- | --- | --- | --- |"]
-    for kind, arm in best.items():
-        n = CONFIGS if kind == "random search" else sum(a.rsplit("_", 1)[0] == kind for a in top1)
+    for kind, (arm, n) in best.items():
         lines.append(f"| {kind} | {n} of {CONFIGS} | {arm} | {top1[arm].mean():.2f} | "
                      f"{(top1[arm] - random).mean():+.2f} |")
     return "\n".join(lines)

@@ -231,9 +231,9 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
 # ------------------------------------------------------------------------------------------------ report
 def _settings(run: dict[str, Any]) -> dict[str, Any]:
     """A run's settings that a comparison holds fixed; an option the run predates counts at its default."""
-    from connlearn.train.protocol import GATE_TRAINING, MAY_CHANGE, RunConfig
+    from connlearn.train.protocol import MAY_CHANGE, defaults
 
-    run = {**{f.name: f.default for f in attrs.fields(RunConfig)}, **GATE_TRAINING, **run}
+    run = {**defaults(), **run}
     source = Path(run["connectivity"] or "").parent.name
     if source.endswith(f"-s{run['seed']}"):  # the connectivity its seed learned in another arm (retrain)
         run["connectivity"] = source.removesuffix(f"-s{run['seed']}") + "-s{seed}"

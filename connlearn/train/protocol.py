@@ -69,8 +69,8 @@ PROTOCOLS = {
 MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
               "activation_checkpointing", "snapshot_every")
 #: The gate kind's training options, at the paper's values where a kind has none of its own (``Gate.trains_with``).
-GATE_TRAINING = {"gate_optimizer": "sgd", "gate_lr": None, "gate_rule": "plain", "gate_warmup": 0, "gate_holdout": None,
-                 "gate_temperature_end": None}
+GATE_TRAINING = {"gate_rule": "plain", "gate_optimizer": "sgd", "gate_lr": None, "gate_temperature_end": None,
+                 "gate_warmup": 0, "gate_holdout": None}
 #: The options that a connectivity file fixes (its architecture and gates).
 ARCHITECTURE = ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels", "kernels", "residual_init",
                 "conv_init")
@@ -196,6 +196,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+def defaults() -> dict[str, Any]:
+    """Each option's value where a run leaves it out and its gate kind sets nothing: what a run that predates an
+    option trained with."""
+    return {**{f.name: f.default for f in attrs.fields(RunConfig)}, **GATE_TRAINING}
 
 
 def _say(message: str) -> None:
