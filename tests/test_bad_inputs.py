@@ -229,6 +229,7 @@ CASES = [
     (lambda t: Study({"a": {"epochs": 4}}, {}, (0,), t, "a"), ConfigError, ["arm 'a' sets epochs", "set them for all"]),
     (lambda t: Study({"a": {"gate": "gumbell"}}, {}, (0,), t, "a"), ConfigError, ["'gumbell'", "'gumbel'"]),
     (lambda t: Study({"a": {}}, {}, (0,), t, "b"), ConfigError, ["baseline 'b' is not an arm"]),
+    (lambda t: Study({"a": {"M": 4}}, {}, (0,), t, "a"), ConfigError, ["multiple of 3", "M=4"]),
     (lambda t: Study({"a": {}, "b": {"retrain": "c"}}, {}, (0,), t, "a"), ConfigError,
      ["arm 'b': retrain 'c' must name an arm of the study that learns", "arms: a"]),
     (lambda t: collect([t]), DataError, ["neither a run folder (ARM-sSEED) nor a folder holding them"]),

@@ -26,7 +26,7 @@ from connlearn.files import path_of, remove_leftovers, write_text
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
-from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS
+from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS, resnext
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
 from connlearn.train.data import (
     NUM_CLASSES,
@@ -174,6 +174,13 @@ class RunConfig:
         if self.dataset == "custom" and self.data is None and not self.synthetic:
             raise ConfigError("dataset 'custom' trains on a packed file of your own: give data (--data FILE.npz)")
         self.recipe()  # a phase split or a temperature out of range is named now
+        if self.connectivity is None:  # so is an architecture that cannot be built (M not a multiple of 3, K > C)
+            resnext(preset=self.preset or protocol.presets[0], gate=self.gate or "topk", **self.network_options())
+
+    def network_options(self) -> dict[str, Any]:
+        """The architecture options this run sets on top of its preset."""
+        return {k: getattr(self, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
+                                              "residual_init", "conv_init") if getattr(self, k) is not None}
 
     @property
     def output(self) -> str:
@@ -271,8 +278,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
                               "classes")
         return net
     protocol = PROTOCOLS[config.dataset]
-    options = {k: getattr(config, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
-                                               "residual_init", "conv_init") if getattr(config, k) is not None}
+    options = config.network_options()
     if isinstance(train, ArrayDataset):  # signals or vectors: their own shape and channels
         options.update(input_size=train.input_size, in_channels=train.channels)
     elif protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
