@@ -34,9 +34,7 @@ def write(file: Path, arm: str, out: Path) -> None:
     common = {k: v for k, v in COMMON.items() if k != "val_split"} | {"baseline": "random"}
     out.mkdir(parents=True, exist_ok=True)
     for name, kernels in (("alike", {}), ("unlike", {"kernels": [1, 3, 5]})):
-        engine = {"engine": "reference"} if kernels else {}  # the fused engine batches only alike blocks
-        study = {"random": random | kernels | engine, "learned": learned | kernels | engine,
-                 "retrained": {"retrain": "learned"} | engine}
+        study = {"random": random | kernels, "learned": learned | kernels, "retrained": {"retrain": "learned"}}
         (out / f"{name}.toml").write_text(arms_toml(
             f"the verdict (benchmarks/verdict.py): {arm} of {file} against Fixed-Random, branches {name}, "
             f"test set, seeds {SEEDS[0]} to {SEEDS[-1]}", common, study))

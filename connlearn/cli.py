@@ -47,8 +47,7 @@ HELP = {
     "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",
     "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "
                      "one: as built; zero",
-    "kernels": "unlike branches: branch j's middle kernel is the j-th of these sizes, cycled (e.g. 1 3 5; needs "
-               "--engine reference)",
+    "kernels": "unlike branches: branch j's middle kernel is the j-th of these sizes, cycled (e.g. 1 3 5)",
     "conv_init": "the inner convolutions start at one branch's scale (branch, the default) or ResNeXt's (resnext)",
     "connectivity": "train this checkpoint's (or graph JSON's) connectivity from scratch, with new weights",
     "train_subset": "train on a class-balanced subset of this many images",

@@ -10,8 +10,8 @@ Engines compute the same function from the same weights:
 
 - ``fused`` (default): a module's activations are one tensor ``[B, C·ch, H, W]`` (branch-major channels);
   the gate mix is one batched matmul over the branch axis, the blocks are grouped convolutions;
-- ``reference``: one block per branch and plain loops: the oracle of the tests, and the engine of modules
-  whose blocks differ;
+  a module whose blocks differ (kernels 1, 3, 5) runs them in a loop (:class:`Unlike`);
+- ``reference``: one block per branch and plain loops: the oracle of the tests;
 - ``single-stream``: gate ``full`` with a block kind that has a ``single_stream`` form (the bottleneck)
   compiles to the genuine ResNeXt, ``y = ReLU(P(x) + F(x))`` with a grouped 3x3 convolution.
 """
@@ -30,12 +30,12 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from connlearn.blocks import BLOCKS, block_dims, conv, has_start, norm
+from connlearn.blocks import BLOCKS, LoopedBlock, block_dims, conv, has_start, norm
 from connlearn.errors import CheckpointError, ConfigError, check_choice
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, input_shape
 
-ENGINES = ("fused", "reference", "auto")
+ENGINES = ("fused", "reference")
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
@@ -120,6 +120,10 @@ class FusedModule(nn.Module):
             return x + out
         short = self.proj(x.reshape(b * c, ch, *spatial))
         return short.reshape(b, c * self.out_ch, *short.shape[2:]) + out
+
+
+class Unlike(LoopedBlock):
+    """The blocks of a fused module that differ (in kind or params): the reference engine's, in a loop."""
 
 
 class ReferenceModule(nn.Module):
@@ -411,12 +415,14 @@ class ConnectivityNet(nn.Module):
             for name in options:
                 check_choice(f"gate option of {self.gate_kind!r}", name, gate_cls.knobs)
             gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **options)
-        if self.engine == "fused":
+        if self.engine == "fused" and _alike(graph, module):
             return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"], **dims), proj, gate, in_ch,
                                out_ch, len(nodes))
         blocks = [BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"], **dims)
                   for n in nodes]
-        return ReferenceModule(blocks, proj, gate)
+        if self.engine == "reference":
+            return ReferenceModule(blocks, proj, gate)
+        return FusedModule(Unlike(blocks), proj, gate, in_ch, out_ch, len(nodes))
 
     def _blocks(self) -> Iterator[tuple[int, nn.Module]]:
         for module, stage in zip(self.module_ids, self.stages, strict=True):
@@ -486,34 +492,37 @@ def _sources(graph: BranchGraph, module: int, position: dict[int, int]) -> list[
     return plan
 
 
+def _alike(graph: BranchGraph, module: int) -> bool:
+    """Whether the blocks of ``module`` share kind and params (one batched block computes them)."""
+    return len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(module)}) == 1
+
+
 def _engine(graph: BranchGraph, engine: str, sources: list[list[tuple[int, list[int] | None]]]) -> str:
     """The engine a graph compiles to: single-stream for a full ResNeXt whose block has that form."""
     kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
     one_stream = all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources)
-    alike = all(len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(m)}) == 1
-                for m in graph.modules())
+    alike = all(_alike(graph, m) for m in graph.modules())
     if graph.gate_kind == "full" and one_stream and alike and len(kinds) == 1 and hasattr(BLOCKS.get(kinds.pop()),
                                                                                           "single_stream"):
         return "single-stream"
-    if engine == "fused" and not alike:
-        raise ConfigError("the fused engine needs the blocks of a module to share kind and params; use "
-                          "engine='reference' or 'auto'")
-    return engine if engine != "auto" else "fused" if alike else "reference"
+    return engine
 
 
 def to_engine(net: ConnectivityNet, engine: str) -> ConnectivityNet:
     """A copy of ``net`` on ``engine`` (fused or reference), with the same weights, gates and draws. A Fixed-Full
     network on ResNeXt's single stream has no branches to move: it comes back as a copy, single-stream."""
-    if net.engine in (check_choice("engine", engine, ("fused", "reference")), "single-stream"):
+    if net.engine in (check_choice("engine", engine, ENGINES), "single-stream"):
         return copy.deepcopy(net)
     param = next(net.parameters())
     with torch.random.fork_rng(devices=[]):  # its weights are replaced: the global RNG is left alone
         new = ConnectivityNet(net.graph(), engine).to(param.device, param.dtype)
     for old, stage in zip(cast(list[Any], net.stages), cast(list[Any], new.stages), strict=True):
         if engine == "reference":
-            stage.blocks = nn.ModuleList(old.block.select([j]) for j in range(old.branches))
+            stage.blocks = nn.ModuleList(copy.deepcopy(old.block.branch_modules[j]) if isinstance(old.block, Unlike)
+                                         else old.block.select([j]) for j in range(old.branches))
         else:
-            stage.block = type(old.blocks[0]).merge(list(old.blocks))
+            stage.block = Unlike(copy.deepcopy(list(old.blocks))) if isinstance(stage.block, Unlike) else type(
+                old.blocks[0]).merge(list(old.blocks))
     new.load_state_dict({**new.state_dict(), **{k: v for k, v in net.state_dict().items()
                                                  if k.split(".")[2:3] not in (["block"], ["blocks"])}})
     new.train(net.training)

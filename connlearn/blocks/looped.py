@@ -47,8 +47,8 @@ class LoopedBlock(nn.Module):
             m.init_conv_scale(scale)  # type: ignore[operator]
 
     def select(self, indices: Sequence[int]) -> LoopedBlock:
-        return LoopedBlock([copy.deepcopy(self.branch_modules[i]) for i in indices])
+        return type(self)([copy.deepcopy(self.branch_modules[i]) for i in indices])
 
     @classmethod
     def merge(cls, blocks: Sequence[LoopedBlock]) -> LoopedBlock:
-        return LoopedBlock([copy.deepcopy(m) for b in blocks for m in b.branch_modules])
+        return cls([copy.deepcopy(m) for b in blocks for m in b.branch_modules])

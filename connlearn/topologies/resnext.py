@@ -69,7 +69,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
         kernels: branches that are not interchangeable: branch j of every module gets the middle kernel
             ``kernels[(j - 1) % len(kernels)]`` (odd sizes, e.g. ``(1, 3, 5)``); its modules then hold unlike
-            blocks, which the reference engine runs (``engine="reference"`` or ``"auto"``).
+            blocks, which the fused engine runs in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]

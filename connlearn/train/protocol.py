@@ -25,6 +25,7 @@ from connlearn.errors import ConfigError, DataError, check_choice
 from connlearn.files import path_of, remove_leftovers, write_text
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
+from connlearn.net import ENGINES
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS, resnext
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
@@ -115,7 +116,7 @@ class RunConfig:
     amp: str = _one_of(AMP_MODES, "auto")
     compile: bool | str = _one_of((False, True, *COMPILE_MODES), False)
     activation_checkpointing: bool = False
-    engine: str = _one_of(("fused", "reference", "auto"), "fused")
+    engine: str = _one_of(ENGINES, "fused")
     loader: str = _one_of(("auto", "dataloader"), "auto")
     workers: int | None = attrs.field(default=None, validator=_at_least(0))
     gate_rule: str = _one_of(GRAD_MODES, None)
@@ -161,9 +162,6 @@ class RunConfig:
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
-        if self.kernels is not None and len(set(self.kernels)) > 1 and self.engine == "fused":
-            raise ConfigError(f"kernels {list(self.kernels)} make a module's blocks unlike, which the fused engine "
-                              "cannot batch: give engine 'reference' (or 'auto') too")
         if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
                 self.gate is not None and not GATES.get(self.gate).learnable)):
             raise ConfigError("gate_holdout gives learned gates held-out batches: it needs a gate kind that learns "
