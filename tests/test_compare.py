@@ -2,8 +2,10 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
+import torch
 from scipy import stats
 
 from connlearn.cli import main
@@ -89,6 +91,28 @@ def test_a_tiny_study_end_to_end(tmp_path, capsys):
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 6 and all(" train " in c and "--seed" in c for c in commands)
     assert all("--connectivity" in c for c in commands[4:])  # the retrained runs come last
+
+
+def test_parallel_runs_go_to_the_least_busy_visible_gpu(tmp_path, monkeypatch):
+    seen = []
+
+    class Finished:  # a run that ends at once, with its summary
+        returncode = 0
+
+        def __init__(self, command, env, **_):
+            seen.append(env.get("CUDA_VISIBLE_DEVICES"))
+            (Path(command[command.index("--out") + 1]) / "summary.json").write_text('{"test_top1": 50.0}')
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(compare.subprocess, "Popen", Finished)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    study = compare.Study({"a": {}, "b": {}, "c": {"device": "cuda:0"}}, {"dataset": "cifar10", "synthetic": True},
+                          (0,), tmp_path, "a")
+    assert compare.run_study(study, parallel=3) == []
+    assert seen == ["3", "5", "3,5"]  # a run that sets its device keeps the parent's view
 
 
 def test_a_report_of_mixed_settings_is_one_line_and_overwrites_nothing(tmp_path, capsys):

@@ -174,16 +174,26 @@ def print_commands(study: Study) -> None:
         print(shlex.join(study.command(arm, seed)))
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process sees, by the ids a child's ``CUDA_VISIBLE_DEVICES`` takes."""
+    import torch
+
+    count, visible = torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[:count] if visible else [str(i) for i in range(count)]
+
+
 def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[str]:
-    """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each); returns the names
-    of the runs that failed (each reported as it ends; the others go on)."""
+    """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each), each on the
+    least busy GPU where there are several and the run sets no ``device``; returns the names of the runs that
+    failed (each reported as it ends; the others go on)."""
     runs = study.runs()
     queue = [r for r in runs if not (study.folder(*r) / "summary.json").exists()]
     done = len(runs) - len(queue)
     print(f"compare: {len(runs)} runs ({len(study.arms)} arms x {len(study.seeds)} seeds) in {study.out}; "
           f"{done} finished, {len(queue)} to run, {parallel} at a time", flush=True)
     env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
-    running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
+    gpus = visible_gpus()
+    running: dict[str, tuple[subprocess.Popen, Any, float, str | None]] = {}
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
 
@@ -203,10 +213,13 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
             folder = study.folder(arm, seed)
             folder.mkdir(parents=True, exist_ok=True)
             log = open(folder / "output.log", "a")  # noqa: SIM115 (closed when the run ends)
-            proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[folder.name] = (proc, log, time.perf_counter())
+            gpu = None if len(gpus) < 2 or study.options(arm, seed).get("device") else min(
+                gpus, key=lambda g: sum(r[3] == g for r in running.values()))
+            proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu})
+            running[folder.name] = (proc, log, time.perf_counter(), gpu)
         time.sleep(0.5)
-        for name, (proc, log, started) in list(running.items()):
+        for name, (proc, log, started, _) in list(running.items()):
             if proc.poll() is None:
                 continue
             log.close()
