@@ -120,6 +120,7 @@ class GumbelGate(_ScoreGate):
 
     stochastic = True
     knobs: ClassVar[dict[str, Any]] = {"tau": 0.5}
+    trains_with: ClassVar[dict[str, Any]] = {"gate_optimizer": "adam", "gate_lr": 0.01517}  # tuned, K=4
     tau: float
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
