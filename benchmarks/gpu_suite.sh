@@ -29,7 +29,8 @@
 #             stream has no other start)
 #   studies   the declared studies of the verdict (benchmarks/studies/*/FILE.toml, listed in STUDIES) for the
 #             seeds in SEEDS, PARALLEL runs at a time (default 8) by connlearn compare, each into its study's
-#             results/; RESULTS/studies.tar.gz then holds every finished run's summary.json (unpack it in the
+#             results/ (the verdict's and the budget's into results_NAME, NAME the file's);
+#             RESULTS/studies.tar.gz then holds every finished run's summary.json (unpack it in the
 #             repository root and commit: the same command skips those runs, here or on the CPU)
 # Each step gets what is left of SECONDS (default 540); whatever the limit stops resumes when the same
 # command runs again with runs/ kept. At the end, RESULTS/runs.tar.gz holds the state to carry on from
@@ -129,11 +130,13 @@ convinit)
   ;;
 studies)
   for arms in ${STUDIES:?STUDIES lists the arms files to run}; do
+    out="$(dirname "$arms")/results" # the verdict and the budget: a report per file, results_NAME
+    case $arms in */verdict/* | */budget/*) out="${out}_$(basename "$arms" .toml)" ;; esac
     # shellcheck disable=SC2086
     step "$(left)" studies.log python3 -m connlearn.cli compare --arms "$arms" --seeds $seeds --data "$data" \
-      --device "$device" --parallel "${PARALLEL:-8}" --threads 1 --out "$(dirname "$arms")/results"
+      --device "$device" --parallel "${PARALLEL:-8}" --threads 1 --out "$out"
   done
-  summaries=$(ls benchmarks/studies/*/results/*/summary.json 2>/dev/null)
+  summaries=$(ls benchmarks/studies/*/results*/*/summary.json 2>/dev/null)
   # shellcheck disable=SC2086
   [ -n "$summaries" ] && tar -czf "$results/studies.tar.gz" $summaries
   ;;
