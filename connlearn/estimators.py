@@ -150,6 +150,8 @@ class SimpleGate(_ScoreGate):
     a recursion in log space (their Eq. 5-7): ``G = z + μ − sg(μ)``."""
 
     stochastic = True
+    trains_with: ClassVar[dict[str, Any]] = {"gate_optimizer": "adam", "gate_lr": 0.03829,
+                                             "gate_temperature_end": 0.13}  # tuned, K=4
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         if drawn is None:
