@@ -191,9 +191,9 @@ class ImleGate(_ScoreGate):
     (Eq. 8-10; default 100)."""
 
     stochastic = True
+    knobs: ClassVar[dict[str, Any]] = {"lam": 100.0, "samples": 10}
     trains_with: ClassVar[dict[str, Any]] = {"gate_optimizer": "adam", "gate_lr": 0.00126,
                                              "gate_temperature_end": 0.464}  # tuned, K=4
-    knobs: ClassVar[dict[str, Any]] = {"lam": 100.0, "samples": 10}
     lam: float
     samples: int
 
