@@ -10,10 +10,12 @@ Fixed-Random {29,8,8} net before and after pruning its dead blocks.
     python benchmarks/speed.py --archs cifar-20-4-8 --repeats 5 --json speed.json
     python benchmarks/speed.py --archs cifar-20-4-8 --skip-reference --compile reduce-overhead
     python benchmarks/speed.py --archs cifar-20-4-8 --dims 1 0       # also signals and vectors: fused vs reference
+    python benchmarks/speed.py --archs cifar-20-4-8 --kernels 1 3 5  # also unlike branches: fused vs reference
 
 Targets (GPU): fused >= 4x faster than reference; topk <= 1.03x random; full <= 1.05x the plain ResNeXt.
 ``--dims`` adds the same network over signals (3 channels of length 1,024) and vectors (3,072 features), the
-same numbers per example as a 3x32x32 image: the fused engine must stay at least as fast as the reference.
+same numbers per example as a 3x32x32 image, and ``--kernels`` the same network with unlike branches (their
+middle kernels cycling over the list): the fused engine must stay at least as fast as the reference.
 Results go in BENCHMARKS.md with the device, date, command and number of runs.
 """
 
@@ -134,6 +136,8 @@ def main() -> None:
                         help="also time fused topk K=4 and full under torch.compile (the warm-up compiles)")
     parser.add_argument("--dims", nargs="*", type=int, default=[], choices=(1, 0),
                         help="also time fused and reference topk K=4 over signals (1) and vectors (0)")
+    parser.add_argument("--kernels", nargs="+", type=int, default=[],
+                        help="also time fused and reference topk K=4 with these middle kernels (unlike branches)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -161,6 +165,10 @@ def main() -> None:
             for engine in ("fused", "reference"):
                 configs[f"{engine} topk K=4, {dims}-D"] = lambda a=arch, e=engine, d=dims: connlearn.build(
                     preset=a, gate="topk", K=4, engine=e, **SHAPES[d])
+        if args.kernels:
+            for engine in ("fused", "reference"):
+                configs[f"{engine} topk K=4, unlike"] = lambda a=arch, e=engine: connlearn.build(
+                    preset=a, gate="topk", K=4, engine=e, kernels=args.kernels)
         if args.compile:
             for label in ("fused topk K=4", "full (ResNeXt)"):
                 configs[f"{label}, compiled"] = lambda make=configs[label]: torch.compile(make(), mode=args.compile)
@@ -201,6 +209,13 @@ def main() -> None:
                 fused, ref = row[f"fused topk K=4, {dims}-D"], row[f"reference topk K=4, {dims}-D"]
                 what = "signals 3x1024" if dims else "vectors of 3072"
                 print(f"| {arch} | {what} | {1000 * fused:.1f} ms | {1000 * ref:.1f} ms | {ref / fused:.2f}x |")
+    if args.kernels:
+        kernels = " ".join(map(str, args.kernels))
+        print("\n| arch | middle kernels | fused topk | reference topk | reference/fused |")
+        print("| --- | --- | --- | --- | --- |")
+        for arch, row in results.items():
+            fused, ref = row["fused topk K=4, unlike"], row["reference topk K=4, unlike"]
+            print(f"| {arch} | {kernels} | {1000 * fused:.1f} ms | {1000 * ref:.1f} ms | {ref / fused:.2f}x |")
     if args.compile:
         print(f"\ntorch.compile (mode {args.compile}), eager / compiled step time:")
         for arch, row in results.items():
@@ -211,7 +226,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "date": str(date.today()), "batch": args.batch,
-                       "channels_last": args.channels_last, "compile": args.compile, "repeats": repeats,
+                       "channels_last": args.channels_last, "compile": args.compile, "kernels": args.kernels,
+                       "repeats": repeats,
                        "warmup": warmup,
                        "train_step_s": results, "inference_s": inference}, f, indent=2)
 
