@@ -343,6 +343,11 @@ def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_ran
             if line.startswith(("| alike: ", "| unlike: ")) and "[" in line]
     assert len(rows) == 4  # four equal p-values: Holm across the four multiplies each by 4 (within a report, 2)
     assert all(float(r[5]) == pytest.approx(min(1.0, 4 * float(r[4])), rel=0.01) for r in rows)
+    shutil.rmtree(tmp_path / "results_unlike")  # not run yet: its two comparisons count as p = 1
+    table = verdict.analyse(tmp_path)
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| alike: ") and "[" in line]
+    assert "results_unlike has not run" in table and len(rows) == 2
+    assert all(float(r[5]) == pytest.approx(min(1.0, 4 * float(r[4])), rel=0.01) for r in rows)
 
 
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
