@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "command resumes it; Ctrl-C or SIGTERM stops it with a checkpoint"))
     p = command("compare", cmd_compare, "train named arms x paired seeds (each run a connlearn train folder, "
                                         "resumable) and report each arm against a baseline: paired differences, "
-                                        "95% intervals, Holm, TOST, the detectable difference")
+                                        "95%% intervals, Holm, TOST, the detectable difference")
     p.add_argument("--arms", metavar="FILE", help="a TOML file: common train options, baseline = NAME, and a "
                                                   "table [arms.NAME] of train options per arm")
     p.add_argument("--arm", action="append", metavar="'NAME key=value ...'",

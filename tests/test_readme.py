@@ -1,10 +1,12 @@
-"""The README's example runs as written, its commands parse into runs the library accepts, and its quick start
-is the two commands of the run script that CI calls."""
+"""The README's example runs as written, its commands parse into runs the library accepts, its quick start is
+the two commands of the run script that CI calls, and every command prints its help."""
 
 import argparse
 import re
 import shlex
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -46,3 +48,14 @@ def test_the_quick_start_is_two_commands_of_the_run_script_and_ci_runs_the_tests
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./run test" in ci and "./run docs" in ci
     assert len(README) <= 12_000 and len((ROOT / "BENCHMARKS.md").read_text()) <= 15_000
+
+
+def test_every_command_prints_its_help(capsys):
+    from connlearn.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for words in [["--help"], *([name, "--help"] for name in commands)]:
+        with pytest.raises(SystemExit) as exit:
+            parser.parse_args(words)
+        assert exit.value.code == 0 and "usage: connlearn" in capsys.readouterr().out
