@@ -73,6 +73,17 @@ def test_every_subcommand_works_on_a_runs_files(finished, tmp_path, capsys):
         torch.testing.assert_close(load(str(tmp_path / f"m.{format}"))(images), reference(images))
 
 
+def test_a_finished_run_evaluates_again_to_its_logged_top1(finished):
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("_recalibrate", os.path.join(root, "benchmarks", "recalibrate.py"))
+    recalibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recalibrate)
+    logged, as_trained, _ = recalibrate.before_and_after(finished, batches=2)
+    assert as_trained == pytest.approx(logged, abs=1e-6)
+
+
 def test_onnx_export_computes_the_same_outputs(finished, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
