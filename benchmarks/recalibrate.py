@@ -5,7 +5,7 @@ For each finished run folder: its ``last.pt`` evaluated as trained (which must g
 batches of the run's training loader, on the run's evaluation set; then the paired difference over the runs.
 It is what ``connlearn train --recalibrate-bn N`` does at a run's end, measured on runs made without it.
 
-    python benchmarks/recalibrate.py benchmarks/studies/verdict/results_alike/learned-s* --batches 200
+    python benchmarks/recalibrate.py benchmarks/studies/verdict/results_alike/learned-s* --batches 100
 """
 
 from __future__ import annotations

@@ -227,9 +227,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"device": name, "date": str(date.today()), "batch": args.batch,
                        "channels_last": args.channels_last, "compile": args.compile, "kernels": args.kernels,
-                       "repeats": repeats,
-                       "warmup": warmup,
-                       "train_step_s": results, "inference_s": inference}, f, indent=2)
+                       "repeats": repeats, "warmup": warmup, "train_step_s": results, "inference_s": inference},
+                      f, indent=2)
 
 
 if __name__ == "__main__":

@@ -47,14 +47,16 @@ def analyse(root: Path, margin: float = 1.0) -> str:
 
     arms: dict[str, Any] = {}
     tests: dict[str, Any] = {}
-    missing = [name for name in ("alike", "unlike") if not (root / f"results_{name}").is_dir()]
+    missing = []
     for name in ("alike", "unlike"):
-        if name not in missing:
-            result = report(collect([root / f"results_{name}"])[0], "random", margin)
-            arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
-            tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
-    p_values = [t["p"] for t in tests.values()] + [1.0] * (2 * len(missing))
-    for test, p in zip(tests.values(), holm(p_values), strict=False):
+        if not (root / f"results_{name}").is_dir():
+            missing.append(name)
+            continue
+        result = report(collect([root / f"results_{name}"])[0], "random", margin)
+        arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
+        tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
+    p_values = holm([t["p"] for t in tests.values()] + [1.0] * (2 * len(missing)))[:len(tests)]
+    for test, p in zip(tests.values(), p_values, strict=True):
         test["p_holm"] = p
         test["verdict"] = verdict(test, margin)
     note = "".join(f"results_{name} has not run: Holm counts its two comparisons as p = 1\n" for name in missing)
