@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 from connlearn.train.checkpoint import net_from_checkpoint
-from connlearn.train.loaders import make_loaders
 from connlearn.train.metrics import evaluate, recalibrate_batch_norm
-from connlearn.train.protocol import PROTOCOLS, RunConfig, load_data
+from connlearn.train.protocol import RunConfig, load_data, run_loaders
 
 
 def before_and_after(folder: Path, batches: int) -> tuple[float, float, float]:
@@ -28,9 +27,7 @@ def before_and_after(folder: Path, batches: int) -> tuple[float, float, float]:
     summary = json.loads((folder / "summary.json").read_text())
     config = RunConfig(**summary["run"])
     train, test, _, _ = load_data(config)
-    protocol, batch = PROTOCOLS[config.dataset], config.recipe().batch_size
-    train_loader, test_loader = make_loaders(train, test, batch, device="cpu", seed=config.seed, path=config.loader,
-                                             eval_batch_size=batch, crop=protocol.crop, pad=protocol.pad)
+    train_loader, test_loader, _ = run_loaders(config, train, test, device=torch.device("cpu"))
     net = net_from_checkpoint(folder / "last.pt")
     before = evaluate(net, test_loader)["test_top1"]
     recalibrate_batch_norm(net, train_loader.epoch(0), batches)

@@ -253,6 +253,23 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str, Any]:
     return train, test, source, held
 
 
+def run_loaders(config: RunConfig, train: Any, test: Any, held: Any = None, *, device: torch.device,
+                rank: int = 0, world: int = 1) -> tuple[Any, Any, Any]:
+    """The training, evaluation and gates' held-out loaders (None without ``held``) of a run of ``config`` on
+    the sets of :func:`load_data`, for process ``rank`` of ``world``."""
+    protocol, batch = PROTOCOLS[config.dataset], config.recipe().batch_size // world
+    shards: dict[str, Any] = {"rank": rank, "world_size": world,
+                              **({} if config.workers is None else {"num_workers": config.workers})}
+    eval_batch = max(batch, 256 // world) if device.type == "cuda" else batch  # per image, 256 is 2x slower on a CPU
+    common = {"device": device, "seed": config.seed, **shards}
+    if isinstance(train, ImageFiles):  # imagenet, which takes no gate_holdout
+        return (*folder_loaders(train, test, batch, eval_batch_size=eval_batch, size=protocol.image_size or 224,
+                                **common), None)
+    common.update(path=config.loader, crop=protocol.crop, pad=protocol.pad)
+    gate_loader = None if held is None else make_loaders(held, test, batch, normalised_by=train, **common)[0]
+    return (*make_loaders(train, test, batch, eval_batch_size=eval_batch, **common), gate_loader)
+
+
 def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.ConnectivityNet:
     """The network ``config`` trains: its preset with the overrides, or the connectivity of its file."""
     if config.connectivity is not None:
@@ -360,20 +377,8 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     net = build_net(config, train)
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
-    protocol, batch = PROTOCOLS[config.dataset], recipe.batch_size // world
-    shards: dict[str, Any] = {"rank": rank, "world_size": world,
-                              **({} if config.workers is None else {"num_workers": config.workers})}
-    eval_batch = max(batch, 256 // world) if device.type == "cuda" else batch  # per image, 256 is 2x slower on a CPU
-    loaders: tuple[Any, Any]
-    if isinstance(train, ImageFiles):
-        loaders = folder_loaders(train, test, batch, device=device, seed=config.seed,
-                                 eval_batch_size=eval_batch, size=protocol.image_size or 224, **shards)
-    else:
-        loaders = make_loaders(train, test, batch, device=device, seed=config.seed, path=config.loader,
-                               eval_batch_size=eval_batch, crop=protocol.crop, pad=protocol.pad, **shards)
-    gate_loader = None if held is None else make_loaders(
-        held, test, batch, device=device, seed=config.seed, path=config.loader, normalised_by=train,
-        crop=protocol.crop, pad=protocol.pad, **shards)[0]
+    loaders = run_loaders(config, train, test, held, device=device, rank=rank, world=world)
+    protocol = PROTOCOLS[config.dataset]
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
          f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
@@ -383,7 +388,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=gate_loader,
+                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=loaders[2],
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
