@@ -9,18 +9,23 @@ seeds, read on CIFAR-10's test set.
         108 109 --out benchmarks/studies/verdict/results_alike --parallel 2
 
     python benchmarks/verdict.py analyse benchmarks/studies/verdict
+    python benchmarks/verdict.py kernels benchmarks/studies/verdict/results_unlike
 
 ``write`` writes ``alike.toml`` and ``unlike.toml``, each with the arms ``random``, ``learned`` (ARM's options
 in FILE) and ``retrained`` (``retrain = "learned"``), baseline ``random``, on the ceiling's options
 (``benchmarks/ceiling.py``'s :data:`COMMON`) without its validation split: the test set, never tuned on.
 ``analyse`` reads ``results_alike`` and ``results_unlike`` and prints the four comparisons with their
 p-values Holm-corrected across all four, as declared. While one setting has not run, its two comparisons
-count as p = 1 in the correction, which can only raise the others' corrected p-values.
+count as p = 1 in the correction, which can only raise the others' corrected p-values. ``kernels`` (not a
+declared comparison) reads each run's ``last.pt`` and says from branches of which middle kernel its live blocks
+read their inputs, against the share of those branches among the candidates: did learning prefer some?
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,38 @@ def analyse(root: Path, margin: float = 1.0) -> str:
     return note + markdown({"baseline": "random", "margin": margin, "arms": arms, "against": tests})
 
 
+def source_kernels(graph: Any, active: bool = True) -> Counter[int]:
+    """How many gate inputs of ``graph``'s live blocks come from branches of each middle kernel: the active
+    ones, or (``active=False``) every candidate."""
+    from connlearn.graph import live_blocks
+
+    return Counter(graph.nodes[u]["params"].get("kernel") for n in live_blocks(graph)
+                   for u, _, d in graph.gate_edges(n) if d.get("active") or not active)
+
+
+def kernels(folder: Path) -> str:
+    """Per arm, the mean ± sd over its runs of the share of live blocks' inputs read from each kernel's
+    branches, below the candidates' shares (what a uniform choice gives)."""
+    from connlearn.graph import BranchGraph
+    from connlearn.train.checkpoint import load_checkpoint
+
+    shares: dict[str, list[dict[int, float]]] = defaultdict(list)
+    candidates: Counter[int] = Counter()
+    for path in sorted(folder.glob("*-s*/last.pt")):
+        graph = BranchGraph.from_json(load_checkpoint(path)["graph"])
+        read, candidates = source_kernels(graph), candidates + source_kernels(graph, active=False)
+        shares[path.parent.name.rsplit("-s", 1)[0]].append({k: n / sum(read.values()) for k, n in read.items()})
+    sizes = sorted(candidates)
+    lines = ["| arm | runs | " + " | ".join(f"kernel {k}" for k in sizes) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in sizes) + " |",
+             "| candidates | | " + " | ".join(f"{candidates[k] / sum(candidates.values()):.3f}" for k in sizes) + " |"]
+    for arm, runs in shares.items():
+        cells = [[r.get(k, 0.0) for r in runs] for k in sizes]
+        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(
+            f"{statistics.mean(c):.3f} ± {statistics.stdev(c) if len(c) > 1 else 0:.3f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,11 +109,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("analyse", help="the four comparisons, Holm across them")
     p.add_argument("root", type=Path, help="the folder holding results_alike and results_unlike")
+    p = sub.add_parser("kernels", help="from which kernels' branches each arm's blocks read")
+    p.add_argument("folder", type=Path, help="a study's folder of runs (their last.pt)")
     args = parser.parse_args()
     if args.command == "write":
         write(args.file, args.arm, args.out)
     else:
-        print(analyse(args.root), end="")
+        print(analyse(args.root) if args.command == "analyse" else kernels(args.folder), end="")
 
 
 if __name__ == "__main__":

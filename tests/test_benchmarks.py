@@ -358,3 +358,17 @@ def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     for path in files:
         common, arms, baseline = read_study(path)
         Study(arms, common, (0, 1), tmp_path, baseline or next(iter(arms)))  # every arm a valid RunConfig
+
+
+def test_the_kernels_read_count_each_live_blocks_k_inputs_by_their_branch_kernel():
+    import connlearn
+
+    verdict = _load("benchmarks/verdict.py")
+    options = {"preset": "cifar-20-4-8", "M": 3, "C": 8, "width": 2, "base_channels": 8, "stem_channels": 8,
+               "kernels": [1, 3, 5]}
+    graph = connlearn.build(**options, gate="random", K=4).graph()
+    read, candidates = verdict.source_kernels(graph), verdict.source_kernels(graph, active=False)
+    assert candidates == {1: 3 * 16, 3: 3 * 16, 5: 2 * 16}  # 16 gated blocks, each with the 8 of its module
+    assert sum(read.values()) == 4 * 16
+    full = connlearn.build(**options, gate="random", K=8).graph()
+    assert verdict.source_kernels(full) == verdict.source_kernels(full, active=False) == candidates
