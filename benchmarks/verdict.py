@@ -15,8 +15,8 @@ seeds, read on CIFAR-10's test set.
 in FILE) and ``retrained`` (``retrain = "learned"``), baseline ``random``, on the ceiling's options
 (``benchmarks/ceiling.py``'s :data:`COMMON`) without its validation split: the test set, never tuned on.
 ``analyse`` reads ``results_alike`` and ``results_unlike`` and prints the four comparisons with their
-p-values Holm-corrected across all four, as declared. While one setting has not run, its two comparisons
-count as p = 1 in the correction, which can only raise the others' corrected p-values. ``kernels`` (not a
+p-values Holm-corrected across all four, as declared. While a comparison has not run (fewer than two
+pairs), it counts as p = 1 in the correction, which can only raise the others' corrected p-values. ``kernels`` (not a
 declared comparison) reads each run's ``last.pt`` and says from branches of which middle kernel its live blocks
 read their inputs, against the share of those branches among the candidates: did learning prefer some?
 """
@@ -33,6 +33,7 @@ from budget import tuned
 from ceiling import COMMON, arms_toml
 
 SEEDS = tuple(range(100, 110))
+DECLARED = 4  # learned in place and retrained, branches alike and unlike
 
 
 def write(file: Path, arm: str, out: Path) -> None:
@@ -52,19 +53,17 @@ def analyse(root: Path, margin: float = 1.0) -> str:
 
     arms: dict[str, Any] = {}
     tests: dict[str, Any] = {}
-    missing = []
     for name in ("alike", "unlike"):
-        if not (root / f"results_{name}").is_dir():
-            missing.append(name)
-            continue
-        result = report(collect([root / f"results_{name}"])[0], "random", margin)
-        arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
-        tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
-    p_values = holm([t["p"] for t in tests.values()] + [1.0] * (2 * len(missing)))[:len(tests)]
-    for test, p in zip(tests.values(), p_values, strict=True):
+        if (root / f"results_{name}").is_dir():
+            result = report(collect([root / f"results_{name}"])[0], "random", margin)
+            arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
+            tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
+    left = DECLARED - len(tests)
+    for test, p in zip(tests.values(), holm([t["p"] for t in tests.values()] + [1.0] * left)[:len(tests)],
+                       strict=True):
         test["p_holm"] = p
         test["verdict"] = verdict(test, margin)
-    note = "".join(f"results_{name} has not run: Holm counts its two comparisons as p = 1\n" for name in missing)
+    note = f"{left} of the {DECLARED} comparisons have not run: Holm counts them as p = 1\n" if left else ""
     return note + markdown({"baseline": "random", "margin": margin, "arms": arms, "against": tests})
 
 
