@@ -86,8 +86,9 @@ def kernels(folder: Path) -> str:
     candidates: Counter[int] = Counter()
     for path in sorted(folder.glob("*-s*/last.pt")):
         graph = BranchGraph.from_json(load_checkpoint(path)["graph"])
-        read, candidates = source_kernels(graph), candidates + source_kernels(graph, active=False)
-        shares[path.parent.name.rsplit("-s", 1)[0]].append({k: n / sum(read.values()) for k, n in read.items()})
+        read = source_kernels(graph)
+        candidates += source_kernels(graph, active=False)
+        shares[path.parent.name.rsplit("-s", 1)[0]].append({k: n / read.total() for k, n in read.items()})
     sizes = sorted(candidates)
     lines = ["| arm | runs | " + " | ".join(f"kernel {k}" for k in sizes) + " |",
              "| --- | --- | " + " | ".join("---" for _ in sizes) + " |",

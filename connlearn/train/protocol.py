@@ -377,7 +377,8 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     net = build_net(config, train)
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
-    loaders = run_loaders(config, train, test, held, device=device, rank=rank, world=world)
+    train_loader, test_loader, gate_loader = run_loaders(config, train, test, held, device=device, rank=rank,
+                                                         world=world)
     protocol = PROTOCOLS[config.dataset]
     shape = net.graph().graph["options"]
     _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
@@ -385,10 +386,10 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
          f"{source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
          f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {world} process(es) on {device}")
     facts = data_facts(train, test)
-    trainer = Trainer(net, loaders[0], loaders[1], recipe, out_dir=out, device=device, amp=config.amp,
+    trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,
                       snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=loaders[2],
+                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=gate_loader,
                       tensorboard=config.tensorboard, progress=config.progress,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
