@@ -313,20 +313,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="connlearn", description="Learn the connectivity of multi-branch networks.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(func=func)
-        return p
-
-    add_train_arguments(command("train", cmd_train, "train, prune and draw a run of a dataset's protocol; the same "
-                                                    "command resumes it; Ctrl-C or SIGTERM stops it with a checkpoint"))
-    p = command("compare", cmd_compare, "train named arms x paired seeds (each run a connlearn train folder, "
-                                        "resumable) and report each arm against a baseline: paired differences, "
-                                        "95%% intervals, Holm, TOST, the detectable difference")
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``compare``: the arms, the seeds, how to run them, and the train options common to every arm."""
     p.add_argument("--arms", metavar="FILE", help="a TOML file: common train options, baseline = NAME, and a "
                                                   "table [arms.NAME] of train options per arm")
     p.add_argument("--arm", action="append", metavar="'NAME key=value ...'",
@@ -344,7 +332,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "top-1 (default 1)")
     p.add_argument("--out", help="the study's folder: run ARM of seed S in OUT/ARM-sS, the report beside them "
                                  "(default runs/compare)")
-    add_train_arguments(p, skip=("seed", "out"))  # the other train options are common to every arm
+    add_train_arguments(p, skip=("seed", "out"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="connlearn", description="Learn the connectivity of multi-branch networks.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    add_train_arguments(command("train", cmd_train, "train, prune and draw a run of a dataset's protocol; the same "
+                                                    "command resumes it; Ctrl-C or SIGTERM stops it with a checkpoint"))
+    p = command("compare", cmd_compare, "train named arms x paired seeds (each run a connlearn train folder, "
+                                        "resumable) and report each arm against a baseline: paired differences, "
+                                        "95%% intervals, Holm, TOST, the detectable difference")
+    add_compare_arguments(p)
     p = command("prune", cmd_prune, "remove the dead blocks of a checkpoint")
     p.add_argument("checkpoint")
     p.add_argument("-o", "--output", required=True)
