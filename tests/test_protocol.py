@@ -74,13 +74,9 @@ def test_every_subcommand_works_on_a_runs_files(finished, tmp_path, capsys):
 
 
 def test_a_finished_run_evaluates_again_to_its_logged_top1(finished):
-    import importlib.util
+    from recalibrate import before_and_after  # benchmarks/, on the path from conftest
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("_recalibrate", os.path.join(root, "benchmarks", "recalibrate.py"))
-    recalibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recalibrate)
-    logged, as_trained, _ = recalibrate.before_and_after(finished, batches=2)
+    logged, as_trained, _ = before_and_after(finished, batches=2)
     assert as_trained == pytest.approx(logged, abs=1e-6)
 
 
