@@ -56,7 +56,12 @@ def analyse(root: Path, margin: float = 1.0) -> str:
     lines = ["| epochs | arm − random | pairs | mean ± sd | 95% interval | verdict |", "| --- " * 6 + "|"]
     for epochs in BUDGETS:
         if (root / f"results_e{epochs}").is_dir():
-            result = report(collect([root / f"results_e{epochs}"])[0], "random", margin)
+            runs, unfinished = collect([root / f"results_e{epochs}"])
+            if unfinished:
+                lines.append(f"| {epochs} | unfinished runs: {len(unfinished)} | | | | |")
+            if "random" not in runs:
+                continue
+            result = report(runs, "random", margin)
             lines += [f"| {epochs} | {arm} | {t['n']} | {t['mean']:+.2f} ± {t['sd']:.2f} | [{t['ci'][0]:+.2f}, "
                       f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in result["against"].items() if "p" in t]
     return "\n".join(lines)
