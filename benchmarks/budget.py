@@ -50,18 +50,24 @@ def write(file: Path, arm: str, out: Path) -> None:
     print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
 
 
-def analyse(root: Path, margin: float = 1.0) -> str:
+def against_random(folder: Path, margin: float) -> tuple[dict[str, Any] | None, int]:
+    """compare's report of a study folder against ``random`` (None while the folder or a finished run of random is
+    missing), and how many of the folder's runs are unfinished."""
     from connlearn.train.compare import collect, report
 
+    if not folder.is_dir():
+        return None, 0
+    runs, unfinished = collect([folder])
+    return (report(runs, "random", margin) if "random" in runs else None), len(unfinished)
+
+
+def analyse(root: Path, margin: float = 1.0) -> str:
     lines = ["| epochs | arm − random | pairs | mean ± sd | 95% interval | verdict |", "| --- " * 6 + "|"]
     for epochs in BUDGETS:
-        if (root / f"results_e{epochs}").is_dir():
-            runs, unfinished = collect([root / f"results_e{epochs}"])
-            if unfinished:
-                lines.append(f"| {epochs} | unfinished runs: {len(unfinished)} | | | | |")
-            if "random" not in runs:
-                continue
-            result = report(runs, "random", margin)
+        result, unfinished = against_random(root / f"results_e{epochs}", margin)
+        if unfinished:
+            lines.append(f"| {epochs} | unfinished runs: {unfinished} | | | | |")
+        if result is not None:
             lines += [f"| {epochs} | {arm} | {t['n']} | {t['mean']:+.2f} ± {t['sd']:.2f} | [{t['ci'][0]:+.2f}, "
                       f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in result["against"].items() if "p" in t]
     return "\n".join(lines)

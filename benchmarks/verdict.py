@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from budget import tuned
+from budget import against_random, tuned
 from ceiling import COMMON, arms_toml
 
 SEEDS = tuple(range(100, 110))
@@ -49,13 +49,13 @@ def write(file: Path, arm: str, out: Path) -> None:
 
 
 def analyse(root: Path, margin: float = 1.0) -> str:
-    from connlearn.train.compare import collect, holm, markdown, report, verdict
+    from connlearn.train.compare import holm, markdown, verdict
 
     arms: dict[str, Any] = {}
     tests: dict[str, Any] = {}
     for name in ("alike", "unlike"):
-        if (root / f"results_{name}").is_dir():
-            result = report(collect([root / f"results_{name}"])[0], "random", margin)
+        result = against_random(root / f"results_{name}", margin)[0]
+        if result is not None:
             arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
             tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
     left = DECLARED - len(tests)

@@ -357,6 +357,9 @@ def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_ran
     corrected_by_four(3, 1)
     shutil.rmtree(tmp_path / "results_unlike")  # the unlike branches not run yet
     corrected_by_four(2, 2)
+    (tmp_path / "results_unlike/random-s100").mkdir(parents=True)  # begun: its first run unfinished
+    (tmp_path / "results_unlike/random-s100/output.log").touch()
+    corrected_by_four(2, 2)
 
 
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
