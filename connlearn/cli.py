@@ -287,10 +287,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         train, test = load_ucr(args.source.removeprefix("ucr:"))
     elif not source.exists():
         raise DataError(f"{args.source}: no such folder (nor cifar10 or cifar100)")
-    elif source.is_file():  # an .npz of arrays: checked, then written in the packed form
+    elif source.is_file():  # an .npz of arrays (or a packed file): checked, then written in the packed form
         train, test = load_packed(source)
-        if not isinstance(train, ArrayDataset):
-            raise DataError(f"{source} is packed already (images); train it with --dataset custom --data {source}")
     elif (source / "train").is_dir() and (source / "test").is_dir():
         train = read_image_folder(source / "train", size, channels=channels)
         test = read_image_folder(source / "test", size, classes=train.class_names, channels=train.channels)
@@ -374,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prune", action="store_true")
     p = command("pack", cmd_pack, "pack cifar10/cifar100, an image folder (train/ and test/, or class folders "
                                   "and --test-per-class), a UCR/UEA time-series set (ucr:GunPoint, shipped with "
-                                  "the aeon package) or an .npz of arrays (train_x [N, C, L] or [N, F], train_y, "
-                                  "test_x, test_y) into one checked .npz")
+                                  "the aeon package) or an .npz of arrays (train_x uint8 [N, H, W, C] images, "
+                                  "[N, C, L] or [N, F]; train_y, test_x, test_y) into one checked .npz")
     p.add_argument("source")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=("png", "jpeg"), default="png", help="png is lossless")

@@ -139,6 +139,11 @@ def _signal_net_given_images(tmp_path):
     return build_net(RunConfig(dataset="cifar10", connectivity=str(tmp_path / "signals.pt")), synthetic()[0])
 
 
+def _saved(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
 def _file(tmp_path, name, content):
     path = tmp_path / name
     path.write_bytes(content)
@@ -285,7 +290,11 @@ CASES = [
     (lambda _: ArrayDataset(np.zeros((4, 2, 3, 5)), [0] * 4, ["a"]), DataError,
      ["[N, C, L] (signals) or [N, F] (vectors)", "[4, 2, 3, 5]"]),
     (lambda _: ArrayDataset(np.array([[0.0, np.nan]]), [0], ["a"]), DataError, ["finite", "x[0, 1] is nan"]),
-    (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2)))), DataError, ["a.npz (train)", "[N, C, L]"]),
+    (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2, 2)))), DataError, ["a.npz (train)", "[N, C, L]"]),
+    (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2)))), DataError,
+     ["a.npz (train)", "uint8 [N, H, W, C]", "float64"]),
+    (lambda t: load_packed(_saved(t / "d.npz", x_train=np.zeros(1), y_train=np.zeros(1))), DataError,
+     ["d.npz holds x_train, y_train", "train_x, train_y, test_x, test_y"]),
     (lambda t: _signal_net_given_images(t), ConfigError,
      ["takes 2-channel signals of length 12 to 10 classes", "the data is 3x32x32 images"]),
     # registries

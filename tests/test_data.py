@@ -185,7 +185,7 @@ def test_a_write_through_a_link_replaces_the_file_it_names_and_keeps_the_link(tm
     assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"
 
 
-def test_arrays_pack_and_load_back_the_same_values(tmp_path):
+def test_arrays_and_image_arrays_pack_and_load_back_the_same_values(tmp_path):
     from connlearn.cli import main
     from connlearn.train.data import ArrayDataset, pack_arrays
 
@@ -200,6 +200,12 @@ def test_arrays_pack_and_load_back_the_same_values(tmp_path):
             assert all(np.array_equal(a.x, b.x) and np.array_equal(a.labels, b.labels)
                        for a, b in zip((train, test), loaded, strict=True))
         assert loaded[0].input_size == shape[1:] and loaded[0].channels == shape[0]
+    images = rng.integers(0, 256, (9, 5, 6, 1), dtype=np.uint8)  # image arrays load, and pack, as images
+    np.savez(tmp_path / "raw.npz", train_x=images, train_y=np.arange(9) % 2, test_x=images[:3], test_y=[0, 1, 0])
+    assert main(["pack", str(tmp_path / "raw.npz"), "-o", str(tmp_path / "packed.npz")]) == 0
+    for path in (tmp_path / "raw.npz", tmp_path / "packed.npz"):
+        train, test = load_packed(path)
+        assert np.array_equal(train.images, images) and np.array_equal(test.labels, [0, 1, 0])
 
 
 def test_a_ucr_set_loads_as_the_archive_splits_it():

@@ -8,7 +8,8 @@ image files joined end to end, uint8), ``{split}_offsets`` (N+1 integers: image 
 
 An :class:`ArrayDataset` is float32 signals ``[N, C, L]`` or vectors ``[N, F]`` with int64 labels; its packed
 format is an ``.npz`` of ``train_x``, ``train_y``, ``test_x``, ``test_y`` and, optionally, ``class_names``
-(:func:`pack_arrays`; ``numpy.savez`` writes one too).
+(:func:`pack_arrays`; ``numpy.savez`` writes one too). Such a file of uint8 ``[N, H, W, C]`` arrays loads as
+ImageDatasets.
 
 :func:`load_dataset` finds a dataset by name where :func:`data_folders` says, and for CIFAR downloads it
 there if it can; nothing found is one DataError saying where it looked and how to fix it.
@@ -313,6 +314,10 @@ def load_packed(path: str | os.PathLike) -> tuple[Any, Any]:
         with archive:
             if "train_x" in archive.files:
                 return _arrays(path, archive)
+            if "train_jpeg" not in archive.files:
+                raise DataError(f"{path} holds {', '.join(archive.files) or 'nothing'}; a packed dataset holds "
+                                "train_x, train_y, test_x, test_y (and optionally class_names), or what connlearn "
+                                "pack writes")
             names = tuple(str(n) for n in np.atleast_1d(archive["class_names"]))
             splits = []
             for split in ("train", "test"):
@@ -335,22 +340,23 @@ def load_packed(path: str | os.PathLike) -> tuple[Any, Any]:
     return splits[0], splits[1]
 
 
-def _arrays(path: Path, archive: Any) -> tuple[ArrayDataset, ArrayDataset]:
+def _arrays(path: Path, archive: Any) -> tuple[Any, Any]:
     """``(train, test)`` of a packed file of arrays: ``train_x``, ``train_y``, ``test_x``, ``test_y`` and,
-    optionally, ``class_names`` (else ``0 .. classes - 1``)."""
+    optionally, ``class_names`` (else ``0 .. classes - 1``); ImageDatasets where the arrays are 4-D."""
     labels = [archive[f"{split}_y"] for split in ("train", "test")]
     classes = int(max(np.max(y) for y in labels)) + 1 if all(len(y) for y in labels) else 1
     names = (tuple(str(n) for n in np.atleast_1d(archive["class_names"])) if "class_names" in archive.files
              else tuple(str(c) for c in range(classes)))
     splits = []
-    for split, y in zip(("train", "test"), labels, strict=True):
+    xs = [archive[f"{split}_x"] for split in ("train", "test")]
+    for split, x, y in zip(("train", "test"), xs, labels, strict=True):
         try:
-            splits.append(ArrayDataset(archive[f"{split}_x"], y, names))
+            splits.append(ImageDataset(x, y, names) if xs[0].ndim == 4 else ArrayDataset(x, y, names))
         except DataError as exc:
             raise DataError(f"{path} ({split}): {exc}") from None
-    if splits[0].x.shape[1:] != splits[1].x.shape[1:]:
-        raise DataError(f"{path}: the train arrays are {list(splits[0].x.shape[1:])} each, the test arrays "
-                        f"{list(splits[1].x.shape[1:])}; one shape for both")
+    if xs[0].shape[1:] != xs[1].shape[1:]:
+        raise DataError(f"{path}: the train arrays are {list(xs[0].shape[1:])} each, the test arrays "
+                        f"{list(xs[1].shape[1:])}; one shape for both")
     return splits[0], splits[1]
 
 
