@@ -12,16 +12,19 @@ the learned arm, phase 1's gain is the regularisation of its sampling, not the c
 options of ARM in FILE (a tuned configuration), ``random`` (Fixed-Random with its network and K), and, at the
 longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are the ceiling's
 (``benchmarks/ceiling.py``'s :data:`COMMON`) with ``eval_every`` set to the budget: one evaluation, at the end.
-``analyse`` prints, per budget found (``results_eE``), each arm minus ``random``, paired by seed.
+``analyse`` prints, per budget found (``results_eE``), each arm minus ``random``, paired by seed, and a line
+fitted to learned − random against log2 of the epochs: does learning pay more as training grows longer?
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
 from ceiling import COMMON, arms_toml
+from scipy import stats
 
 from connlearn.train.compare import read_study
 
@@ -62,7 +65,9 @@ def against_random(folder: Path, margin: float) -> tuple[dict[str, Any] | None, 
 
 
 def analyse(root: Path, margin: float = 1.0) -> str:
+    """Each budget's arms against random, then the trend of learned − random per doubling of the epochs."""
     lines = ["| epochs | arm − random | pairs | mean ± sd | 95% interval | verdict |", "| --- " * 6 + "|"]
+    doublings, diffs = [], []
     for epochs in BUDGETS:
         result, unfinished = against_random(root / f"results_e{epochs}", margin)
         if unfinished:
@@ -70,6 +75,15 @@ def analyse(root: Path, margin: float = 1.0) -> str:
         if result is not None:
             lines += [f"| {epochs} | {arm} | {t['n']} | {t['mean']:+.2f} ± {t['sd']:.2f} | [{t['ci'][0]:+.2f}, "
                       f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in result["against"].items() if "p" in t]
+            learned = result["against"].get("learned", {}).get("diffs", [])
+            doublings += [math.log2(epochs)] * len(learned)
+            diffs += learned
+    if len(set(doublings)) > 1 and len(diffs) > 2:
+        fit = stats.linregress(doublings, diffs)
+        half = stats.t.ppf(0.975, len(diffs) - 2) * fit.stderr
+        lines += ["", f"learned − random per doubling of the epochs: {fit.slope:+.2f} ± {fit.stderr:.2f} (95% interval "
+                  f"[{fit.slope - half:+.2f}, {fit.slope + half:+.2f}], p {fit.pvalue:.2f}; a line through "
+                  f"{len(diffs)} pairs at {len(set(doublings))} budgets)"]
     return "\n".join(lines)
 
 

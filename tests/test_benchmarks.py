@@ -323,11 +323,13 @@ def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_pa
         assert common["epochs"] == common["eval_every"] == epochs and arms["random"]["K"] == arms["learned"]["K"] == 1
     assert arms["sampling"] == {**arms["learned"], "gate_lr": 0.0}
     _summaries(tmp_path / "results_e64", {"random": 0.0, "learned": 1.0, "sampling": -0.5}, range(6))
+    _summaries(tmp_path / "results_e16", {"random": 0.0, "learned": 0.5}, range(6))  # half the gain, two doublings less
     (tmp_path / "results_e8" / "random-s0").mkdir(parents=True)  # a budget begun: its first run unfinished
     (tmp_path / "results_e8" / "random-s0" / "output.log").touch()
     table = budget.analyse(tmp_path)
     assert "| 64 | learned | 6 | +1.00 ± 0.89 |" in table and "| 64 | sampling | 6 | -0.50 ± 0.45 |" in table
     assert "| 8 | unfinished runs: 1 |" in table
+    assert "learned − random per doubling of the epochs: +0.25 ± " in table and "12 pairs at 2 budgets" in table
 
 
 def test_the_verdict_sets_a_tuned_arm_and_its_retrained_connectivity_against_random_on_the_test_set(tmp_path):
