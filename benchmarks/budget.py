@@ -12,8 +12,9 @@ the learned arm, phase 1's gain is the regularisation of its sampling, not the c
 options of ARM in FILE (a tuned configuration), ``random`` (Fixed-Random with its network and K), and, at the
 longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are the ceiling's
 (``benchmarks/ceiling.py``'s :data:`COMMON`) with ``eval_every`` set to the budget: one evaluation, at the end.
-``analyse`` prints, per budget found (``results_eE``), each arm minus ``random``, paired by seed, and a line
-fitted to learned − random against log2 of the epochs: does learning pay more as training grows longer?
+``analyse`` prints, per budget found (``results_eE``), each arm minus ``random`` (and ``learned`` minus
+``sampling``), paired by seed, and a line fitted to learned − random against log2 of the epochs: does learning
+pay more as training grows longer?
 """
 
 from __future__ import annotations
@@ -53,15 +54,15 @@ def write(file: Path, arm: str, out: Path) -> None:
     print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
 
 
-def against_random(folder: Path, margin: float) -> tuple[dict[str, Any] | None, int]:
-    """compare's report of a study folder against ``random`` (None while the folder or a finished run of random is
-    missing), and how many of the folder's runs are unfinished."""
+def against(folder: Path, margin: float, baseline: str = "random") -> tuple[dict[str, Any] | None, int]:
+    """compare's report of a study folder against ``baseline`` (None while the folder or a finished run of the
+    baseline is missing), and how many of the folder's runs are unfinished."""
     from connlearn.train.compare import collect, report
 
     if not folder.is_dir():
         return None, 0
     runs, unfinished = collect([folder])
-    return (report(runs, "random", margin) if "random" in runs else None), len(unfinished)
+    return (report(runs, baseline, margin) if baseline in runs else None), len(unfinished)
 
 
 def analyse(root: Path, margin: float = 1.0) -> str:
@@ -69,12 +70,15 @@ def analyse(root: Path, margin: float = 1.0) -> str:
     lines = ["| epochs | arm − random | pairs | mean ± sd | 95% interval | verdict |", "| --- " * 6 + "|"]
     doublings, diffs = [], []
     for epochs in BUDGETS:
-        result, unfinished = against_random(root / f"results_e{epochs}", margin)
+        result, unfinished = against(root / f"results_e{epochs}", margin)
         if unfinished:
             lines.append(f"| {epochs} | unfinished runs: {unfinished} | | | | |")
         if result is not None:
+            control = against(root / f"results_e{epochs}", margin, "sampling")[0]  # does learning add to sampling?
+            rows = [*result["against"].items(), *([] if control is None else [
+                ("learned − sampling", control["against"]["learned"])])]
             lines += [f"| {epochs} | {arm} | {t['n']} | {t['mean']:+.2f} ± {t['sd']:.2f} | [{t['ci'][0]:+.2f}, "
-                      f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in result["against"].items() if "p" in t]
+                      f"{t['ci'][1]:+.2f}] | {t['verdict']} |" for arm, t in rows if "p" in t]
             learned = result["against"].get("learned", {}).get("diffs", [])
             doublings += [math.log2(epochs)] * len(learned)
             diffs += learned

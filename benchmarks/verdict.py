@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from budget import against_random, tuned
+from budget import against, tuned
 from ceiling import COMMON, arms_toml
 
 SEEDS = tuple(range(100, 110))
@@ -54,7 +54,7 @@ def analyse(root: Path, margin: float = 1.0) -> str:
     arms: dict[str, Any] = {}
     tests: dict[str, Any] = {}
     for name in ("alike", "unlike"):
-        result = against_random(root / f"results_{name}", margin)[0]
+        result = against(root / f"results_{name}", margin)[0]
         if result is not None:
             arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
             tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}

@@ -328,6 +328,7 @@ def test_the_budget_study_pits_a_tuned_arm_against_random_at_every_budget(tmp_pa
     (tmp_path / "results_e8" / "random-s0" / "output.log").touch()
     table = budget.analyse(tmp_path)
     assert "| 64 | learned | 6 | +1.00 ± 0.89 |" in table and "| 64 | sampling | 6 | -0.50 ± 0.45 |" in table
+    assert "| 64 | learned − sampling | 6 | +1.50 ± 1.34 |" in table
     assert "| 8 | unfinished runs: 1 |" in table
     assert "learned − random per doubling of the epochs: +0.25 ± " in table and "12 pairs at 2 budgets" in table
 
