@@ -293,6 +293,8 @@ CASES = [
     (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2, 2)))), DataError, ["a.npz (train)", "[N, C, L]"]),
     (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 2, 2, 2)))), DataError,
      ["a.npz (train)", "uint8 [N, H, W, C]", "float64"]),
+    (lambda t: load_packed(_npz_arrays(t, np.zeros((3, 3, 8, 8), np.uint8))), DataError,
+     ["train_x is [3, 3, 8, 8]", "8 channels and 3 rows", "x.transpose(0, 2, 3, 1)"]),
     (lambda t: load_packed(_saved(t / "d.npz", x_train=np.zeros(1), y_train=np.zeros(1))), DataError,
      ["d.npz holds x_train, y_train", "train_x, train_y, test_x, test_y"]),
     (lambda t: _signal_net_given_images(t), ConfigError,

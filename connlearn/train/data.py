@@ -349,6 +349,9 @@ def _arrays(path: Path, archive: Any) -> tuple[Any, Any]:
              else tuple(str(c) for c in range(classes)))
     splits = []
     xs = [archive[f"{split}_x"] for split in ("train", "test")]
+    if xs[0].ndim == 4 and xs[0].shape[3] > xs[0].shape[1]:  # more channels than rows: [N, C, H, W] read wrongly
+        raise DataError(f"{path}: train_x is {list(xs[0].shape)}, images of {xs[0].shape[3]} channels and "
+                        f"{xs[0].shape[1]} rows; images are [N, H, W, C] (from [N, C, H, W]: x.transpose(0, 2, 3, 1))")
     for split, x, y in zip(("train", "test"), xs, labels, strict=True):
         try:
             splits.append(ImageDataset(x, y, names) if xs[0].ndim == 4 else ArrayDataset(x, y, names))
