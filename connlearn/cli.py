@@ -173,15 +173,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.prune import prune_dead_blocks
     from connlearn.train.checkpoint import load_checkpoint, make_checkpoint, net_from_checkpoint, save_checkpoint
 
-    if path_of(args.output).resolve() == path_of(args.checkpoint).resolve():
-        raise ConfigError(f"--output {args.output} is the checkpoint itself: write the pruned network to another file")
+    output = args.output or path_of(args.checkpoint).with_suffix(".pruned.pt")
+    if path_of(output).resolve() == path_of(args.checkpoint).resolve():
+        raise ConfigError(f"--output {output} is the checkpoint itself: write the pruned network to another file")
     ckpt = load_checkpoint(args.checkpoint)
     pruned, report = prune_dead_blocks(net_from_checkpoint(ckpt), freeze=True)
     meta = {**ckpt.get("meta", {}), "prune": str(report), "params_train": ckpt.get("meta", {}).get(
         "params_train", report.params_before), "top1": _top1(ckpt)}
     save_checkpoint(make_checkpoint(pruned, meta=meta, **{k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}),
-                    args.output)
-    print(f"{report}\nwrote {args.output}")
+                    output)
+    print(f"{report}\nwrote {output}")
     return 0
 
 
@@ -350,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_arguments(p)
     p = command("prune", cmd_prune, "remove the dead blocks of a checkpoint")
     p.add_argument("checkpoint")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", help="default: the checkpoint's name with .pruned.pt")
     p = command("render", cmd_render, "draw a checkpoint's connectivity (.dot, .svg, .png or .pdf)")
     p.add_argument("checkpoint")
     p.add_argument("-o", "--output", required=True)

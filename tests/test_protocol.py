@@ -3,6 +3,7 @@ its files; a dataset of its own size and channels trains; bad settings and missi
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -60,8 +61,9 @@ def test_every_subcommand_works_on_a_runs_files(finished, tmp_path, capsys):
     assert main(["info", str(finished / "last.pt"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["gate"] == "frozen from topk" and info["epochs_done"] == 3 and info["evaluated_on"] == "test"
-    assert main(["prune", str(finished / "last.pt"), "-o", str(tmp_path / "p.pt")]) == 0
-    assert load_checkpoint(tmp_path / "p.pt")["meta"]["params_train"] == info["params_train"]
+    shutil.copy(finished / "last.pt", tmp_path / "last.pt")
+    assert main(["prune", str(tmp_path / "last.pt")]) == 0
+    assert load_checkpoint(tmp_path / "last.pruned.pt")["meta"]["params_train"] == info["params_train"]
     assert main(["render", str(finished / "last.pt"), "-o", str(tmp_path / "c.png"), "--side-by-side"]) == 0
     assert (tmp_path / "c.png").is_file() and (tmp_path / "c.dot").is_file()
     assert main(["plot", str(finished / "last.pt"), "-o", str(tmp_path / "plots")]) == 0
