@@ -31,9 +31,8 @@ __version__ = "0.2.0"
 
 def build(topology: str = "resnext", *, C: int | None = None, M: int | None = None, K: int | None = None,
           gate: str | None = None, width: int | None = None, depth: int | None = None, preset: str | None = None,
-          num_classes: int | None = None, seed: int | None = None, engine: str = "fused",
-          **options: Any) -> ConnectivityNet:
-    """Build a network: ``topology`` (``list_topologies()``) emits the BranchGraph, compiled on ``engine``.
+          num_classes: int | None = None, seed: int | None = None, **options: Any) -> ConnectivityNet:
+    """Build a network: ``topology`` (``list_topologies()``) emits the BranchGraph, which is compiled.
 
     Args:
         C: branches per module. M, or depth = 2 + 3M: modules. K: each block's fan-in (default C // 2).
@@ -41,8 +40,6 @@ def build(topology: str = "resnext", *, C: int | None = None, M: int | None = No
             compiled to its single stream) or another of ``list_gates()``.
         width: a branch's bottleneck width in the first stage. preset: e.g. ``cifar-29-8-8``
             (``list_presets()``). num_classes: outputs. seed: weights, gates and draws.
-        engine: ``fused`` (grouped convolutions, one batched gate mix), ``reference`` (a module per branch)
-            or ``auto``.
         **options: the topology's other options; for ``resnext`` and ``dense``: ``layout``, ``block``,
             ``block_params``, ``gate_init``, ``gate_options`` (the gate kind's knobs), ``stem_channels``,
             ``base_channels``, ``in_channels``, ``image_size``, ``residual_init``, ``conv_init``
@@ -54,10 +51,10 @@ def build(topology: str = "resnext", *, C: int | None = None, M: int | None = No
              "num_classes": num_classes, "seed": seed}
     with torch.device("cpu"):  # a graph holds plain values: none of its making runs on another device
         graph = TOPOLOGIES.get(topology)(**{k: v for k, v in given.items() if v is not None}, **options)
-    return from_graph(graph, engine=engine)
+    return from_graph(graph)
 
 
-def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | None = None) -> ConnectivityNet:
+def from_graph(graph: BranchGraph | str, *, seed: int | None = None) -> ConnectivityNet:
     """Compile a BranchGraph (or its JSON) into a network, weights from ``seed`` (default: the graph's own,
     which gives the weights ``build`` gave it). The global RNG is left alone."""
     graph = BranchGraph.from_json(graph) if isinstance(graph, str) else graph
@@ -66,7 +63,7 @@ def from_graph(graph: BranchGraph | str, *, engine: str = "fused", seed: int | N
     check_finite_gates(graph.validate(), "from_graph's graph")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(graph.seed if seed is None else seed)
-        return ConnectivityNet(graph, engine=engine)
+        return ConnectivityNet(graph)
 
 
 def register_block(name: str, kind: Any = None, *, overwrite: bool = False) -> Any:

@@ -239,10 +239,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     report = None if freezing_changes_outputs(net) else prune_dead_blocks(net, freeze=True)[1]
     info = {"architecture": f"{graph.graph.get('topology')} {options.get('preset') or ''} {{D={options.get('depth')}, "
                             f"w={options.get('width')}, C={options.get('C')}}}".replace("  ", " "),
-            "input": "x".join(map(str, (net.in_channels, *net.input_size))), "engine": net.engine,
+            "input": "x".join(map(str, (net.in_channels, *net.input_size))),
             "gate": graph.gate_label(), "K": net.K,
             "residual_init": graph.graph.get("residual_init", "one"),
-            "conv_init": graph.graph.get("conv_init", "branch"),
+            "conv_init": graph.graph.get("conv_init", "each block's own"),
             "classes": net.num_classes, "params_train": meta.get("params_train", net.num_parameters()),
             "params_test": report.params_after if report else "n/a (not frozen)",
             "active_branches": " ".join(map(str, active_branches(graph).values())),

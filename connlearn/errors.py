@@ -40,13 +40,13 @@ def closest(name: object, known: Iterable[str]) -> str | None:
     return hits[0] if hits else None
 
 
-def check_choice(what: str, value: T, known: Iterable[T]) -> T:
-    """``value`` if it is one of ``known``; else a ConfigError listing them and naming the closest."""
+def check_choice(what: str, value: T, known: Iterable[T], error: type[ConnlearnError] = ConfigError) -> T:
+    """``value`` if it is one of ``known``; else an ``error`` listing them and naming the closest."""
     known = list(known)
     if isinstance(value, str | int | float | type(None)) and value in known:
         return value
     hint = closest(value, [str(k) for k in known])
-    raise ConfigError(f"unknown {what} {value!r}; known: {', '.join(map(str, known)) or '(none)'}"
+    raise error(f"unknown {what} {value!r}; known: {', '.join(map(str, known)) or '(none)'}"
                       + (f"; did you mean {hint!r}?" if hint else ""))
 
 

@@ -25,7 +25,6 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import torch
 
-from connlearn.errors import ConfigError
 from connlearn.gates import GATES, Gate, LearnedGate, topk_mask
 
 #: log 0 in the recursions: finite, so that their gradients stay finite where a term is impossible
@@ -98,13 +97,7 @@ class _ScoreGate(LearnedGate):
     noise: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K)
-        for name, default in self.knobs.items():  # each knob a positive number (the network checked the names)
-            value = options.get(name, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or (
-                    isinstance(default, int) and value != int(value)):
-                raise ConfigError(f"gate option {name} must be a positive {type(default).__name__}, got {value!r}")
-            setattr(self, name, type(default)(value))
+        super().__init__(values, active, K, **options)
         self.temperature = 1.0  # the last draw's
         self.register_buffer("noise", torch.zeros(self.shape), persistent=False)  # the last draw's perturbation
 
@@ -134,7 +127,8 @@ class GumbelGate(_ScoreGate):
         return drawn + (relaxed - relaxed.detach())  # forward: exactly the draw
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0,
+             batch: int = 1) -> list[torch.Tensor]:
         out = []
         for g in cast(Sequence[GumbelGate], gates):
             u = torch.rand(g.shape, generator=generator).clamp(1e-20, 1 - 1e-7).to(g.real.device)
@@ -160,7 +154,8 @@ class SimpleGate(_ScoreGate):
         return drawn + (mu - mu.detach())  # forward: exactly the draw
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0,
+             batch: int = 1) -> list[torch.Tensor]:
         for g in gates:
             cast(SimpleGate, g).temperature = temperature
         return [sample_subsets(cast(SimpleGate, g).real / temperature, g.K, generator).to(cast(SimpleGate, g).real)
@@ -203,7 +198,8 @@ class ImleGate(_ScoreGate):
         return _PerturbAndMap.apply(self.real / self.temperature, self.noise, self.K, self.lam)
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0,
+             batch: int = 1) -> list[torch.Tensor]:
         out = []
         for g in cast(Sequence[ImleGate], gates):  # NumPy's Gamma draws, seeded from the network's generator
             rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
@@ -222,7 +218,6 @@ class ScoreFunctionGate(_ScoreGate):
     draws make the gate mix a [B, C, N] batched matmul, as costly as the shared draw's."""
 
     stochastic = True
-    per_example = True
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         return super().matrix() if drawn is None else drawn  # no gradient through the forward pass

@@ -37,7 +37,7 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     path = path_of(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
-    if not model.fixed_connectivity and model.evaluates_top_k():  # fixed to it, the graph holds no sort
+    if not model.fixed_connectivity and not model.weighted:  # fixed to it, the graph holds no sort
         model.freeze()
     example = example_input(model)
     batch = torch.export.Dim("batch", min=1)

@@ -18,13 +18,26 @@ Straight-through: the binary draw is used forward and every real gate, drawn or 
 ``∂ℓ/∂G_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K`` (``s_j`` the gated sum). Gates below 0 count as 0 when sampling; a row of
 zeros samples uniformly. A temperature τ draws from the gates raised to 1/τ.
 
-A new kind subclasses :class:`Gate` (``register_gate(name, cls)``): it is built as ``cls(values, active, K,
-**gate_options)`` per module from the graph's gates (and its ``gate_options`` knobs) and defines ``values()``,
-``active()`` (exactly K ones per row) and ``matrix(drawn)``; a stochastic one the classmethod ``draw`` (with
-``batch``, a draw per example, where ``per_example``); a learnable one ``real_parameters()``, which
-:class:`~connlearn.updater.GateUpdater` clips to [0, 1] where ``clipped``. A kind whose gradient needs the loss
-itself defines ``surrogate(drawn, losses)``, a term the training loop adds to the loss
-(``net.surrogate_loss``). :mod:`connlearn.estimators` holds five more kinds written this way.
+A kind is one :class:`Gate` subclass (``register_gate(name, cls)``), and everything that depends on the kind
+is read through its protocol, nowhere else:
+
+- how it starts: the classmethods ``initial(rows, cols, K, gate_init, generator, ties)`` (a module's initial
+  values, active flags and tie ranks, for the topologies) and ``kept(K, inputs)`` (how many inputs a row
+  reads: K; a kind that spends one budget over the whole network would say so here);
+- what it is: ``learnable`` (holds parameters, ``real_parameters()``), ``stochastic`` (draws a connectivity
+  every training step), ``weighted`` (its values weight the inputs, as unfrozen ``real`` gates do; else they
+  only select ``kept`` inputs, averaged by 1/K), ``clipped`` (the :class:`~connlearn.updater.GateUpdater`
+  keeps its parameters in [0, 1]), ``single_stream`` (every block reads every input: the compiler emits
+  ResNeXt's one stream where the block kind has that form);
+- what it computes: built per module as ``cls(values, active, K, **gate_options)`` (its ``knobs``, checked
+  here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, equal values
+  ranked by ``ties()``) and ``matrix(drawn)`` (the forward pass's matrix); a stochastic kind draws in the
+  classmethod ``draw`` (one call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
+- what the training loop adds: ``surrogate(drawn, losses)`` (0 but for kinds whose gradient needs the loss
+  itself, added through ``net.surrogate_loss``) and ``trains_with`` (its tuned ``gate_*`` run options, among
+  them the temperature schedule's ``gate_temperature_end``).
+
+:mod:`connlearn.estimators` holds five more kinds written this way.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from connlearn.errors import ConfigError
+from connlearn.errors import ConfigError, check_choice
 from connlearn.registry import Registry
 
 #: The key of a zero weight in a draw: below every log-probability a float32 holds, so such entries are drawn
@@ -137,20 +150,44 @@ def random_connectivity(rows: int, cols: int, K: int, generator: torch.Generator
 
 
 class Gate(nn.Module):
-    """The gate matrix of one module: rows its blocks, columns its candidate inputs."""
+    """The gate matrix of one module: rows its blocks, columns its candidate inputs (the protocol: see above)."""
 
-    learnable: ClassVar[bool] = False  # holds parameters, trained with the weights
-    stochastic: ClassVar[bool] = False  # draws a connectivity every training step
-    clipped: ClassVar[bool] = True  # the GateUpdater keeps its parameters in [0, 1]
-    per_example: ClassVar[bool] = False  # draws a connectivity per example (``draw(..., batch=B)``)
+    learnable: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    weighted: ClassVar[bool] = False
+    clipped: ClassVar[bool] = True
+    single_stream: ClassVar[bool] = False
     knobs: ClassVar[dict[str, Any]] = {}  # the keyword options it takes (the graph's gate_options), by default
     #: how ``connlearn train`` trains it where a run leaves them unset: its ``gate_optimizer``, ``gate_lr``,
     #: ``gate_rule``, ``gate_warmup``, ``gate_holdout``, ``gate_temperature_end`` (docs/estimators.md)
     trains_with: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__()
         self.K, self.shape = K, tuple(values.shape)
+        for name in options:
+            check_choice("gate option", name, self.knobs)
+        for name, default in self.knobs.items():  # each knob a positive number
+            value = options.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or (
+                    isinstance(default, int) and value != int(value)):
+                raise ConfigError(f"gate option {name} must be a positive {type(default).__name__}, got {value!r}")
+            setattr(self, name, type(default)(value))
+
+    @classmethod
+    def kept(cls, K: int, inputs: int) -> int:
+        """How many of its ``inputs`` candidates each block reads, given the network's fan-in K."""
+        return K
+
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
+                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One module's initial values (``gate_init``: a value in [0, 1], or ``"uniform"`` draws from
+        ``generator``), active flags and tie ranks (from ``ties``; None where the kind ranks no ties)."""
+        values = (torch.rand(rows, cols, generator=generator) if gate_init == "uniform"
+                  else torch.full((rows, cols), float(gate_init)))
+        order = random_tie_order(rows, cols, ties)
+        return values, topk_mask(values, K, order), order
 
     def values(self) -> torch.Tensor:
         """The real gate values ``[rows, cols]``, for display and for ``freeze``."""
@@ -160,6 +197,10 @@ class Gate(nn.Module):
         """The evaluation connectivity: boolean ``[rows, cols]``, K ones per row."""
         raise NotImplementedError
 
+    def ties(self) -> torch.Tensor | None:
+        """The ranks that order equal values in ``active()`` (the larger first), where the kind has them."""
+        return None
+
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         """The matrix of the forward pass (before the 1/K), given this step's draw where it draws."""
         return self.active().to(self.values().dtype)
@@ -168,9 +209,15 @@ class Gate(nn.Module):
         return []
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
-        """This step's draws of ``gates`` (all of this kind) in one call: values without autograd history."""
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0,
+             batch: int = 1) -> list[torch.Tensor]:
+        """This step's draws of ``gates`` (all of this kind) in one call, for a batch of ``batch`` examples:
+        values without autograd history."""
         raise NotImplementedError
+
+    def surrogate(self, drawn: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """The term the training loop adds to the loss, given this gate's draw and the per-example losses."""
+        return losses.new_zeros(())
 
 
 class LearnedGate(Gate):
@@ -180,8 +227,8 @@ class LearnedGate(Gate):
     learnable = True
     tie_order: torch.Tensor
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
-        super().__init__(values, active, K)
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
         self.real = nn.Parameter(values.detach().clone().float())
         self.register_buffer("tie_order", torch.arange(self.shape[1] - 1, -1, -1).expand(self.shape).clone())
 
@@ -190,6 +237,9 @@ class LearnedGate(Gate):
 
     def active(self) -> torch.Tensor:
         return topk_mask(self.real, self.K, self.tie_order)
+
+    def ties(self) -> torch.Tensor:
+        return self.tie_order
 
     def real_parameters(self) -> list[nn.Parameter]:
         return [self.real]
@@ -205,12 +255,15 @@ class TopKGate(LearnedGate):
         return hard + (self.real - self.real.detach())  # forward: exactly `hard`; backward: to every gate
 
     @classmethod
-    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0) -> list[torch.Tensor]:
+    def draw(cls, gates: Sequence[Gate], generator: torch.Generator, temperature: float = 1.0,
+             batch: int = 1) -> list[torch.Tensor]:
         return gumbel_topk([cast(TopKGate, g).real for g in gates], gates[0].K, generator, temperature)
 
 
 class RealGate(LearnedGate):
     """Ablation: the real gates themselves weight the inputs, in training and evaluation."""
+
+    weighted = True
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         return self.real
@@ -222,8 +275,8 @@ class FixedGate(Gate):
     mask: torch.Tensor
     gate_values: torch.Tensor
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int) -> None:
-        super().__init__(values, active, K)
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
         self.register_buffer("mask", active.detach().clone().bool())
         self.register_buffer("gate_values", values.detach().clone().to(values.dtype if values.is_floating_point()
                                                                           else torch.float32))
@@ -241,13 +294,35 @@ class FixedGate(Gate):
 class RandomGate(FixedGate):
     """Fixed-Random: K random inputs per block, drawn once from the seed."""
 
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
+                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        mask = random_connectivity(rows, cols, K, generator)
+        return mask.float(), mask, None
+
 
 class FrozenGate(FixedGate):
     """A fixed connectivity: the top-K that ``freeze()`` keeps of learned gates."""
 
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
+                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        raise ConfigError("gate 'frozen' is what freeze() leaves; build 'topk' (and freeze it) or 'random'")
+
 
 class FullGate(FixedGate):
-    """Fixed-Full: every block reads every input (blocks with a single-stream form compile to ResNeXt)."""
+    """Fixed-Full: every block reads every input; ResNeXt's single stream where the block kind has that form."""
+
+    single_stream = True
+
+    @classmethod
+    def kept(cls, K: int, inputs: int) -> int:
+        return inputs
+
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
+                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool), None
 
 
 def active_masks(gates: Sequence[Gate]) -> list[torch.Tensor]:

@@ -27,12 +27,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import numbers
 from typing import Any
 
 import networkx as nx
 
-from connlearn.errors import GraphError
+from connlearn.blocks import BLOCKS
+from connlearn.errors import GraphError, check_choice
+from connlearn.gates import GATES
 
 FORMAT, VERSION = "connlearn.BranchGraph", 1
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
@@ -127,8 +128,7 @@ class BranchGraph(nx.DiGraph):
 
     # -------------------------------------------------------------------------------------------- validation
     def validate(self) -> BranchGraph:
-        """Raise a GraphError naming the first fault, else return ``self``. The names of block and gate kinds
-        are the compiler's to resolve."""
+        """Raise a GraphError naming the first fault, else return ``self``."""
         for name in ("input", "output"):
             if self.nodes.get(name, {}).get("kind") != name:
                 raise GraphError(f"the graph has no {name!r} node (a node named {name!r} of kind {name!r})")
@@ -136,12 +136,9 @@ class BranchGraph(nx.DiGraph):
             if key not in self.graph:
                 raise GraphError(f"the graph has no {key!r} attribute")
         _count("the graph's K", self.graph["K"])
+        check_choice("gate kind", self.gate_kind, GATES.names(), GraphError)
         for key, known in (("residual_init", RESIDUAL_INITS), ("conv_init", CONV_INITS)):
-            if self.graph.get(key, known[0]) not in known:
-                raise GraphError(f"the graph's {key} is {self.graph[key]!r}; known: {', '.join(known)}")
-        seed = self.graph.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**64:
-            raise GraphError(f"the graph's seed must be an integer in [0, 2**64), got {seed!r}")
+            check_choice(f"graph {key}", self.graph.get(key, known[0]), known, GraphError)
         places: set[tuple[int, int]] = set()
         for node, d in self.nodes(data=True):
             kind = d.get("kind")
@@ -150,8 +147,7 @@ class BranchGraph(nx.DiGraph):
             for key in _SIZES[kind]:
                 _count(f"node {node!r}'s {key}", d.get(key))
             if kind == "block":
-                if not isinstance(d.get("block"), str) or not isinstance(d.get("params", {}), dict):
-                    raise GraphError(f"node {node!r} needs a block kind name and a dict of params")
+                check_choice("block kind", d.get("block"), BLOCKS.names(), GraphError)
                 if self._place(node) in places:
                     raise GraphError(f"two nodes are branch {d['branch']} of module {d['module']}")
                 places.add(self._place(node))
@@ -162,24 +158,14 @@ class BranchGraph(nx.DiGraph):
             self._check_edge(u, v, d)
         if not self.modules():
             raise GraphError("the graph has no block nodes")
-        last = set(self.branches(self.modules()[-1]))
-        if {u for u, _ in self.in_edges("output")} != last:
+        if {u for u, _ in self.in_edges("output")} != set(self.branches(self.modules()[-1])):
             raise GraphError(f"'output' must read every block of the last module, {self.modules()[-1]}, and only them")
         for module in self.modules():
             self._check_module(module)
         return self
 
     def _check_stem(self, d: dict[str, Any]) -> None:
-        stem = d.get("stem")
-        if not isinstance(stem, dict) or not isinstance(stem.get("maxpool"), bool):
-            raise GraphError(f"node 'input' has stem {stem!r}; it needs kernel, stride and maxpool (a bool)")
-        for key in ("kernel", "stride"):
-            _count(f"the stem's {key}", stem.get(key))
-        shape = d.get("input_size", [d.get("image_size")] * 2)
-        if not isinstance(shape, list | tuple) or len(shape) > 2:
-            raise GraphError(f"node 'input' has input_size {shape!r}; a list of 0, 1 or 2 sizes")
-        for size in shape:
-            _count("node 'input''s spatial size", size)
+        stem, shape = d["stem"], input_shape(d)
         if not shape and (stem["kernel"], stem["stride"], stem["maxpool"]) != (1, 1, False):
             raise GraphError(f"node 'input' takes vectors: its stem is a linear map (kernel 1, stride 1, no "
                              f"max-pool), not {stem}")
@@ -191,25 +177,15 @@ class BranchGraph(nx.DiGraph):
     def _check_edge(self, u: str, v: str, d: dict[str, Any]) -> None:
         src, dst, kind = self.nodes[u], self.nodes[v], d.get("kind")
         where = f"edge {u} → {v}"
-        if kind == "gate":
-            if src["kind"] != "block" or dst["kind"] != "block" or src["module"] >= dst["module"]:
-                raise GraphError(f"{where}: a gate edge joins a block to one of a later module")
-            gate, tie = d.get("gate", 0.0), d.get("tie", 0)
-            if isinstance(gate, bool) or not isinstance(gate, numbers.Real):
-                raise GraphError(f"{where} has gate {gate!r}; a gate value is a number")
-            if isinstance(tie, bool) or not isinstance(tie, numbers.Integral):
-                raise GraphError(f"{where} has tie {tie!r}; a tie rank is an integer")
-            if not isinstance(d.get("active", False), bool):
-                raise GraphError(f"{where} has active {d['active']!r}; it is true or false")
-        elif kind == "fixed":
-            if not ((u == "input" and dst["kind"] == "block") or (src["kind"] == "block" and v == "output")):
-                raise GraphError(f"{where}: a fixed edge goes from 'input' to a block or from a block to 'output'")
-            if d.get("active", True) is not True:
-                raise GraphError(f"{where} is a fixed edge marked inactive; the network always reads it")
-            if u == "input" and self.gate_edges(v):
-                raise GraphError(f"block {v} reads both 'input' and gate edges")
-        else:
+        if kind == "gate" and (src["kind"] != "block" or dst["kind"] != "block" or src["module"] >= dst["module"]):
+            raise GraphError(f"{where}: a gate edge joins a block to one of a later module")
+        if kind == "fixed" and not ((u == "input" and dst["kind"] == "block") or (src["kind"] == "block"
+                                                                                  and v == "output")):
+            raise GraphError(f"{where}: a fixed edge goes from 'input' to a block or from a block to 'output'")
+        if kind not in ("gate", "fixed"):
             raise GraphError(f"{where} has kind {kind!r}; allowed: gate, fixed")
+        if u == "input" and self.gate_edges(v):
+            raise GraphError(f"block {v} reads both 'input' and gate edges")
         if src["out_channels"] != dst["in_channels"]:
             raise GraphError(f"{where} joins {src['out_channels']} channels to a node that takes {dst['in_channels']}")
         if dst["kind"] == "block" and math.ceil(src["resolution"] / dst["stride"]) != dst["resolution"]:
@@ -217,27 +193,24 @@ class BranchGraph(nx.DiGraph):
                              f"and resolution {dst['resolution']}")
 
     def _check_module(self, module: int) -> None:
-        nodes = self.branches(module)
+        nodes, cols, kind = self.branches(module), self.candidates(module), GATES.get(self.gate_kind)
         for node in nodes:
             if self.in_degree(node) == 0:
                 raise GraphError(f"block {node} has no input")
             for key in ("in_channels", "out_channels", "stride", "resolution"):
                 if self.nodes[node][key] != self.nodes[nodes[0]][key]:
                     raise GraphError(f"the blocks of module {module} disagree in {key} ({nodes[0]}, {node})")
-        cols = self.candidates(module)
-        for node in nodes if cols else ():
+            if not cols:
+                continue
             sources = [u for u, _, _ in self.gate_edges(node)]
             if sources != cols:
                 raise GraphError(f"block {node} reads {sources}, its module's other blocks {cols}: the blocks of a "
                                  "module share their candidate inputs")
             if len(sources) < self.K:
                 raise GraphError(f"fan-in K={self.K} is larger than the {len(sources)} inputs of block {node}")
-            active = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node))
-            if self.gate_kind in ("random", "frozen") and active != self.K:
-                raise GraphError(f"block {node} has {active} active inputs; a {self.gate_kind} connectivity has "
-                                 f"K={self.K}")
-            if self.gate_kind == "full" and active != len(cols):
-                raise GraphError(f"block {node} has inactive inputs; a full connectivity reads every input")
+            active, kept = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node)), kind.kept(self.K, len(cols))
+            if not (kind.learnable or kind.stochastic) and active != kept:  # a fixed connectivity: as the kind keeps
+                raise GraphError(f"block {node} has {active} active inputs; a {self.gate_kind} connectivity has {kept}")
 
     # ------------------------------------------------------------------------------------------------ JSON
     def to_json(self, indent: int | None = None) -> str:
@@ -273,7 +246,7 @@ class BranchGraph(nx.DiGraph):
 
 
 def _count(what: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise GraphError(f"{what} must be an integer >= 1, got {value!r}")
 
 

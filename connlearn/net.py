@@ -6,14 +6,12 @@ Module i, with C_i branches reading the outputs y_k of its candidate sources thr
     y_j = P(x_j) + F_j(x_j)                       P: identity, or one 1x1 conv + BN per module, shared
     logits = Linear( avgpool( ReLU( (1/C_M) · Σ_k y_k ) ) )
 
-Engines compute the same function from the same weights:
-
-- ``fused`` (default): a module's activations are one tensor ``[B, C·ch, H, W]`` (branch-major channels);
-  the gate mix is one batched matmul over the branch axis, the blocks are grouped convolutions;
-  a module whose blocks differ (kernels 1, 3, 5) runs them in a loop (:class:`Unlike`);
-- ``reference``: one block per branch and plain loops: the oracle of the tests;
-- ``single-stream``: gate ``full`` with a block kind that has a ``single_stream`` form (the bottleneck)
-  compiles to the genuine ResNeXt, ``y = ReLU(P(x) + F(x))`` with a grouped 3x3 convolution.
+One engine: a module's activations are one tensor ``[B, C·ch, *S]`` (branch-major channels), the gate mix
+is one batched matmul over the branch axis and the blocks are batched over branches (grouped convolutions); a
+module whose blocks differ (kernels 1, 3, 5) runs them in a loop (a :class:`~connlearn.blocks.LoopedBlock`).
+Where the gate kind reads every input as one stream (``full``) and the block kind has a ``single_stream``
+form (the bottleneck), the compiler emits the genuine ResNeXt, ``y = ReLU(P(x) + F(x))`` with a grouped 3x3
+convolution. The tests compute the same function branch by branch, with plain loops (their oracle).
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 from connlearn.blocks import BLOCKS, LoopedBlock, block_dims, conv, has_start, norm
-from connlearn.errors import CheckpointError, ConfigError, check_choice
+from connlearn.errors import CheckpointError, ConfigError
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, input_shape
-
-ENGINES = ("fused", "reference")
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
@@ -122,37 +118,10 @@ class FusedModule(nn.Module):
         return short.reshape(b, c * self.out_ch, *short.shape[2:]) + out
 
 
-class Unlike(LoopedBlock):
-    """The blocks of a fused module that differ (in kind or params): the reference engine's, in a loop."""
-
-
-class ReferenceModule(nn.Module):
-    """One block per branch and plain loops; inputs and outputs are lists of ``[B, ch, H, W]``."""
-
-    def __init__(self, blocks: list[nn.Module], proj: nn.Module | None, gate: Gate | None) -> None:
-        super().__init__()
-        self.blocks, self.proj, self.gate = nn.ModuleList(blocks), proj, gate
-
-    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> list[torch.Tensor]:
-        if mix is None:
-            short = inputs[0] if self.proj is None else self.proj(inputs[0])
-            return [short + block(inputs[0]) for block in self.blocks]
-        def w(j: int, k: int) -> torch.Tensor:  # a weight, or a weight per example ([B, C, N] mixes)
-            return mix[j, k] if mix.dim() == 2 else mix[:, j, k].view(-1, *[1] * (inputs[0].dim() - 1))
-
-        xs = [sum((w(j, k) * y for k, y in enumerate(inputs[1:], 1)), w(j, 0) * inputs[0]).relu()
-              for j in range(len(self.blocks))]
-        if self.proj is None:
-            shorts = xs
-        elif self.training:  # one call: its batch norm sees every branch's batch, as the fused engine's does
-            shorts = list(self.proj(torch.cat(xs)).chunk(len(xs)))
-        else:
-            shorts = [self.proj(x) for x in xs]
-        return [s + block(x) for s, block, x in zip(shorts, self.blocks, xs, strict=True)]
-
-
 class SingleStreamModule(nn.Module):
-    """The genuine ResNeXt module: ``ReLU(P(x) + F(x))``, F the aggregated residual function."""
+    """The genuine ResNeXt module: ``ReLU(P(x) + F(x))``, F the aggregated residual function (one branch wide)."""
+
+    branches = 1
 
     def __init__(self, body: nn.Module, proj: nn.Module | None) -> None:
         super().__init__()
@@ -164,7 +133,7 @@ class SingleStreamModule(nn.Module):
         return (short + self.body(inputs[0])).relu()
 
 
-Stage = FusedModule | ReferenceModule | SingleStreamModule
+Stage = FusedModule | SingleStreamModule
 
 
 class ConnectivityNet(nn.Module):
@@ -178,11 +147,10 @@ class ConnectivityNet(nn.Module):
     ``activation_checkpointing`` recomputes each module in the backward pass, with the forward pass's draw.
     """
 
-    def __init__(self, graph: BranchGraph, engine: str = "fused") -> None:
+    def __init__(self, graph: BranchGraph) -> None:
         super().__init__()
         graph.validate()
         self._graph, self.K, self.gate_kind = copy.deepcopy(graph), graph.K, graph.gate_kind
-        gate_cls = GATES.get(self.gate_kind)
         inp, out = graph.nodes["input"], graph.nodes["output"]
         self.in_channels, self.num_classes = inp["in_channels"], out["num_classes"]
         self.input_size, self.dims = input_shape(inp), len(input_shape(inp))
@@ -190,19 +158,19 @@ class ConnectivityNet(nn.Module):
         self.module_ids = graph.modules()
         position = {m: p for p, m in enumerate(self.module_ids)}
         self._sources = [_sources(graph, m, position) for m in self.module_ids]
-        self.engine = _engine(graph, check_choice("engine", engine, ENGINES), self._sources)
-        self.stages = cast("list[Stage]", nn.ModuleList(self._stage(graph, m, gate_cls) for m in self.module_ids))
-        self._init_residuals(graph)
-        self._init_convs(graph)
+        single = _single_stream(graph, self._sources)
+        self.stages = cast("list[Stage]", nn.ModuleList(_stage(graph, m, self.dims, single) for m in self.module_ids))
+        for module, stage in zip(self.module_ids, self.stages, strict=True):
+            _start(graph, module, stage)
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = draw_generator(graph.seed)
         ties = tie_generator(graph.seed)
         for module, gate in self.gates():
-            if hasattr(gate, "tie_order"):  # the graph's ties; a graph without them: from the seed
+            order = gate.ties()
+            if order is not None:  # the graph's ties; a graph without them: from the seed
                 given = graph.tie_matrix(module)
                 rows, cols = gate.shape
-                order = random_tie_order(rows, cols, ties) if given is None else torch.tensor(given)
-                cast(torch.Tensor, gate.tie_order).copy_(order)
+                order.copy_(random_tie_order(rows, cols, ties) if given is None else torch.tensor(given))
         self.sample_temperature = 1.0
         self.activation_checkpointing = False
         self.last_draw: dict[int, torch.Tensor] = {}  # the latest training draw, by stage position
@@ -213,32 +181,16 @@ class ConnectivityNet(nn.Module):
         drawn = self._draw(x.shape[0]) if self.training and self.stochastic else {}
         mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / self.K for i, s in enumerate(self.stages)]
         h = self.stem(x)
-        outputs: list[Any] = []
+        outputs: list[torch.Tensor] = []
         for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
-            inputs = [h] if not plan else [t for pos, chosen in plan for t in self._pick(outputs[pos], chosen, stage)]
+            inputs = [h] if not plan else [_pick(outputs[pos], chosen, stage) for pos, chosen in plan]
             if self.activation_checkpointing and torch.is_grad_enabled():
                 outputs.append(torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix,
                                                                  use_reentrant=False))
             else:
                 outputs.append(stage(inputs, mix))
-        last = outputs[-1]
-        if self.engine == "fused":
-            b, n, spatial = last.shape[0], last.shape[1], last.shape[2:]
-            c = cast(FusedModule, self.stages[-1]).branches
-            last = last.reshape(b, c, n // c, *spatial).mean(dim=1).relu()
-        elif self.engine == "reference":
-            last = torch.stack(last, dim=1).mean(dim=1).relu()
-        return self.head(last)
-
-    def _pick(self, out: Any, chosen: list[int] | None, stage: nn.Module) -> list[torch.Tensor]:
-        """The branches ``chosen`` (None: all) of a source module's output, as the engine's inputs."""
-        if self.engine == "reference":
-            return list(out) if chosen is None else [out[i] for i in chosen]
-        if chosen is None:
-            return [out]
-        b, n, spatial = out.shape[0], out.shape[1], out.shape[2:]
-        ch = cast(FusedModule, stage).in_ch
-        return [out.reshape(b, n // ch, ch, *spatial)[:, chosen].reshape(b, len(chosen) * ch, *spatial)]
+        last, c = outputs[-1], self.stages[-1].branches
+        return self.head(last.reshape(last.shape[0], c, last.shape[1] // c, *last.shape[2:]).mean(dim=1).relu())
 
     @torch._disable_dynamo
     def _draw(self, batch: int) -> dict[int, torch.Tensor]:
@@ -253,16 +205,14 @@ class ConnectivityNet(nn.Module):
                               "True, or run forward and backward inside `with net.hold_draw():`")
         # keyed by stage position, not by gate: torch.compile would guard on each gate object
         at = {i: s.gate for i, s in enumerate(self.stages) if s.gate is not None and s.gate.stochastic}
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         drawn: dict[int, torch.Tensor] = {}
         for cls in dict.fromkeys(type(g) for g in at.values()):
             index = [i for i, g in at.items() if type(g) is cls]
-            rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-            per_example = {"batch": batch * world} if cls.per_example else {}  # DDP: the global batch's draws
-            draws = cls.draw([at[i] for i in index], self.generator, temperature=self.sample_temperature,
-                             **per_example)
-            if cls.per_example:  # this rank's examples
-                draws = [d[rank * batch:(rank + 1) * batch] for d in draws]
-            drawn.update(zip(index, draws, strict=True))
+            draws = cls.draw([at[i] for i in index], self.generator, self.sample_temperature, batch * world)
+            # a draw per example ([B, rows, cols]) is of the global batch under DDP: this rank's examples
+            drawn.update((i, d[rank * batch:(rank + 1) * batch] if d.dim() == 3 else d)
+                         for i, d in zip(index, draws, strict=True))
         if self._hold is not None:
             self._hold.append(drawn)
         self.last_draw = drawn
@@ -298,17 +248,15 @@ class ConnectivityNet(nn.Module):
         """Whether no gate is learned or drawn (``frozen``, ``random``, ``full``): freeze has nothing to do."""
         return not any(g.learnable or g.stochastic for _, g in self.gates())
 
-    def evaluates_top_k(self) -> bool:
-        """Whether every gate evaluates with its binary top-K (then freezing keeps the eval outputs); not so
-        for unfrozen ``real`` gates, which weight every input."""
-        with torch.no_grad():
-            return all(torch.equal(g.matrix(None).float(), g.active().float()) for _, g in self.gates())
+    @property
+    def weighted(self) -> bool:
+        """Whether a gate weights its inputs by its values (unfrozen ``real``) rather than selecting K of them."""
+        return any(g.weighted for _, g in self.gates())
 
     def surrogate_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """The term to add to the loss for gate kinds whose gradient needs the loss itself (``score``): given
         the per-example losses ``[B]`` of the last training forward pass; 0 for every other kind."""
-        terms = [cast(Any, s.gate).surrogate(self.last_draw[i], losses) for i, s in enumerate(self.stages)
-                 if i in self.last_draw and hasattr(s.gate, "surrogate")]
+        terms = [cast(Gate, self.stages[i].gate).surrogate(d, losses) for i, d in self.last_draw.items()]
         return sum(terms, losses.new_zeros(()))
 
     def gate_parameters(self) -> list[nn.Parameter]:
@@ -331,10 +279,8 @@ class ConnectivityNet(nn.Module):
 
     def connectivity(self) -> dict[int, torch.Tensor]:
         """The evaluation connectivity: module → boolean ``[C_i, N_i]`` (columns: ``graph().candidates(i)``)."""
-        if self.engine == "single-stream":
-            return {m: torch.tensor(self._graph.gate_matrix(m)[1]) for m in self.module_ids
-                    if self._graph.candidates(m)}
-        return {m: g.active().cpu() for m, g in self.gates()}
+        return {m: torch.tensor(self._graph.gate_matrix(m)[1]) if s.gate is None else s.gate.active().cpu()
+                for m, s in zip(self.module_ids, self.stages, strict=True) if self._graph.candidates(m)}
 
     def graph(self) -> BranchGraph:
         """The IR with the current gate values and active connections; ``weighted_inputs`` where the function
@@ -342,13 +288,14 @@ class ConnectivityNet(nn.Module):
         g = copy.deepcopy(self._graph)
         g.graph["gate"] = self.gate_kind
         g.graph.pop("weighted_inputs", None)
-        if self.engine == "single-stream":
-            return g
-        if not self.evaluates_top_k():
+        if self.weighted:
             g.graph["weighted_inputs"] = True
         for module, gate in self.gates():
+            if gate.values().is_meta:  # no values to read: the IR's stand
+                continue
             values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
-            ties = cast(torch.Tensor, gate.tie_order).cpu().tolist() if hasattr(gate, "tie_order") else None
+            order = gate.ties()
+            ties = None if order is None else order.cpu().tolist()
             for j, node in enumerate(g.branches(module)):
                 for k, src in enumerate(g.candidates(module)):
                     edge = g.edges[src, node]
@@ -362,7 +309,7 @@ class ConnectivityNet(nn.Module):
         ``connectivity`` given (module → boolean ``[rows, cols]``, as :meth:`connectivity` gives; e.g. the
         trained network's, for an EMA copy made before the freeze). Returns ``self``."""
         mine = self.connectivity()
-        if connectivity is not None and (not isinstance(connectivity, dict) or set(connectivity) != set(mine) or any(
+        if connectivity is not None and (set(connectivity) != set(mine) or any(
                 connectivity[m].dtype != torch.bool or connectivity[m].shape != mine[m].shape
                 or (connectivity[m].sum(dim=1) != self.K).any() for m in mine)):
             raise ConfigError(f"connectivity must give modules {sorted(mine)} a boolean [rows, cols] tensor with K="
@@ -389,72 +336,103 @@ class ConnectivityNet(nn.Module):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if (state.get("K"), state.get("gate")) != (self.K, self.gate_kind):
             raise CheckpointError(f"this state is of a network with K={state.get('K')} gate={state.get('gate')}; "
-                                  f"this one has K={self.K} gate={self.gate_kind}")
+                                  f"this one has K={self.K} gate={self.gate_kind}"
+                                  + ("; call freeze() on this one first" if state.get("gate") == "frozen" else ""))
         self.generator.set_state(state["generator"])
         self.sample_temperature = state["temperature"]
 
-    # ------------------------------------------------------------------------------------------ building
-    def _stage(self, graph: BranchGraph, module: int, gate_cls: type[Gate]) -> Stage:
-        nodes = graph.branches(module)
-        d = graph.nodes[nodes[0]]
-        in_ch, out_ch, stride, kind = d["in_channels"], d["out_channels"], d["stride"], BLOCKS.get(d["block"])
-        for name in dict.fromkeys(graph.nodes[n]["block"] for n in nodes):
-            if self.dims not in block_dims(BLOCKS.get(name)):
-                raise ConfigError(f"block kind {name!r} works on {_in_words(block_dims(BLOCKS.get(name)))}; this "
-                                  f"network's input is {_in_words((self.dims,))}" + ("; use 'vector'" if self.dims == 0
-                                                                                     else ""))
-        dims = {"dims": self.dims} if self.dims != 2 else {}  # images: the default of every kind
-        proj = Projection(in_ch, out_ch, stride, self.dims) if in_ch != out_ch or stride != 1 else None
-        if self.engine == "single-stream":
-            return SingleStreamModule(kind.single_stream(in_ch, out_ch, stride, len(nodes), **d["params"], **dims),
-                                      proj)
-        gate = None
-        if graph.candidates(module):
-            values, active = graph.gate_matrix(module)
-            options = graph.graph.get("gate_options", {})
-            for name in options:
-                check_choice(f"gate option of {self.gate_kind!r}", name, gate_cls.knobs)
-            gate = gate_cls(torch.tensor(values), torch.tensor(active), graph.K, **options)
-        if self.engine == "fused" and _alike(graph, module):
-            return FusedModule(kind(in_ch, out_ch, stride, len(nodes), **d["params"], **dims), proj, gate, in_ch,
-                               out_ch, len(nodes))
-        blocks = [BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"], **dims)
-                  for n in nodes]
-        if self.engine == "reference":
-            return ReferenceModule(blocks, proj, gate)
-        return FusedModule(Unlike(blocks), proj, gate, in_ch, out_ch, len(nodes))
 
-    def _blocks(self) -> Iterator[tuple[int, nn.Module]]:
-        for module, stage in zip(self.module_ids, self.stages, strict=True):
-            for block in [stage.block] if isinstance(stage, FusedModule) else getattr(stage, "blocks", []):
-                yield module, block
+def _pick(out: torch.Tensor, chosen: list[int] | None, stage: nn.Module) -> torch.Tensor:
+    """The branches ``chosen`` (None: all) of a source module's output ``[B, N·ch, *S]``."""
+    if chosen is None:
+        return out
+    b, n, spatial = out.shape[0], out.shape[1], out.shape[2:]
+    ch = cast(FusedModule, stage).in_ch
+    return out.reshape(b, n // ch, ch, *spatial)[:, chosen].reshape(b, len(chosen) * ch, *spatial)
 
-    def _init_residuals(self, graph: BranchGraph) -> None:
-        """Each branch's output starts at the scale ``residual_init`` says (see ``topologies.resnext``)."""
-        init = graph.graph.get("residual_init", "one")
-        if init == "one":
-            return
-        head = len(graph.in_edges("output"))
-        for module, block in self._blocks():
-            edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
-            gated = any(d.get("kind") == "gate" for d in edges)
-            if self._start(graph, module, block, "init_residual_scale", init, "auto"):
-                cast(Any, block).init_residual_scale(0.0 if init == "zero" else math.sqrt(graph.K if gated else head))
 
-    def _init_convs(self, graph: BranchGraph) -> None:
-        """With ``conv_init="resnext"`` the inner convolutions start at 1/sqrt(C) of one branch's scale."""
-        if graph.graph.get("conv_init", "branch") == "resnext":
-            for module, block in self._blocks():
-                if self._start(graph, module, block, "init_conv_scale", "resnext", "branch"):
-                    cast(Any, block).init_conv_scale(1.0 / math.sqrt(len(graph.branches(module))))
+def state_of_branches(net: ConnectivityNet, state: dict[str, Any]) -> dict[str, Any]:
+    """A state dict saved by a network of one block module per branch (``stages.{i}.blocks.{j}.*``, the
+    per-branch engine connlearn once had) in ``net``'s keys: the branches' tensors stacked along dim 0, or
+    the modules of a loop in order."""
+    out: dict[str, Any] = {}
+    stacked: dict[str, list[torch.Tensor]] = {}
+    for key, value in state.items():
+        stage, found, rest = key.partition(".blocks.")
+        if not found:
+            out[key] = value
+            continue
+        j, name = rest.split(".", 1)
+        if isinstance(net.get_submodule(f"{stage}.block"), LoopedBlock):
+            out[f"{stage}.block.branch_modules.{j}.{name}"] = value
+        else:
+            stacked.setdefault(f"{stage}.block.{name}", []).append(value)
+    return {**out, **{k: v[0] if v[0].dim() == 0 else torch.cat(v) for k, v in stacked.items()}}
 
-    @staticmethod
-    def _start(graph: BranchGraph, module: int, block: nn.Module, hook: str, init: str, fallback: str) -> bool:
-        """Whether to call ``hook`` on ``block``: a block kind without it is skipped under ``auto``, else refused."""
-        if has_start(block, hook) or init == "auto":
-            return has_start(block, hook)
-        kind = graph.nodes[graph.branches(module)[0]]["block"]
-        raise ConfigError(f"{init!r} start: block kind {kind!r} has no {hook}; use {fallback!r}")
+
+# ---------------------------------------------------------------------------------------------- compiling
+def _single_stream(graph: BranchGraph, sources: list[list[tuple[int, list[int] | None]]]) -> bool:
+    """Whether the compiler emits ResNeXt's single stream: the gate kind reads every input as one stream
+    (``full``), every module reads the whole of the one before, and its one block kind has that form."""
+    kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
+    return (GATES.get(graph.gate_kind).single_stream and len(kinds) == 1
+            and hasattr(BLOCKS.get(next(iter(kinds))), "single_stream")
+            and all(_alike(graph, m) for m in graph.modules())
+            and all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources))
+
+
+def _stage(graph: BranchGraph, module: int, dims: int, single: bool) -> Stage:
+    """Module ``module`` of ``graph`` (inputs of ``dims`` spatial axes), on ResNeXt's single stream where
+    ``single``."""
+    nodes = graph.branches(module)
+    d = graph.nodes[nodes[0]]
+    in_ch, out_ch, stride, c = d["in_channels"], d["out_channels"], d["stride"], len(nodes)
+    for name in dict.fromkeys(graph.nodes[n]["block"] for n in nodes):
+        if dims not in block_dims(BLOCKS.get(name)):
+            raise ConfigError(f"block kind {name!r} works on {_in_words(block_dims(BLOCKS.get(name)))}; this "
+                              f"network's input is {_in_words((dims,))}" + ("; use 'vector'" if dims == 0 else ""))
+    shape = {"dims": dims} if dims != 2 else {}  # images: the default of every kind
+    proj = Projection(in_ch, out_ch, stride, dims) if in_ch != out_ch or stride != 1 else None
+    if single:
+        return SingleStreamModule(BLOCKS.get(d["block"]).single_stream(in_ch, out_ch, stride, c, **d["params"],
+                                                                       **shape), proj)
+    gate = None
+    if graph.candidates(module):
+        values, active = graph.gate_matrix(module)
+        gate = GATES.get(graph.gate_kind)(torch.tensor(values), torch.tensor(active), graph.K,
+                                          **graph.graph.get("gate_options", {}))
+    if _alike(graph, module):
+        block = BLOCKS.get(d["block"])(in_ch, out_ch, stride, c, **d["params"], **shape)
+    else:  # blocks that differ (in kind or params): one module per branch, in a loop
+        block = LoopedBlock([BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"],
+                                                                 **shape) for n in nodes])
+    return FusedModule(block, proj, gate, in_ch, out_ch, c)
+
+
+def _start(graph: BranchGraph, module: int, stage: Stage) -> None:
+    """Start each branch's output at ``residual_init``'s scale and its inner convolutions at ``conv_init``'s
+    (see :mod:`connlearn.topologies.resnext`). Without a ``conv_init`` every block keeps its own start: a
+    branch's for gated blocks, ResNeXt's for the single stream, whose convolutions before the last are
+    sqrt(C) times smaller; given one, a block of the other start is scaled to it."""
+    residual, conv_init, c = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init"), stage.branches
+    if isinstance(stage, SingleStreamModule):
+        if conv_init == "branch":
+            cast(Any, stage.body).init_conv_scale(math.sqrt(len(graph.branches(module))))
+        return
+    if residual != "one" and _can(graph, module, stage.block, "init_residual_scale", residual, "auto"):
+        edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
+        fan_in = graph.K if any(d.get("kind") == "gate" for d in edges) else len(graph.in_edges("output"))
+        cast(Any, stage.block).init_residual_scale(0.0 if residual == "zero" else math.sqrt(fan_in))
+    if conv_init == "resnext" and _can(graph, module, stage.block, "init_conv_scale", "resnext", "branch"):
+        cast(Any, stage.block).init_conv_scale(1.0 / math.sqrt(c))
+
+
+def _can(graph: BranchGraph, module: int, block: nn.Module, hook: str, init: str, fallback: str) -> bool:
+    """Whether to call ``hook`` on ``block``: a block kind without it is skipped under ``auto``, else refused."""
+    if has_start(block, hook) or init == "auto":
+        return has_start(block, hook)
+    kind = graph.nodes[graph.branches(module)[0]]["block"]
+    raise ConfigError(f"{init!r} start: block kind {kind!r} has no {hook}; use {fallback!r}")
 
 
 def _in_words(dims: tuple[int, ...]) -> str:
@@ -495,36 +473,3 @@ def _sources(graph: BranchGraph, module: int, position: dict[int, int]) -> list[
 def _alike(graph: BranchGraph, module: int) -> bool:
     """Whether the blocks of ``module`` share kind and params (one batched block computes them)."""
     return len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(module)}) == 1
-
-
-def _engine(graph: BranchGraph, engine: str, sources: list[list[tuple[int, list[int] | None]]]) -> str:
-    """The engine a graph compiles to: single-stream for a full ResNeXt whose block has that form."""
-    kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
-    one_stream = all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources)
-    alike = all(_alike(graph, m) for m in graph.modules())
-    if graph.gate_kind == "full" and one_stream and alike and len(kinds) == 1 and hasattr(BLOCKS.get(kinds.pop()),
-                                                                                          "single_stream"):
-        return "single-stream"
-    return engine
-
-
-def to_engine(net: ConnectivityNet, engine: str) -> ConnectivityNet:
-    """A copy of ``net`` on ``engine`` (fused or reference), with the same weights, gates and draws. A Fixed-Full
-    network on ResNeXt's single stream has no branches to move: it comes back as a copy, single-stream."""
-    if net.engine in (check_choice("engine", engine, ENGINES), "single-stream"):
-        return copy.deepcopy(net)
-    param = next(net.parameters())
-    with torch.random.fork_rng(devices=[]):  # its weights are replaced: the global RNG is left alone
-        new = ConnectivityNet(net.graph(), engine).to(param.device, param.dtype)
-    for old, stage in zip(cast(list[Any], net.stages), cast(list[Any], new.stages), strict=True):
-        if engine == "reference":
-            stage.blocks = nn.ModuleList(copy.deepcopy(old.block.branch_modules[j]) if isinstance(old.block, Unlike)
-                                         else old.block.select([j]) for j in range(old.branches))
-        else:
-            stage.block = Unlike(copy.deepcopy(list(old.blocks))) if isinstance(stage.block, Unlike) else type(
-                old.blocks[0]).merge(list(old.blocks))
-    new.load_state_dict({**new.state_dict(), **{k: v for k, v in net.state_dict().items()
-                                                 if k.split(".")[2:3] not in (["block"], ["blocks"])}})
-    new.train(net.training)
-    new.activation_checkpointing = net.activation_checkpointing
-    return new

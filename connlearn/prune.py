@@ -15,7 +15,7 @@ import torch
 
 from connlearn.errors import ConfigError
 from connlearn.graph import active_branches, dead_blocks
-from connlearn.net import ConnectivityNet, FusedModule
+from connlearn.net import ConnectivityNet, SingleStreamModule
 
 
 @attrs.frozen
@@ -41,7 +41,7 @@ class PruneReport:
 
 def freezing_changes_outputs(net: ConnectivityNet) -> bool:
     """Whether freezing ``net`` to its top-K would change its eval outputs (unfrozen ``real`` gates)."""
-    return not net.fixed_connectivity and not net.evaluates_top_k()
+    return not net.fixed_connectivity and net.weighted
 
 
 def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[ConnectivityNet, PruneReport]:
@@ -61,19 +61,16 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
         kept = graph.copy()
         kept.remove_nodes_from(dead)
         with torch.random.fork_rng(devices=[]):  # its weights are copied over
-            pruned = ConnectivityNet(kept, engine=net.engine)
+            pruned = ConnectivityNet(kept)
         pruned.stem, pruned.head = copy.deepcopy(net.stem), copy.deepcopy(net.head)
         stage_of = dict(zip(pruned.module_ids, pruned.stages, strict=True))
         for module, old in zip(net.module_ids, net.stages, strict=True):
             keep = [j for j, n in enumerate(graph.branches(module)) if n not in dead]
             if not keep:  # no block of the module is read (a dense graph): the module goes
                 continue
-            new = cast(Any, stage_of[module])
-            new.proj = copy.deepcopy(old.proj)
-            if isinstance(old, FusedModule):
-                new.block = cast(Any, old.block).select(keep) if len(keep) < old.branches else copy.deepcopy(old.block)
-            else:
-                new.blocks = torch.nn.ModuleList(copy.deepcopy(cast(Any, old).blocks[j]) for j in keep)
+            new = cast(Any, stage_of[module])  # a net with dead blocks is gated: its modules are FusedModules
+            new.proj, block = copy.deepcopy(old.proj), cast(Any, old).block
+            new.block = block.select(keep) if len(keep) < old.branches else copy.deepcopy(block)
         pruned.generator.set_state(net.generator.get_state())
         param = next(net.parameters())
         pruned = pruned.to(param.device, param.dtype).train(net.training)
@@ -88,8 +85,9 @@ def summary(net: ConnectivityNet) -> str:
     parameters before and after pruning its dead blocks."""
     graph = net.graph()
     live = active_branches(graph)
-    lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules, engine="
-             f"{net.engine}, {'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out"]
+    form = ", ResNeXt's single stream" if isinstance(net.stages[0], SingleStreamModule) else ""
+    lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules{form}, "
+             f"{'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out"]
     for m in net.module_ids:
         d = graph.nodes[graph.branches(m)[0]]
         reads = f"{net.K} of {len(graph.candidates(m))} inputs" if graph.candidates(m) else "the stem"

@@ -7,8 +7,6 @@ and keep their promise under optimizers whose step is linear in the gradient (SG
 
 - ``plain``: the paper's rule as the design reads it: the plain gradient, then the clip;
 - ``centered``: each row's mean gradient subtracted, so a row cannot drift up or down as a whole;
-- ``normalized``: the gradient taken to p = ĝ / Σĝ and back by the chain rule: (g − ⟨p, g⟩) / Σĝ;
-- ``double-centered``: each row's and each column's mean subtracted: only a block's preference moves;
 - ``renormalized``: Algorithm 1 read literally: before each step every row of a sampled kind is divided by
   its sum (the draws are unchanged; the update acts on gates of size 1/C).
 """
@@ -23,11 +21,11 @@ from torch import nn
 from connlearn.errors import check_choice
 from connlearn.gates import sampling_distribution
 
-GRAD_MODES = ("plain", "centered", "normalized", "double-centered", "renormalized")
+GRAD_MODES = ("plain", "centered", "renormalized")
 
 
 class GateUpdater:
-    """Clamp the clipped gates of ``net`` (a ConnectivityNet, or a wrapper with ``.module``) to [low, high]
+    """Clamp the clipped gates of ``net`` (a ConnectivityNet, or a wrapper with ``.module``) to [0, 1]
     after each step of the optimizers it is attached to::
 
         opt = torch.optim.SGD(param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2), momentum=0.9)
@@ -35,9 +33,9 @@ class GateUpdater:
 
     The gates are looked up at every step: after ``net.freeze()`` there is nothing to clamp."""
 
-    def __init__(self, net: nn.Module, *, grad_mode: str = "plain", low: float = 0.0, high: float = 1.0) -> None:
+    def __init__(self, net: nn.Module, *, grad_mode: str = "plain") -> None:
         self.net: Any = getattr(net, "module", net)
-        self.grad_mode, self.low, self.high = check_choice("gate rule", grad_mode, GRAD_MODES), low, high
+        self.grad_mode = check_choice("gate rule", grad_mode, GRAD_MODES)
         self._handles: list[Any] = []
 
     def gates(self) -> list[nn.Parameter]:
@@ -47,7 +45,7 @@ class GateUpdater:
         """Hook onto ``optimizer``; returns ``self``."""
         self._handles.append(optimizer.register_step_post_hook(lambda opt, *_: None if _skipped(opt) else self.clamp()))
         if self.grad_mode != "plain":
-            before = self.renormalize if self.grad_mode == "renormalized" else self.transform_grads
+            before = self.renormalize if self.grad_mode == "renormalized" else self.center_grads
             self._handles.append(optimizer.register_step_pre_hook(lambda opt, *_: None if _skipped(opt) else before()))
         return self
 
@@ -60,8 +58,8 @@ class GateUpdater:
     def clamp(self) -> None:
         gates: list[torch.Tensor] = list(self.gates())
         if gates:
-            torch._foreach_clamp_min_(gates, self.low)
-            torch._foreach_clamp_max_(gates, self.high)
+            torch._foreach_clamp_min_(gates, 0.0)
+            torch._foreach_clamp_max_(gates, 1.0)
 
     @torch.no_grad()
     def renormalize(self) -> None:
@@ -71,19 +69,11 @@ class GateUpdater:
                 p.copy_(sampling_distribution(p))
 
     @torch.no_grad()
-    def transform_grads(self) -> None:
+    def center_grads(self) -> None:
+        """Subtract each row's mean from the gates' gradients."""
         for gate in self.gates():
-            g = gate.grad
-            if g is None:
-                continue
-            if self.grad_mode == "centered":
-                g.sub_(g.mean(dim=-1, keepdim=True))
-            elif self.grad_mode == "double-centered":
-                g.sub_(g.mean(dim=-1, keepdim=True) + g.mean(dim=-2, keepdim=True) - g.mean(dim=(-2, -1), keepdim=True))
-            elif self.grad_mode == "normalized":
-                total = gate.clamp(min=0).sum(dim=-1, keepdim=True).clamp(min=1e-12)
-                p = gate.clamp(min=0) / total
-                g.copy_((g - (p * g).sum(dim=-1, keepdim=True)) / total)
+            if gate.grad is not None:
+                gate.grad.sub_(gate.grad.mean(dim=-1, keepdim=True))
 
 
 def _skipped(optimizer: torch.optim.Optimizer) -> bool:

@@ -6,13 +6,13 @@ from importlib import metadata
 import pytest
 import torch
 from conftest import batch, shaped, tiny
+from oracle import Oracle
 from torch import nn
 
 import connlearn
 from connlearn.blocks import BLOCKS, BranchBlock, Looped, block_dims, conv
 from connlearn.gates import GATES, LearnedGate
 from connlearn.graph import BranchGraph, block_name
-from connlearn.net import to_engine
 from connlearn.registry import Registry
 from connlearn.updater import GateUpdater, param_groups
 
@@ -44,10 +44,11 @@ def test_every_registered_gate_kind_and_topology_trains_freezes_prunes_and_draws
 
 
 @pytest.mark.parametrize("block", connlearn.list_blocks())
-@pytest.mark.parametrize("engine", ["fused", "reference"])
-def test_every_registered_block_kind_runs_on_both_engines_at_every_dimensionality_it_takes(block, engine, tmp_path):
+def test_every_registered_block_kind_runs_and_computes_its_oracle_at_every_dimensionality_it_takes(block, tmp_path):
     for dims in block_dims(BLOCKS.get(block)):
-        _train_freeze_prune_draw(connlearn.build(**shaped(dims, block=block), engine=engine), tmp_path)
+        net = connlearn.build(**shaped(dims, block=block)).eval()
+        torch.testing.assert_close(Oracle(net)(batch(net)), net(batch(net)))
+        _train_freeze_prune_draw(net.train(), tmp_path)
 
 
 class PlainBlock(BranchBlock):
@@ -68,18 +69,18 @@ def _one_branch(in_ch, out_ch, stride):
 
 
 @pytest.mark.parametrize("kind", [PlainBlock, Looped(_one_branch)])
-def test_a_users_block_kind_plugs_in_and_converts_between_engines(kind, clean_registries, tmp_path):
+def test_a_users_block_kind_plugs_in_and_computes_its_oracle(kind, clean_registries, tmp_path):
     connlearn.register_block("mine", kind)
     net = connlearn.build(**tiny(block="mine")).eval()
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(to_engine(net, "reference")(x), net(x))
+    torch.testing.assert_close(Oracle(net)(x), net(x))
     _train_freeze_prune_draw(net, tmp_path)
 
 
 class SharpGate(LearnedGate):
     """A user's gate kind: deterministic, the softmax of the gates weights every input (learned, not drawn)."""
 
-    clipped = False
+    clipped, weighted = False, True
 
     def matrix(self, drawn=None):
         return self.K * self.real.softmax(dim=1)

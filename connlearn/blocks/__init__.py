@@ -2,13 +2,14 @@
 
 A block kind is called as ``kind(in_ch, out_ch, stride, branches, **params)`` and returns an ``nn.Module``
 mapping ``[B, branches·in_ch, H, W]`` to ``[B, branches·out_ch, H/stride, W/stride]`` (branch-major
-channels), with ``select(indices)`` (a copy holding those branches: pruning) and the classmethod
-``merge(blocks)`` (one block of all their branches: changing engines). A kind that works on other inputs than
-images says so in ``dims`` (0: vectors ``[B, C]``, 1: signals ``[B, C, L]``, 2: images) and is given the
-network's as the keyword ``dims`` where it is not 2. Optional: ``init_residual_scale(s)``
-(start every branch's output at ``s`` times its scale) and ``init_conv_scale(s)`` (scale the convolutions
-before each branch's last one). :class:`BranchBlock` gives all four to blocks whose parameters are stacked
-branch-major along dim 0; :class:`Looped` adapts any one-branch module.
+channels), with ``select(indices)`` (a copy holding those branches: pruning). A kind that works on other
+inputs than images says so in ``dims`` (0: vectors ``[B, C]``, 1: signals ``[B, C, L]``, 2: images) and is
+given the network's as the keyword ``dims`` where it is not 2. Optional: ``init_residual_scale(s)`` (start
+every branch's output at ``s`` times its scale), ``init_conv_scale(s)`` (scale the convolutions before each
+branch's last one) and ``single_stream(in_ch, out_ch, stride, branches, **params)`` (one module computing
+all branches of one input as one stream, as ResNeXt does: what gate kind ``full`` compiles to).
+:class:`BranchBlock` gives the first three to blocks whose parameters are stacked branch-major along dim 0;
+:class:`Looped` adapts any one-branch module.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class GroupedLinear(nn.Conv1d):
 
 def init_branch_convs(block: nn.Module) -> None:
     """Kaiming-normal (fan-out, ReLU) with ONE branch's fan-out for every grouped convolution of ``block``:
-    C branches in one layer start from the law of C separate layers (the reference engine's)."""
+    C branches in one layer start from the law of C separate layers."""
     for layer in block.modules():
         if isinstance(layer, nn.Conv1d | nn.Conv2d):
             fan_out = layer.out_channels // layer.groups * math.prod(layer.kernel_size)
@@ -79,15 +79,6 @@ class BranchBlock(nn.Module):
                  for k, v in self.state_dict().items()}
         new.load_state_dict(state)
         return new.train(self.training)
-
-    @classmethod
-    def merge(cls, blocks: Sequence[BranchBlock]) -> BranchBlock:
-        """One block holding the branches of ``blocks``, in order."""
-        new = blocks[0]._new(sum(b.branches for b in blocks))
-        states = [b.state_dict() for b in blocks]
-        new.load_state_dict({k: v.clone() if v.dim() == 0 else torch.cat([s[k] for s in states])
-                             for k, v in states[0].items()})
-        return new.train(blocks[0].training)
 
     def _new(self, branches: int) -> BranchBlock:
         first = next(self.parameters(), None)

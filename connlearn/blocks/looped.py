@@ -48,7 +48,3 @@ class LoopedBlock(nn.Module):
 
     def select(self, indices: Sequence[int]) -> LoopedBlock:
         return type(self)([copy.deepcopy(self.branch_modules[i]) for i in indices])
-
-    @classmethod
-    def merge(cls, blocks: Sequence[LoopedBlock]) -> LoopedBlock:
-        return cls([copy.deepcopy(m) for b in blocks for m in b.branch_modules])

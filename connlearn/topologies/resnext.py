@@ -11,6 +11,7 @@ but the first halves the resolution in its first module.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
-from connlearn.gates import GATES, random_connectivity, random_tie_order, tie_generator, topk_mask
+from connlearn.gates import GATES, tie_generator
 from connlearn.graph import CONV_INITS, RESIDUAL_INITS, BranchGraph, block_name
 
 #: image size, stem (kernel, stride, max-pool), classes and, for ImageNet, the stage depths of each depth
@@ -44,13 +45,14 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             seed: int = 0, gate_init: float | str = 0.5, stem_channels: int | None = None,
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
             input_size: tuple[int, ...] | list[int] | None = None,
-            residual_init: str = "auto", conv_init: str = "branch", gate_options: dict[str, Any] | None = None,
+            residual_init: str = "auto", conv_init: str | None = None, gate_options: dict[str, Any] | None = None,
             kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
         C: branches per module. M, or depth = 2 + 3M: modules. width: a branch's bottleneck width in the first
-            stage (doubled every stage). K: each block's fan-in, 1..C (default C // 2; C for ``full``).
+            stage (doubled every stage). K: each block's fan-in, 1..C (default C // 2; C for ``full``, which
+            reads every input).
         gate: gate kind (``list_gates()``). preset: one of :data:`PRESETS`, the defaults of layout, depth,
             width and C. layout: ``cifar`` (32x32), ``miniimagenet`` (64x64) or ``imagenet`` (224x224).
         block: block kind (``list_blocks()``), given the stage's ``width`` where it takes one, and
@@ -65,11 +67,12 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
         conv_init: the convolutions before each branch's last one start at ``branch`` scale (Kaiming, one
-            branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers).
+            branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers). Left out,
+            each block keeps its own: gated blocks a branch's, ResNeXt's single stream (``full``) its own.
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
         kernels: branches that are not interchangeable: branch j of every module gets the middle kernel
             ``kernels[(j - 1) % len(kernels)]`` (odd sizes, e.g. ``(1, 3, 5)``); its modules then hold unlike
-            blocks, which the fused engine runs in a loop.
+            blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
@@ -82,37 +85,45 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     if gate_init != "uniform":
         gate_init = check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
     check_choice("residual_init", residual_init, RESIDUAL_INITS)
-    check_choice("conv_init", conv_init, CONV_INITS)
-    seed = check_int("seed", seed, 0, 2**64 - 1)
+    starts = {"residual_init": residual_init, **({} if conv_init is None else {
+        "conv_init": check_choice("conv_init", conv_init, CONV_INITS)})}
     kernel, stride, maxpool = lay["stem"]
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
     shape, size = _input_shape(input_size, lay["image_size"] if image_size is None else image_size)
-    dims = len(shape)
-    if dims == 0:
+    if not shape:
         kernel, stride, maxpool = 1, 1, False  # a linear stem; no stage can halve a vector
         block = "vector" if block == "bottleneck" else block  # the default kind, in its vector form
-    params = _block_params(block, block_params, width)
-    kernels = _kernels(kernels, block)
-    if gate_options is not None and not isinstance(gate_options, dict):
-        raise ConfigError(f"gate_options must be a dict of the gate kind's knobs, got {gate_options!r}")
     knobs = {"gate_options": dict(gate_options)} if gate_options else {}
-    g = BranchGraph(gate=gate, K=K, seed=seed, topology="dense" if dense else "resnext", residual_init=residual_init,
-                    conv_init=conv_init, **knobs, options={"preset": preset, "layout": layout or base["layout"],
+    g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="dense" if dense else
+                    "resnext", **starts, **knobs, options={"preset": preset, "layout": layout or base["layout"],
                                                            "depth": 2 + 3 * sum(stages), "width": width, "C": C})
-    res = math.ceil(math.ceil(size / stride) / (2 if maxpool else 1))
-    spatial = {"image_size": size} if dims == 2 else {"input_size": list(shape)}
+    spatial = {"image_size": size} if len(shape) == 2 else {"input_size": list(shape)}
     g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
-               **spatial, resolution=res, stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
-    values_rng, ties = torch.Generator().manual_seed(seed), tie_generator(seed)
-    module, prev = 0, stem_ch
+               **spatial, resolution=math.ceil(math.ceil(size / stride) / (2 if maxpool else 1)),
+               stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
+    last = _add_modules(g, stages, C, base_ch, bool(shape), dense, gate_init, block,
+                        _block_params(block, block_params, width), _kernels(kernels, block))
+    classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
+    g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1), num_classes=classes)
+    g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
+    return g
+
+
+def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, halves: bool, dense: bool,
+                 gate_init: float | str, block: str, params: dict[str, Any], kernels: tuple[int, ...] | None) -> int:
+    """Add the modules of ``stages`` to ``g`` (C blocks each, stage s of ``base_ch·2^s`` outputs, the first
+    module of every stage but the first halving the resolution where the input ``halves``), with their edges
+    and initial gates; returns the last module."""
+    kind, values_rng, ties = GATES.get(g.gate_kind), torch.Generator().manual_seed(g.seed), tie_generator(g.seed)
+    module, prev, res = 0, g.nodes["input"]["out_channels"], g.nodes["input"]["resolution"]
     for s, count in enumerate(stages):
         stage_modules: list[int] = []
         for p in range(count):
-            module, step = module + 1, 2 if s > 0 and p == 0 and dims else 1
+            module, step = module + 1, 2 if s > 0 and p == 0 and halves else 1
             res = math.ceil(res / step)
-            branch_params = {**params, "width": width * 2**s} if "width" in params else params
+            branch_params = {**params, "width": params["width"] * 2**s} if "width" in params else params
             for j in range(1, C + 1):
                 own = {"kernel": kernels[(j - 1) % len(kernels)]} if kernels else {}
                 g.add_node(block_name(module, j), kind="block", module=module, branch=j, block=block,
@@ -123,13 +134,14 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             else:
                 sources = stage_modules if dense and p > 0 else [module - 1]
                 cols = [block_name(m, k) for m in sources for k in range(1, C + 1)]
-                _add_gates(g, module, cols, _initial_gates(gate, C, len(cols), K, gate_init, values_rng, ties))
+                values, active, order = kind.initial(C, len(cols), g.K, gate_init, values_rng, ties)
+                for j, c in itertools.product(range(C), range(len(cols))):
+                    tie = {} if order is None else {"tie": int(order[j, c])}
+                    g.add_edge(cols[c], block_name(module, j + 1), kind="gate", gate=float(values[j, c]),
+                               active=bool(active[j, c]), **tie)
             stage_modules.append(module)
             prev = base_ch * 2**s
-    classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
-    g.add_node("output", kind="output", in_channels=prev, num_classes=classes)
-    g.add_edges_from(((block_name(module, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
-    return g
+    return module
 
 
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
@@ -168,13 +180,11 @@ def _block_params(block: str, block_params: dict[str, Any] | None, width: int) -
 
 
 def _fan_in(gate: str, K: int | None, C: int) -> int:
-    """The fan-in K of gate kind ``gate`` (checked) for C branches."""
-    GATES.get(gate)
-    if gate == "frozen":
-        raise ConfigError("gate 'frozen' is what freeze() leaves; build 'topk' (and freeze it) or 'random'")
-    if gate == "full" and K not in (None, C):
-        raise ConfigError(f"gate 'full' reads every input: K must be C={C} (or left out), got K={K}")
-    return check_int("K", C if gate == "full" else max(1, C // 2) if K is None else K, 1, C)
+    """The fan-in K of gate kind ``gate`` for C branches: as given (default C // 2), or what the kind keeps."""
+    kept = GATES.get(gate).kept(max(1, C // 2) if K is None else check_int("K", K, 1, C), C)
+    if K is not None and kept != K:
+        raise ConfigError(f"gate {gate!r} reads {kept} of C={C} inputs: K must be {kept} (or left out), got K={K}")
+    return kept
 
 
 def _stages(lay: dict[str, Any], M: int | None, depth: int | None) -> tuple[int, ...]:
@@ -192,28 +202,3 @@ def _stages(lay: dict[str, Any], M: int | None, depth: int | None) -> tuple[int,
     if M % 3:
         raise ConfigError(f"three stages of M/3 modules: M must be a multiple of 3, got M={M}")
     return (M // 3,) * 3
-
-
-def _add_gates(g: BranchGraph, module: int, cols: list[str],
-               gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> None:
-    """The gate edges into ``module`` from ``cols``, of the initial values, flags and ties ``gates``."""
-    values, active, order = gates
-    for j in range(values.shape[0]):
-        for c, src in enumerate(cols):
-            tie = {} if order is None else {"tie": int(order[j, c])}
-            g.add_edge(src, block_name(module, j + 1), kind="gate", gate=float(values[j, c]),
-                       active=bool(active[j, c]), **tie)
-
-
-def _initial_gates(gate: str, rows: int, cols: int, K: int, gate_init: float | str, values_rng: torch.Generator,
-                   ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One module's initial gate values, active flags and (for learned gates) tie ranks."""
-    if gate == "full":
-        return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool), None
-    if gate == "random":
-        mask = random_connectivity(rows, cols, K, values_rng)
-        return mask.float(), mask, None
-    values = (torch.rand(rows, cols, generator=values_rng) if gate_init == "uniform"
-              else torch.full((rows, cols), float(gate_init)))
-    order = random_tie_order(rows, cols, ties)
-    return values, topk_mask(values, K, order), order

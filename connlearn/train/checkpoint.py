@@ -1,7 +1,7 @@
 """Checkpoints, written whole and checked where they are loaded, and the lock of a run's folder.
 
 A checkpoint is a ``torch.save`` dict (loaded with ``weights_only=True``) of ``format``, ``version``, ``graph``
-(the IR as JSON), ``engine``, ``dtype``, ``model`` (the state dict, with the gate generator), ``environment``
+(the IR as JSON), ``dtype``, ``model`` (the state dict, with the gate generator), ``environment``
 (the versions it was written under) and, from the trainer, the training state. A checkpoint of another
 version is refused.
 """
@@ -30,7 +30,7 @@ import torch
 from connlearn.errors import CheckpointError, ConfigError
 from connlearn.files import path_of, write_atomic
 from connlearn.graph import BranchGraph
-from connlearn.net import ConnectivityNet, to_engine
+from connlearn.net import ConnectivityNet, state_of_branches
 
 FORMAT, VERSION = "connlearn.checkpoint", 2
 
@@ -67,7 +67,7 @@ def source_commit() -> str | None:
 
 def make_checkpoint(net: ConnectivityNet, **extra: Any) -> dict[str, Any]:
     """The checkpoint dict of ``net`` (its IR and state), with ``extra`` entries."""
-    return {"format": FORMAT, "version": VERSION, "graph": net.graph().to_json(), "engine": net.engine,
+    return {"format": FORMAT, "version": VERSION, "graph": net.graph().to_json(),
             "dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
             "model": {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in net.state_dict().items()},
             "environment": environment(), **extra}
@@ -110,14 +110,14 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike, engine: str | None = None) -> ConnectivityNet:
-    """The network of ``ckpt`` (a dict or a path), on the CPU, with its weights; on ``engine`` if given."""
+def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> ConnectivityNet:
+    """The network of ``ckpt`` (a dict or a path), on the CPU, with its weights."""
     ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
     with torch.random.fork_rng(devices=[]):  # its weights are loaded over
-        net = ConnectivityNet(BranchGraph.from_json(ckpt["graph"]), engine="fused" if ckpt["engine"] ==
-                              "single-stream" else ckpt["engine"]).to(getattr(torch, ckpt["dtype"]))
-    net.load_state_dict(ckpt["model"])
-    return net if engine in (None, net.engine) else to_engine(net, engine)
+        net = ConnectivityNet(BranchGraph.from_json(ckpt["graph"])).to(getattr(torch, ckpt["dtype"]))
+    branched = ckpt.get("engine") == "reference"  # saved on the per-branch engine connlearn once had
+    net.load_state_dict(state_of_branches(net, ckpt["model"]) if branched else ckpt["model"])
+    return net
 
 
 def architecture(graph: BranchGraph) -> tuple[tuple[str, str], ...]:

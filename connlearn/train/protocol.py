@@ -25,7 +25,6 @@ from connlearn.errors import ConfigError, DataError, check_choice
 from connlearn.files import path_of, remove_leftovers, write_text
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
-from connlearn.net import ENGINES
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
 from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS, resnext
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
@@ -116,7 +115,6 @@ class RunConfig:
     amp: str = _one_of(AMP_MODES, "auto")
     compile: bool | str = _one_of((False, True, *COMPILE_MODES), False)
     activation_checkpointing: bool = False
-    engine: str = _one_of(ENGINES, "fused")
     loader: str = _one_of(("auto", "dataloader"), "auto")
     workers: int | None = attrs.field(default=None, validator=_at_least(0))
     gate_rule: str = _one_of(GRAD_MODES, None)
@@ -282,7 +280,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
         if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
             graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
             graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
-        net = connlearn.from_graph(graph, engine=config.engine, seed=config.seed).freeze()
+        net = connlearn.from_graph(graph, seed=config.seed).freeze()
         if isinstance(train, ArrayDataset):
             fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
         else:  # images of any size: the loaders crop them
@@ -302,7 +300,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
         options["image_size"] = protocol.crop
     return connlearn.build("resnext", preset=config.preset or protocol.presets[0], gate=config.gate or "topk",
                            num_classes=train.num_classes, seed=config.seed, gate_init=config.gate_init,
-                           engine=config.engine, **options)
+                           **options)
 
 
 def data_facts(train: Any, test: Any) -> dict[str, Any]:
