@@ -390,6 +390,43 @@ def test_the_starts_scale_the_last_norms_and_inner_convolutions():
     assert isinstance(one.stages[0], FusedModule)
 
 
+def test_conv_init_starts_either_form_at_the_others_scale_and_each_at_its_own_without_it():
+    """ResNeXt's single stream starts its conv1 and conv2 sqrt(C) times smaller than C separate branches would:
+    ``branch`` multiplies them by sqrt(C), ``resnext`` divides the gated blocks' by it; left out, each keeps its
+    own start (the same weights from the same seed)."""
+    full = {init: connlearn.build(**tiny(M=6, K=None, gate="full", conv_init=init)) for init in (None, "branch",
+                                                                                                  "resnext")}
+    gated = {init: connlearn.build(**tiny(M=6, conv_init=init)) for init in (None, "branch", "resnext")}
+    for pos, stage in enumerate(full[None].stages):
+        for layer in ("conv1", "conv2"):
+            own = getattr(stage.body, layer).weight
+            torch.testing.assert_close(getattr(full["branch"].stages[pos].body, layer).weight, own * 2)  # sqrt(4)
+            assert torch.equal(getattr(full["resnext"].stages[pos].body, layer).weight, own)
+            own = getattr(gated[None].stages[pos].block, layer).weight
+            torch.testing.assert_close(getattr(gated["resnext"].stages[pos].block, layer).weight, own / 2)
+            assert torch.equal(getattr(gated["branch"].stages[pos].block, layer).weight, own)
+        assert torch.equal(full["branch"].stages[pos].body.conv3.weight, stage.body.conv3.weight)
+
+
+def test_a_meta_device_network_gives_its_graph():
+    with torch.device("meta"):
+        net = connlearn.build(**tiny(gate="real"))
+    assert net.graph().graph["weighted_inputs"] and net.graph().gate_matrix(2) == net._graph.gate_matrix(2)
+
+
+def test_a_checkpoint_saved_on_the_per_branch_engine_loads_with_its_function():
+    """The per-branch engine connlearn once had saved each module's blocks as ``stages.{i}.blocks.{j}.*``, as
+    the oracle holds them."""
+    from connlearn.train import make_checkpoint, net_from_checkpoint
+
+    net = connlearn.build(**tiny(gate_init="uniform")).eval()
+    branched = {k: v for k, v in Oracle(net).state_dict().items() if ".blocks." in k}
+    state = {**{k: v for k, v in net.state_dict().items() if ".block." not in k}, **branched}
+    loaded = net_from_checkpoint({**make_checkpoint(net), "engine": "reference", "model": state}).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), net(x))
+
+
 def test_torch_compile_captures_a_training_pass_in_one_graph_with_the_same_outputs():
     """The draw runs eagerly, first: the rest of a training forward pass is one graph (CUDA graphs capture it)."""
     net, x = connlearn.build(**tiny()), torch.randn(4, 3, 32, 32)
