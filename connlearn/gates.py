@@ -21,9 +21,9 @@ zeros samples uniformly. A temperature τ draws from the gates raised to 1/τ.
 A kind is one :class:`Gate` subclass (``register_gate(name, cls)``), and everything that depends on the kind
 is read through its protocol, nowhere else:
 
-- how it starts: the classmethods ``initial(rows, cols, K, gate_init, generator, ties)`` (a module's initial
-  values, active flags and tie ranks, for the topologies) and ``kept(K, inputs)`` (how many inputs a row
-  reads: K; a kind that spends one budget over the whole network would say so here);
+- how it starts: the classmethods ``initial(rows, cols, K, gate_init, generator)`` (a module's initial
+  values and active flags, for the topologies) and ``kept(K, inputs)`` (how many inputs a row reads: K; a
+  kind that spends one budget over the whole network would say so here);
 - what it is: ``learnable`` (holds parameters, ``real_parameters()``), ``stochastic`` (draws a connectivity
   every training step), ``weighted`` (its values weight the inputs, as unfrozen ``real`` gates do; else they
   only select ``kept`` inputs, averaged by 1/K), ``clipped`` (the :class:`~connlearn.updater.GateUpdater`
@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from connlearn.errors import ConfigError, check_choice
@@ -103,22 +104,10 @@ def gumbel_topk(weights: Sequence[torch.Tensor], K: int, generator: torch.Genera
     without replacement from each row's non-negative weights w^(1/temperature), normalised (Gumbel-top-K).
     The uniforms come from ``generator`` (on the CPU): the same draws on every device and DDP rank, and the
     same noise at any temperature. Returns 0/1 matrices shaped like the inputs."""
-    device, rows = weights[0].device, [p.shape[0] for p in weights]
-    width = max(p.shape[1] for p in weights)
-    alike = len({(p.shape, p.dtype) for p in weights}) == 1  # as in ResNeXt: one stack, no padding
-    valid = None
-    if alike:
-        w = torch.stack([p.detach() for p in weights]).float().clamp(min=0).reshape(sum(rows), width)
-    else:
-        w = torch.zeros(sum(rows), width, device=device)
-        valid = torch.zeros(sum(rows), width, device=device, dtype=torch.bool)
-        r = 0
-        for p in weights:
-            w[r:r + p.shape[0], :p.shape[1]] = p.detach().float().clamp(min=0)
-            valid[r:r + p.shape[0], :p.shape[1]] = True
-            r += p.shape[0]
-    empty = w.sum(dim=1, keepdim=True) <= 0
-    w = torch.where(empty if valid is None else empty & valid, torch.ones_like(w), w)
+    device, width = weights[0].device, max(p.shape[1] for p in weights)
+    w = torch.cat([F.pad(p.detach().float().clamp(min=0), (0, width - p.shape[1])) for p in weights])
+    valid = torch.cat([F.pad(torch.ones_like(p, dtype=torch.bool), (0, width - p.shape[1])) for p in weights])
+    w = torch.where((w.sum(dim=1, keepdim=True) <= 0) & valid, torch.ones_like(w), w)  # a row of zeros: uniform
     zero_key = _ZERO_KEY
     if temperature == 1.0:
         logw = w.clamp(min=1e-30).log()
@@ -131,17 +120,10 @@ def gumbel_topk(weights: Sequence[torch.Tensor], K: int, generator: torch.Genera
     if device.type == "cuda":
         noise = noise.pin_memory()  # an asynchronous copy: no synchronisation per step
     gumbel = -(-noise.to(device, non_blocking=True).clamp(1e-20, 1.0 - 1e-7).log()).log()
-    keys = logw + gumbel
-    if valid is not None:
-        keys = torch.where(valid, keys, torch.full_like(w, float("-inf")))
+    keys = torch.where(valid, logw + gumbel, torch.full_like(w, float("-inf")))  # padding: never drawn
     hard = torch.zeros_like(w).scatter_(1, keys.topk(K, dim=1).indices, 1.0)
-    if alike:
-        return list(hard.to(weights[0].dtype).view(len(weights), *weights[0].shape).unbind(0))
-    out, r = [], 0
-    for p in weights:
-        out.append(hard[r:r + p.shape[0], :p.shape[1]].to(p.dtype))
-        r += p.shape[0]
-    return out
+    return [h[:, :p.shape[1]].to(p.dtype) for h, p in zip(hard.split([p.shape[0] for p in weights]), weights,
+                                                          strict=True)]
 
 
 def random_connectivity(rows: int, cols: int, K: int, generator: torch.Generator) -> torch.Tensor:
@@ -180,14 +162,13 @@ class Gate(nn.Module):
         return K
 
     @classmethod
-    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
-                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One module's initial values (``gate_init``: a value in [0, 1], or ``"uniform"`` draws from
-        ``generator``), active flags and tie ranks (from ``ties``; None where the kind ranks no ties)."""
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One module's initial values and active flags: ``gate_init`` (in [0, 1]), or uniform draws from
+        ``generator`` (``"uniform"``), and their top-K."""
         values = (torch.rand(rows, cols, generator=generator) if gate_init == "uniform"
                   else torch.full((rows, cols), float(gate_init)))
-        order = random_tie_order(rows, cols, ties)
-        return values, topk_mask(values, K, order), order
+        return values, topk_mask(values, K)
 
     def values(self) -> torch.Tensor:
         """The real gate values ``[rows, cols]``, for display and for ``freeze``."""
@@ -295,18 +276,18 @@ class RandomGate(FixedGate):
     """Fixed-Random: K random inputs per block, drawn once from the seed."""
 
     @classmethod
-    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
-                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         mask = random_connectivity(rows, cols, K, generator)
-        return mask.float(), mask, None
+        return mask.float(), mask
 
 
 class FrozenGate(FixedGate):
     """A fixed connectivity: the top-K that ``freeze()`` keeps of learned gates."""
 
     @classmethod
-    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
-                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError("gate 'frozen' is what freeze() leaves; build 'topk' (and freeze it) or 'random'")
 
 
@@ -320,19 +301,9 @@ class FullGate(FixedGate):
         return inputs
 
     @classmethod
-    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str, generator: torch.Generator,
-                ties: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool), None
-
-
-def active_masks(gates: Sequence[Gate]) -> list[torch.Tensor]:
-    """Every gate's ``active()``; learned gates alike in shape in one batched top-K."""
-    if len(gates) > 1 and len({g.shape for g in gates}) == 1 and all(type(g).active is LearnedGate.active
-                                                                      for g in gates):
-        learned = cast(Sequence[LearnedGate], gates)
-        real, order = torch.stack([g.real for g in learned]), torch.stack([g.tie_order for g in learned])
-        return list(topk_mask(real, gates[0].K, order).unbind(0))
-    return [g.active() for g in gates]
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool)
 
 
 def _check_kind(name: str, cls: Any) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 
@@ -48,6 +48,20 @@ def input_shape(node: dict[str, Any]) -> tuple[int, ...]:
     """The spatial shape of the input node's data: ``input_size`` where it says (``(L,)``, ``()``), else square
     images of ``image_size``."""
     return tuple(node["input_size"]) if "input_size" in node else (node["image_size"],) * 2
+
+
+class ModulePlan(NamedTuple):
+    """One module as the compiler reads it: its ``module`` number, its blocks' node attributes (by branch),
+    its ``sources`` (per source module: its position and the branches read, None: all; none: the stem), its
+    ``gates`` (values and active flags, rows its blocks; None without gate edges), their ``ties`` (None if
+    an edge has none) and ``read_by``: the fan-in of the mean that reads its outputs (K, or the head's C)."""
+
+    module: int
+    nodes: list[dict[str, Any]]
+    sources: list[tuple[int, list[int] | None]]
+    gates: tuple[list[list[float]], list[list[bool]]] | None
+    ties: list[list[int]] | None
+    read_by: int
 
 
 def block_name(module: int, branch: int) -> str:
@@ -97,10 +111,23 @@ class BranchGraph(nx.DiGraph):
         values = [[float(v) for v in row] for row in self._matrix(module, "gate", 0.0)]
         return values, [[bool(a) for a in row] for row in self._matrix(module, "active", False)]
 
-    def tie_matrix(self, module: int) -> list[list[int]] | None:
-        """The ``tie`` ranks of ``module``'s gate edges, as :meth:`gate_matrix`; None if an edge has none."""
-        ties = self._matrix(module, "tie", None)
-        return None if any(t is None for row in ties for t in row) else ties
+    def plan(self) -> list[ModulePlan]:
+        """What compiling each module needs, in module order (see :class:`ModulePlan`)."""
+        position = {m: p for p, m in enumerate(self.modules())}
+        head = len(self.in_edges("output"))
+        plans = []
+        for m in self.modules():
+            nodes, cols = self.branches(m), set(self.candidates(m))
+            sources = []
+            for src in sorted({self.nodes[c]["module"] for c in cols}):
+                chosen = [i for i, n in enumerate(self.branches(src)) if n in cols]
+                sources.append((position[src], None if len(chosen) == len(self.branches(src)) else chosen))
+            ties = self._matrix(m, "tie", None)
+            gated = any(d.get("kind") == "gate" for n in nodes for *_, d in self.out_edges(n, data=True))
+            plans.append(ModulePlan(m, [self.nodes[n] for n in nodes], sources, self.gate_matrix(m) if cols else None,
+                                    None if any(t is None for row in ties for t in row) else ties,
+                                    self.K if gated else head))
+        return plans
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name

@@ -28,10 +28,10 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from connlearn.blocks import BLOCKS, LoopedBlock, block_dims, conv, has_start, norm
+from connlearn.blocks import BLOCKS, BranchBlock, LoopedBlock, block_dims, conv, norm
 from connlearn.errors import CheckpointError, ConfigError
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
-from connlearn.graph import BranchGraph, input_shape
+from connlearn.graph import BranchGraph, ModulePlan, input_shape
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
@@ -40,18 +40,14 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torc
     ``[B, C·ch, *S]``, in the inputs' memory format: one batched GEMM."""
     b, spatial = inputs[0].shape[0], inputs[0].shape[2:]
     c, n = mix.shape[-2:]
-    size = math.prod(spatial)
-    if mix.dim() == 3:
-        y = torch.cat([t.reshape(b, t.shape[1] // ch, ch * size) for t in inputs], dim=1)
-        return torch.bmm(mix.to(y.dtype), y).relu().reshape(b, c * ch, *spatial)
-    if inputs[0].dim() == 4 and inputs[0].is_contiguous(memory_format=torch.channels_last) and not inputs[
-            0].is_contiguous():
+    if mix.dim() == 2 and inputs[0].dim() == 4 and inputs[0].is_contiguous(memory_format=torch.channels_last) and (
+            not inputs[0].is_contiguous()):
         h, w = spatial
         parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
         return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
-    parts = [t.reshape(b, t.shape[1] // ch, ch * size) for t in inputs]
+    parts = [t.reshape(b, t.shape[1] // ch, ch * math.prod(spatial)) for t in inputs]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, *spatial)
 
@@ -149,28 +145,22 @@ class ConnectivityNet(nn.Module):
 
     def __init__(self, graph: BranchGraph) -> None:
         super().__init__()
-        graph.validate()
-        self._graph, self.K, self.gate_kind = copy.deepcopy(graph), graph.K, graph.gate_kind
-        inp, out = graph.nodes["input"], graph.nodes["output"]
-        self.in_channels, self.num_classes = inp["in_channels"], out["num_classes"]
+        plans, inp, out = graph.validate().plan(), graph.nodes["input"], graph.nodes["output"]
         self.input_size, self.dims = input_shape(inp), len(input_shape(inp))
+        self._graph, self.K, self.gate_kind = copy.deepcopy(graph), graph.K, graph.gate_kind
+        self.in_channels, self.num_classes = inp["in_channels"], out["num_classes"]
+        self.module_ids, self._sources = [p.module for p in plans], [p.sources for p in plans]
         self.stem = Stem(inp["in_channels"], inp["out_channels"], **inp["stem"], dims=self.dims)
-        self.module_ids = graph.modules()
-        position = {m: p for p, m in enumerate(self.module_ids)}
-        self._sources = [_sources(graph, m, position) for m in self.module_ids]
-        single = _single_stream(graph, self._sources)
-        self.stages = cast("list[Stage]", nn.ModuleList(_stage(graph, m, self.dims, single) for m in self.module_ids))
-        for module, stage in zip(self.module_ids, self.stages, strict=True):
-            _start(graph, module, stage)
+        single = _single_stream(graph.gate_kind, plans)
+        self.stages = cast("list[Stage]", nn.ModuleList(_stage(p, graph, self.dims, single) for p in plans))
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = draw_generator(graph.seed)
         ties = tie_generator(graph.seed)
-        for module, gate in self.gates():
-            order = gate.ties()
+        for plan, stage in zip(plans, self.stages, strict=True):
+            order = None if stage.gate is None else stage.gate.ties()
             if order is not None:  # the graph's ties; a graph without them: from the seed
-                given = graph.tie_matrix(module)
-                rows, cols = gate.shape
-                order.copy_(random_tie_order(rows, cols, ties) if given is None else torch.tensor(given))
+                rows, cols = order.shape
+                order.copy_(random_tie_order(rows, cols, ties) if plan.ties is None else torch.tensor(plan.ties))
         self.sample_temperature = 1.0
         self.activation_checkpointing = False
         self.last_draw: dict[int, torch.Tensor] = {}  # the latest training draw, by stage position
@@ -371,67 +361,65 @@ def state_of_branches(net: ConnectivityNet, state: dict[str, Any]) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------- compiling
-def _single_stream(graph: BranchGraph, sources: list[list[tuple[int, list[int] | None]]]) -> bool:
+def _single_stream(gate_kind: str, plans: list[ModulePlan]) -> bool:
     """Whether the compiler emits ResNeXt's single stream: the gate kind reads every input as one stream
     (``full``), every module reads the whole of the one before, and its one block kind has that form."""
-    kinds = {graph.nodes[n]["block"] for n in graph.block_nodes()}
-    return (GATES.get(graph.gate_kind).single_stream and len(kinds) == 1
-            and hasattr(BLOCKS.get(next(iter(kinds))), "single_stream")
-            and all(_alike(graph, m) for m in graph.modules())
-            and all(len(plan) <= 1 and all(c is None for _, c in plan) for plan in sources))
+    kinds = {(d["block"], repr(d["params"])) for p in plans for d in p.nodes}
+    return (GATES.get(gate_kind).single_stream and len({k for k, _ in kinds}) == 1
+            and hasattr(BLOCKS.get(next(iter(kinds))[0]), "single_stream") and all(_alike(p) for p in plans)
+            and all(len(p.sources) <= 1 and all(c is None for _, c in p.sources) for p in plans))
 
 
-def _stage(graph: BranchGraph, module: int, dims: int, single: bool) -> Stage:
-    """Module ``module`` of ``graph`` (inputs of ``dims`` spatial axes), on ResNeXt's single stream where
-    ``single``."""
-    nodes = graph.branches(module)
-    d = graph.nodes[nodes[0]]
-    in_ch, out_ch, stride, c = d["in_channels"], d["out_channels"], d["stride"], len(nodes)
-    for name in dict.fromkeys(graph.nodes[n]["block"] for n in nodes):
+def _alike(plan: ModulePlan) -> bool:
+    """Whether the blocks of a module share kind and params (one batched block computes them)."""
+    return len({(d["block"], repr(d["params"])) for d in plan.nodes}) == 1
+
+
+def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Stage:
+    """The module of ``plan`` (inputs of ``dims`` spatial axes), on ResNeXt's single stream where ``single``,
+    started as ``graph``'s ``residual_init`` and ``conv_init`` say."""
+    d, c = plan.nodes[0], len(plan.nodes)
+    in_ch, out_ch, stride = d["in_channels"], d["out_channels"], d["stride"]
+    for name in dict.fromkeys(n["block"] for n in plan.nodes):
         if dims not in block_dims(BLOCKS.get(name)):
             raise ConfigError(f"block kind {name!r} works on {_in_words(block_dims(BLOCKS.get(name)))}; this "
                               f"network's input is {_in_words((dims,))}" + ("; use 'vector'" if dims == 0 else ""))
     shape = {"dims": dims} if dims != 2 else {}  # images: the default of every kind
     proj = Projection(in_ch, out_ch, stride, dims) if in_ch != out_ch or stride != 1 else None
-    if single:
-        return SingleStreamModule(BLOCKS.get(d["block"]).single_stream(in_ch, out_ch, stride, c, **d["params"],
-                                                                       **shape), proj)
+    residual, conv_init = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init")
+    if single:  # ResNeXt's own start; one branch's where asked
+        body = cast(Any, BLOCKS.get(d["block"])).single_stream(in_ch, out_ch, stride, c, **d["params"], **shape)
+        if conv_init == "branch":
+            body.init_conv_scale(math.sqrt(c))
+        return SingleStreamModule(body, proj)
     gate = None
-    if graph.candidates(module):
-        values, active = graph.gate_matrix(module)
+    if plan.gates is not None:
+        values, active = plan.gates
         gate = GATES.get(graph.gate_kind)(torch.tensor(values), torch.tensor(active), graph.K,
                                           **graph.graph.get("gate_options", {}))
-    if _alike(graph, module):
+    if _alike(plan):
         block = BLOCKS.get(d["block"])(in_ch, out_ch, stride, c, **d["params"], **shape)
     else:  # blocks that differ (in kind or params): one module per branch, in a loop
-        block = LoopedBlock([BLOCKS.get(graph.nodes[n]["block"])(in_ch, out_ch, stride, 1, **graph.nodes[n]["params"],
-                                                                 **shape) for n in nodes])
+        block = LoopedBlock([BLOCKS.get(n["block"])(in_ch, out_ch, stride, 1, **n["params"], **shape)
+                             for n in plan.nodes])
+    if residual != "one" and _can(block, "init_residual_scale", residual, "auto", d["block"]):
+        cast(Any, block).init_residual_scale(0.0 if residual == "zero" else math.sqrt(plan.read_by))
+    if conv_init == "resnext" and _can(block, "init_conv_scale", "resnext", "branch", d["block"]):
+        cast(Any, block).init_conv_scale(1.0 / math.sqrt(c))
     return FusedModule(block, proj, gate, in_ch, out_ch, c)
 
 
-def _start(graph: BranchGraph, module: int, stage: Stage) -> None:
-    """Start each branch's output at ``residual_init``'s scale and its inner convolutions at ``conv_init``'s
-    (see :mod:`connlearn.topologies.resnext`). Without a ``conv_init`` every block keeps its own start: a
-    branch's for gated blocks, ResNeXt's for the single stream, whose convolutions before the last are
-    sqrt(C) times smaller; given one, a block of the other start is scaled to it."""
-    residual, conv_init, c = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init"), stage.branches
-    if isinstance(stage, SingleStreamModule):
-        if conv_init == "branch":
-            cast(Any, stage.body).init_conv_scale(math.sqrt(len(graph.branches(module))))
-        return
-    if residual != "one" and _can(graph, module, stage.block, "init_residual_scale", residual, "auto"):
-        edges = (d for n in graph.branches(module) for *_, d in graph.out_edges(n, data=True))
-        fan_in = graph.K if any(d.get("kind") == "gate" for d in edges) else len(graph.in_edges("output"))
-        cast(Any, stage.block).init_residual_scale(0.0 if residual == "zero" else math.sqrt(fan_in))
-    if conv_init == "resnext" and _can(graph, module, stage.block, "init_conv_scale", "resnext", "branch"):
-        cast(Any, stage.block).init_conv_scale(1.0 / math.sqrt(c))
-
-
-def _can(graph: BranchGraph, module: int, block: nn.Module, hook: str, init: str, fallback: str) -> bool:
-    """Whether to call ``hook`` on ``block``: a block kind without it is skipped under ``auto``, else refused."""
-    if has_start(block, hook) or init == "auto":
-        return has_start(block, hook)
-    kind = graph.nodes[graph.branches(module)[0]]["block"]
+def _can(block: nn.Module, hook: str, init: str, fallback: str, kind: str) -> bool:
+    """Whether to call the start ``hook`` on ``block``: a block kind without it is skipped under ``auto``, else
+    refused."""
+    if isinstance(block, LoopedBlock):
+        has = all(_can(m, hook, "auto", fallback, kind) for m in block.branch_modules)
+    elif isinstance(block, BranchBlock):
+        has = bool(block.residual_norm if hook == "init_residual_scale" else block.inner_convs)
+    else:
+        has = callable(getattr(block, hook, None))
+    if has or init == "auto":
+        return has
     raise ConfigError(f"{init!r} start: block kind {kind!r} has no {hook}; use {fallback!r}")
 
 
@@ -457,19 +445,3 @@ class _Recomputable:
             with torch.no_grad():
                 for buffer, value in kept:
                     buffer.copy_(value)
-
-
-def _sources(graph: BranchGraph, module: int, position: dict[int, int]) -> list[tuple[int, list[int] | None]]:
-    """For each source module of ``module``: its position and which of its branches are candidates (None:
-    all)."""
-    cols = set(graph.candidates(module))
-    plan: list[tuple[int, list[int] | None]] = []
-    for src in sorted({graph.nodes[c]["module"] for c in cols}):
-        chosen = [i for i, n in enumerate(graph.branches(src)) if n in cols]
-        plan.append((position[src], None if len(chosen) == len(graph.branches(src)) else chosen))
-    return plan
-
-
-def _alike(graph: BranchGraph, module: int) -> bool:
-    """Whether the blocks of ``module`` share kind and params (one batched block computes them)."""
-    return len({(graph.nodes[n]["block"], repr(graph.nodes[n]["params"])) for n in graph.branches(module)}) == 1

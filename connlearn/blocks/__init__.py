@@ -17,8 +17,6 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from torch import nn
-
 from connlearn.blocks.base import BranchBlock, GroupedLinear, conv, init_branch_convs, norm
 from connlearn.blocks.basic import Basic
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
@@ -28,16 +26,7 @@ from connlearn.errors import ConfigError
 from connlearn.registry import Registry
 
 __all__ = ["BLOCKS", "Basic", "Bottleneck", "BranchBlock", "GroupedLinear", "Looped", "LoopedBlock",
-           "ResNeXtBottleneck", "Vector", "block_dims", "conv", "has_start", "init_branch_convs", "norm", "takes"]
-
-
-def has_start(block: nn.Module, hook: str) -> bool:
-    """Whether ``block`` has the start ``hook`` (``init_residual_scale`` or ``init_conv_scale``) to call."""
-    if isinstance(block, LoopedBlock):
-        return all(has_start(m, hook) for m in block.branch_modules)
-    if isinstance(block, BranchBlock):
-        return bool(block.residual_norm if hook == "init_residual_scale" else block.inner_convs)
-    return callable(getattr(block, hook, None))
+           "ResNeXtBottleneck", "Vector", "block_dims", "conv", "init_branch_convs", "norm", "takes"]
 
 
 def takes(kind: Any, param: str) -> bool:

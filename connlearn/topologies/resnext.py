@@ -19,7 +19,7 @@ import torch
 
 from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
-from connlearn.gates import GATES, tie_generator
+from connlearn.gates import GATES
 from connlearn.graph import CONV_INITS, RESIDUAL_INITS, BranchGraph, block_name
 
 #: image size, stem (kernel, stride, max-pool), classes and, for ImageNet, the stage depths of each depth
@@ -116,7 +116,7 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
     """Add the modules of ``stages`` to ``g`` (C blocks each, stage s of ``base_ch·2^s`` outputs, the first
     module of every stage but the first halving the resolution where the input ``halves``), with their edges
     and initial gates; returns the last module."""
-    kind, values_rng, ties = GATES.get(g.gate_kind), torch.Generator().manual_seed(g.seed), tie_generator(g.seed)
+    kind, values_rng = GATES.get(g.gate_kind), torch.Generator().manual_seed(g.seed)
     module, prev, res = 0, g.nodes["input"]["out_channels"], g.nodes["input"]["resolution"]
     for s, count in enumerate(stages):
         stage_modules: list[int] = []
@@ -134,11 +134,10 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
             else:
                 sources = stage_modules if dense and p > 0 else [module - 1]
                 cols = [block_name(m, k) for m in sources for k in range(1, C + 1)]
-                values, active, order = kind.initial(C, len(cols), g.K, gate_init, values_rng, ties)
+                values, active = kind.initial(C, len(cols), g.K, gate_init, values_rng)
                 for j, c in itertools.product(range(C), range(len(cols))):
-                    tie = {} if order is None else {"tie": int(order[j, c])}
                     g.add_edge(cols[c], block_name(module, j + 1), kind="gate", gate=float(values[j, c]),
-                               active=bool(active[j, c]), **tie)
+                               active=bool(active[j, c]))
             stage_modules.append(module)
             prev = base_ch * 2**s
     return module

@@ -4,7 +4,7 @@ numbers per epoch and the lines of ``gates.jsonl``; sums over the ranks under ``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, cast
 
 import torch
@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from connlearn.errors import ConfigError
-from connlearn.gates import active_masks, sampling_distribution
+from connlearn.gates import Gate, LearnedGate, sampling_distribution, topk_mask
 from connlearn.graph import active_branches, input_overlap
 from connlearn.net import ConnectivityNet
 
@@ -122,12 +122,22 @@ def draw_statistics(draws: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dic
     return {"drawn_distinct": distinct / rows, "drawn_topk_share": agreement / rows}
 
 
+def _active_masks(gates: Sequence[Gate]) -> list[torch.Tensor]:
+    """Every gate's ``active()``; learned gates alike in shape in one batched top-K."""
+    if len(gates) > 1 and len({g.shape for g in gates}) == 1 and all(type(g).active is LearnedGate.active
+                                                                      for g in gates):
+        learned = cast(Sequence[LearnedGate], gates)
+        real, order = torch.stack([g.real for g in learned]), torch.stack([g.tie_order for g in learned])
+        return list(topk_mask(real, gates[0].K, order).unbind(0))
+    return [g.active() for g in gates]
+
+
 def record_draw(net: ConnectivityNet, draws: list[Any]) -> None:
     """Append this step's draw to ``draws`` (before the step moves the gates): per stochastic gate, its mask and
     whether each block drew its top-K; a connectivity per example is represented by the first example's."""
     gates = [s.gate for s in net.stages if s.gate is not None and s.gate.stochastic]
     masks = [(d[0] if d.dim() == 3 else d).detach().bool() for _, d in sorted(net.last_draw.items())]
-    draws.append([(m, (m == a).all(dim=-1)) for m, a in zip(masks, active_masks(gates), strict=True)])
+    draws.append([(m, (m == a).all(dim=-1)) for m, a in zip(masks, _active_masks(gates), strict=True)])
     del draws[:-DRAWS_KEPT]
 
 
@@ -151,6 +161,5 @@ def gate_snapshot(net: ConnectivityNet, step: int, epoch: float, tie_order: bool
     record: dict[str, Any] = {"step": step, "epoch": epoch, "temperature": net.sample_temperature,
                               "gates": {str(m): g.values().float().cpu().tolist() for m, g in learned}}
     if tie_order:
-        record["tie_order"] = {str(m): cast(torch.Tensor, g.tie_order).cpu().tolist() for m, g in learned
-                               if hasattr(g, "tie_order")}
+        record["tie_order"] = {str(m): ties.cpu().tolist() for m, g in learned if (ties := g.ties()) is not None}
     return record
