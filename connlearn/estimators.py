@@ -31,14 +31,18 @@ from connlearn.gates import GATES, Gate, LearnedGate, topk_mask
 _NEG = -1.0e30
 
 
+def _push(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The recursion's step: ``log e_j`` of one more term ``t`` (``[..., 1]``) from ``a = log e_·``."""
+    return torch.logaddexp(a, torch.cat([a[..., :1].new_full(a[..., :1].shape, _NEG), a[..., :-1]], dim=-1) + t)
+
+
 def log_elementary(theta: torch.Tensor, K: int) -> torch.Tensor:
     """``log e_j(exp θ)`` for j = 0..K along the last dimension (the elementary symmetric polynomials):
     ``[..., K + 1]``; ``e_K`` is the partition function of the k-subset distribution p(z) ∝ exp(θ·z)."""
     a = torch.full((*theta.shape[:-1], K + 1), _NEG, dtype=theta.dtype, device=theta.device)
     a[..., 0] = 0.0
     for i in range(theta.shape[-1]):
-        shifted = torch.cat([a[..., :1].new_full(a[..., :1].shape, _NEG), a[..., :-1]], dim=-1)
-        a = torch.logaddexp(a, shifted + theta[..., i:i + 1])
+        a = _push(a, theta[..., i:i + 1])
     return a
 
 
@@ -46,9 +50,7 @@ def _suffixes(theta: torch.Tensor, K: int) -> list[torch.Tensor]:
     """``[log e_·(θ_i..θ_N) for i = 0..N]`` (the last: of nothing), each ``[..., K + 1]``."""
     out = [log_elementary(theta[..., :0], K)]
     for i in range(theta.shape[-1] - 1, -1, -1):
-        a = out[0]
-        shifted = torch.cat([a[..., :1].new_full(a[..., :1].shape, _NEG), a[..., :-1]], dim=-1)
-        out.insert(0, torch.logaddexp(a, shifted + theta[..., i:i + 1]))
+        out.insert(0, _push(out[0], theta[..., i:i + 1]))
     return out
 
 
@@ -62,8 +64,7 @@ def marginals(theta: torch.Tensor, K: int) -> torch.Tensor:
     for i in range(theta.shape[-1]):
         others = torch.logsumexp(prefix[..., :K] + suffix[i + 1][..., :K].flip(-1), dim=-1)
         out.append(theta[..., i] + others)
-        shifted = torch.cat([prefix[..., :1].new_full(prefix[..., :1].shape, _NEG), prefix[..., :-1]], dim=-1)
-        prefix = torch.logaddexp(prefix, shifted + theta[..., i:i + 1])
+        prefix = _push(prefix, theta[..., i:i + 1])
     return torch.exp(torch.stack(out, dim=-1) - suffix[0][..., K:])
 
 

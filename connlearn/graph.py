@@ -13,11 +13,12 @@ A ``networkx.DiGraph`` with
   ``resolution`` (of its output) and ``params`` (the block kind's keyword parameters);
 - node ``"output"`` (the head): ``kind="output"``, ``in_channels``, ``num_classes``;
 - gate edges ``m{s}.b{k} → m{i}.b{j}`` (``kind="gate"``): the real gate value ``gate``, ``active`` (used at
-  evaluation) and, for learned gates, ``tie`` (the rank among equal gates: the larger enters the top-K first);
+  evaluation) and, for learned gates, ``tie`` (the rank among equal gates: the larger enters the top-K first;
+  where an edge has none, the seed ranks them);
 - fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``), always read.
 
 Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``residual_init`` and ``conv_init`` (how the
-branches start; ``"one"`` and ``"branch"`` where absent), ``topology`` and ``options`` (how it was made);
+branches start; where absent ``"one"`` and each block's own), ``topology`` and ``options`` (how it was made);
 ``weighted_inputs`` (unfrozen ``real`` gates: the function weights every input by its gate) and, once
 frozen, ``frozen_from`` (the gate kind that learned it).
 """

@@ -51,8 +51,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
 
     Args:
         C: branches per module. M, or depth = 2 + 3M: modules. width: a branch's bottleneck width in the first
-            stage (doubled every stage). K: each block's fan-in, 1..C (default C // 2; C for ``full``, which
-            reads every input).
+            stage (doubled every stage). K: each block's fan-in, 1..C (default C // 2; ``full``: C).
         gate: gate kind (``list_gates()``). preset: one of :data:`PRESETS`, the defaults of layout, depth,
             width and C. layout: ``cifar`` (32x32), ``miniimagenet`` (64x64) or ``imagenet`` (224x224).
         block: block kind (``list_blocks()``), given the stage's ``width`` where it takes one, and
@@ -60,19 +59,16 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         seed: the weights, the initial gates, the Fixed-Random draw, the tie orders and the draws.
         gate_init: the initial real gates, a value in [0, 1] or ``"uniform"``.
         stem_channels, base_channels, in_channels, image_size: override the layout's.
-        input_size: the data's spatial shape beyond images: ``(L,)`` for signals ``[B, in_channels, L]`` (1-D
-            convolutions, the stages halving L), ``()`` for vectors ``[B, in_channels]`` (linear maps, block
-            ``vector``); ``(S, S)`` is ``image_size=S``.
+        input_size: ``(L,)`` for signals ``[B, in_channels, L]`` (1-D convolutions, the stages halving L),
+            ``()`` for vectors ``[B, in_channels]`` (linear maps, block ``vector``); ``(S, S)``: ``image_size=S``.
         residual_init: each branch's output starts at ``sqrt_k``: sqrt(K), the fan-in of the mean reading it
             (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
-        conv_init: the convolutions before each branch's last one start at ``branch`` scale (Kaiming, one
-            branch's fan-out) or ``resnext`` (1/sqrt(C) of it, ResNeXt's scale for those layers). Left out,
-            each block keeps its own: gated blocks a branch's, ResNeXt's single stream (``full``) its own.
+        conv_init: the convolutions before each branch's last one start at ``branch`` scale (one branch's
+            Kaiming draw) or ``resnext`` (1/sqrt(C) of it); left out, each block at its own (gated: branch).
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
-        kernels: branches that are not interchangeable: branch j of every module gets the middle kernel
-            ``kernels[(j - 1) % len(kernels)]`` (odd sizes, e.g. ``(1, 3, 5)``); its modules then hold unlike
-            blocks, which run in a loop.
+        kernels: branch j of every module gets the middle kernel ``kernels[(j - 1) % len(kernels)]`` (odd
+            sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
@@ -82,33 +78,38 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     width = check_int("width", base["width"] if width is None else width, 1)
     stages = _stages(lay, M, base["depth"] if M is None and depth is None else depth)
     K = _fan_in(gate, K, C)
-    if gate_init != "uniform":
-        gate_init = check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
+    gate_init = gate_init if gate_init == "uniform" else check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
     check_choice("residual_init", residual_init, RESIDUAL_INITS)
     starts = {"residual_init": residual_init, **({} if conv_init is None else {
         "conv_init": check_choice("conv_init", conv_init, CONV_INITS)})}
-    kernel, stride, maxpool = lay["stem"]
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
     shape, size = _input_shape(input_size, lay["image_size"] if image_size is None else image_size)
-    if not shape:
-        kernel, stride, maxpool = 1, 1, False  # a linear stem; no stage can halve a vector
-        block = "vector" if block == "bottleneck" else block  # the default kind, in its vector form
-    knobs = {"gate_options": dict(gate_options)} if gate_options else {}
+    block = "vector" if not shape and block == "bottleneck" else block  # the default kind, in its vector form
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="dense" if dense else
-                    "resnext", **starts, **knobs, options={"preset": preset, "layout": layout or base["layout"],
-                                                           "depth": 2 + 3 * sum(stages), "width": width, "C": C})
-    spatial = {"image_size": size} if len(shape) == 2 else {"input_size": list(shape)}
-    g.add_node("input", kind="input", in_channels=check_int("in_channels", in_channels, 1), out_channels=stem_ch,
-               **spatial, resolution=math.ceil(math.ceil(size / stride) / (2 if maxpool else 1)),
-               stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
+                    "resnext", **starts, **({"gate_options": dict(gate_options)} if gate_options else {}),
+                    options={"preset": preset, "layout": layout or base["layout"], "depth": 2 + 3 * sum(stages),
+                             "width": width, "C": C})
+    _add_input(g, lay["stem"] if shape else (1, 1, False), shape, size, check_int("in_channels", in_channels, 1),
+               stem_ch)
     last = _add_modules(g, stages, C, base_ch, bool(shape), dense, gate_init, block,
                         _block_params(block, block_params, width), _kernels(kernels, block))
-    classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
-    g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1), num_classes=classes)
+    g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1),
+               num_classes=check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1))
     g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
     return g
+
+
+def _add_input(g: BranchGraph, stem: tuple[int, int, bool], shape: tuple[int, ...], size: int, in_channels: int,
+               out_channels: int) -> None:
+    """The input node: the layout's ``stem`` (kernel, stride, max-pool); for vectors a linear map, as no stage
+    can halve a vector."""
+    kernel, stride, maxpool = stem
+    spatial = {"image_size": size} if len(shape) == 2 else {"input_size": list(shape)}
+    g.add_node("input", kind="input", in_channels=in_channels, out_channels=out_channels, **spatial,
+               resolution=math.ceil(math.ceil(size / stride) / (2 if maxpool else 1)),
+               stem={"kernel": kernel, "stride": stride, "maxpool": maxpool})
 
 
 def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, halves: bool, dense: bool,
