@@ -216,7 +216,7 @@ def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
     start = [p.clone() for p in warm.net.gate_parameters()]
     warm.fit(max_epochs=1)
     assert all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
-    assert isinstance(warm.gate_optimizer, torch.optim.Adam) and len(warm.optimizer.param_groups) == 1
+    assert isinstance(warm.optimizers.gates, torch.optim.Adam) and len(warm.optimizers.weights.param_groups) == 1
     warm.fit(max_epochs=1)
     assert not all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
     straight = _trainer(tmp_path / "straight", recipe=recipe)
@@ -225,7 +225,7 @@ def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
     resumed = _trainer(tmp_path / "resumed", recipe=recipe)
     resumed.fit()
     _same_run(straight, resumed)
-    assert resumed.gate_optimizer is None  # the freeze took it
+    assert resumed.optimizers.gates is None  # the freeze took it
 
 
 def _held_out(seed=7):
@@ -237,10 +237,10 @@ def test_held_out_gate_steps_move_only_the_gates_and_weight_steps_only_the_weigh
     x, y = next(iter(trainer.train_loader.epoch(0)))
     gates, weights = trainer.net.gate_parameters(), trainer.net.weight_parameters()
     before = [p.clone() for p in gates + weights]
-    trainer._pass(x, y, [trainer.optimizer])
+    trainer._pass(x, y, trainer.optimizers.for_training_batch())
     assert all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
     after_weights = [p.clone() for p in weights]
-    trainer._pass(*trainer._gate_batch(0), [trainer.gate_optimizer])
+    trainer._pass(*trainer.optimizers.held_out_batch(0), trainer.optimizers.for_held_out_batch())
     assert all(torch.equal(a, b) for a, b in zip(after_weights, weights, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
 
