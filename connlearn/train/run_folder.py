@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from connlearn.errors import CheckpointError, ConfigError
 from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
@@ -25,6 +27,7 @@ from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import folder_lock, load_checkpoint, save_checkpoint
 from connlearn.train.metrics import distributed, gate_snapshot
 from connlearn.train.ranks import on_every_rank, over_ranks
+from connlearn.train.signals import TrainingStopped
 
 WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
 CHECKPOINTS = ("last.pt", ".next.pt", "previous.pt", "best.pt")
@@ -151,16 +154,25 @@ class RunFolder:
                                       f": {exc.strerror or exc}; {kept} (make room and run again to resume)") from exc
         self.saved = saved
 
-    def log(self, history: list[dict[str, Any]]) -> None:
-        """Write the epoch log, its last epoch's numbers to TensorBoard too."""
+    def log(self, history: list[dict[str, Any]], line: str) -> None:
+        """Write the epoch log, its last epoch's numbers to TensorBoard too, and print ``line``, which says them."""
         if not self.is_main:
             return
         write_jsonl(self.path / "log.jsonl", history)
+        tqdm.write(line)
         if self.board is not None:
             for k, v in history[-1].items():
                 if isinstance(v, int | float) and not isinstance(v, bool):
                     self.board.add_scalar(k, v, history[-1]["epoch"])
             self.board.flush()
+
+    def stopped(self, signum: int) -> TrainingStopped:
+        """The stop at ``signum``, named (on stderr) with the checkpoint that holds where it stopped."""
+        epoch, batch = self.saved or (0, 0)
+        stopped = TrainingStopped(signum, epoch, batch, None if self.saved is None else str(self.last))
+        if self.is_main:
+            tqdm.write(f"connlearn: {stopped}", file=sys.stderr)
+        return stopped
 
     def restart_snapshots(self) -> None:
         if self.is_main:

@@ -19,7 +19,6 @@ import inspect
 import itertools
 import math
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -49,7 +48,7 @@ from connlearn.train.optimizers import Optimizers
 from connlearn.train.ranks import on_every_rank
 from connlearn.train.recipe import Recipe
 from connlearn.train.run_folder import RunFolder
-from connlearn.train.signals import StopRequests, TrainingStopped
+from connlearn.train.signals import StopRequests
 
 AMP_MODES = ("auto", "bf16", "fp16", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -61,6 +60,17 @@ def _finite(net: ConnectivityNet) -> bool:
     tensors = [p for p in net.parameters() if p.requires_grad] + [
         s for m in net.modules() if isinstance(m, _BatchNorm) for s in (m.running_mean, m.running_var) if s is not None]
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+def _check_finite(net: ConnectivityNet, folder: RunFolder, epoch: int, loss: float, batch: int | None = None) -> None:
+    """A DivergenceError (on every rank) where a trained weight or a batch norm's running statistic is no longer
+    finite; the checkpoint on disk stays the last good one."""
+    if on_every_rank(_finite(net), folder.device):
+        return
+    kept = f"{folder.last} holds epoch {folder.saved[0]}" if folder.saved else "nothing was saved"
+    where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
+    raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
+                          f"{kept}. Train again with a lower learning rate, in a new out_dir")
 
 
 def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor | None) -> Iterator[Any]:
@@ -82,6 +92,17 @@ def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor 
     return batches
 
 
+def _epoch_so_far(within: dict[str, Any] | None, device: torch.device,
+                  is_main: bool) -> tuple[torch.Tensor, list[Any], torch.Tensor, float]:
+    """An epoch's loss sum, correct answers and images, its draws, the global random state it began with and its
+    seconds: none yet, or what a checkpoint ``within`` it holds (the other ranks add theirs to rank 0's)."""
+    if within is None:
+        return torch.zeros(3, device=device), [], torch.get_rng_state(), 0.0
+    totals = within["sums"].to(device) if is_main else torch.zeros(3, device=device)
+    draws = [[(m.to(device), a.to(device)) for m, a in step] for step in within["draws"]]
+    return totals, draws, within["rng_at_start"], within["elapsed"]
+
+
 def _show(bar: Any, totals: torch.Tensor, shown: float, last: bool) -> float:
     """The epoch's loss and accuracy so far on its progress bar, read (a wait on a GPU) once a second; returns
     when they were last shown."""
@@ -91,6 +112,47 @@ def _show(bar: Any, totals: torch.Tensor, shown: float, last: bool) -> float:
         bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", refresh=False)
     bar.update(1)
     return shown
+
+
+class Execution:
+    """How a network trains: on ``device`` (default CUDA where there is one), under autocast to ``amp``
+    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), in channels-last memory format or not,
+    ``torch.compile``-d or not (True or a mode of :data:`COMPILE_MODES`), in DDP under torch.distributed."""
+
+    def __init__(self, device: str | torch.device | None, amp: str, channels_last: bool, compile: bool | str) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
+                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[check_choice("amp mode", amp,
+                                                                                                 AMP_MODES)]
+        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
+                                                                     else compile, COMPILE_MODES)
+        self.channels_last = channels_last
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
+
+    def place(self, net: ConnectivityNet) -> ConnectivityNet:
+        layout = torch.channels_last if self.channels_last else torch.preserve_format
+        return cast(ConnectivityNet, net.to(self.device, memory_format=layout))  # type: ignore[call-overload]
+
+    def wrap(self, net: ConnectivityNet) -> Any:
+        """``net`` in DDP under torch.distributed, compiled if asked (again after the freeze)."""
+        model: torch.nn.Module = net
+        if distributed():
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return torch.compile(model, mode=self.compile) if self.compile else model
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
+
+    def autocast(self) -> Any:
+        return autocast(self.device, self.amp)
+
+    def input(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def evaluate(self, model: torch.nn.Module, loader: Loader) -> dict[str, float]:
+        return evaluate(model, loader, amp=self.amp, channels_last=self.channels_last)
 
 
 class Trainer:
@@ -119,16 +181,9 @@ class Trainer:
                  checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
                  progress: bool = True, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
                  resume_check: Any = None) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        amp = check_choice("amp mode", amp, AMP_MODES)
-        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
-                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[amp]
-        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
-                                                                     else compile, COMPILE_MODES)
-        if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
+        self.execution = Execution(device, amp, channels_last, compile)
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
-        self.gate_loader, self.channels_last = gate_loader, channels_last
+        self.gate_loader, self.device = gate_loader, self.execution.device
         self.folder = RunFolder(out_dir, self.device)
         self.out_dir, self.is_main = self.folder.path, self.folder.is_main
         self.snapshot_every, self.checkpoint_every = snapshot_every, checkpoint_every
@@ -138,25 +193,16 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch = self.step = 0
         self.best_top1: float | None = None
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
         self._within: dict[str, Any] | None = None  # an unfinished epoch: what a checkpoint within it holds
         self._fresh = True  # the state in memory is a checkpoint's (or the start's): fit may go on from it
         self._frozen_from: str | None = None  # the gate kind before the freeze
         self._set_net(net)
 
     def _set_net(self, net: ConnectivityNet) -> None:
-        layout = torch.channels_last if self.channels_last else torch.preserve_format
-        self.net = cast(ConnectivityNet, net.to(self.device, memory_format=layout))  # type: ignore[call-overload]
-        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader)
+        self.net = self.execution.place(net)
+        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, self.execution.grad_scaler())
         self._last_connectivity = self.net.connectivity()
-        self._wrap()
-
-    def _wrap(self) -> None:
-        model: torch.nn.Module = self.net
-        if distributed():
-            model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.model: Any = torch.compile(model, mode=self.compile) if self.compile else model
+        self.model = self.execution.wrap(self.net)
 
     # --------------------------------------------------------------------------------------------- fit
     def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,
@@ -207,13 +253,8 @@ class Trainer:
             self.folder.snapshot(self.net, self.step, 0.0, tie_order=True)
 
     def _stop_if(self, signum: int) -> None:
-        if not signum:
-            return
-        epoch, batch = self.folder.saved or (self.epoch, 0)
-        stopped = TrainingStopped(signum, epoch, batch, None if self.folder.saved is None else str(self.folder.last))
-        if self.is_main:
-            tqdm.write(f"connlearn: {stopped}", file=sys.stderr)
-        raise stopped
+        if signum:
+            raise self.folder.stopped(signum)
 
     # ------------------------------------------------------------------------------------------- epochs
     def _run_epoch(self, epoch: int, stop: StopRequests) -> None:
@@ -224,7 +265,7 @@ class Trainer:
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
         record.update(self._train_epoch(epoch, stop))
-        self._check_finite(epoch, record["train_loss"])
+        _check_finite(self.net, self.folder, epoch, record["train_loss"])
         record.update(self._evaluate(epoch))
         record.update(connectivity_numbers(self.net, self._last_connectivity))
         self._last_connectivity = self.net.connectivity()
@@ -234,9 +275,7 @@ class Trainer:
         self.epoch = epoch + 1
         self.history.append(record)
         self._save(best)  # first: a log that cannot be written loses no epoch (a resume rewrites the log)
-        self.folder.log(self.history)
-        if self.is_main:
-            tqdm.write(_summary_line(record, self.recipe.total_epochs))
+        self.folder.log(self.history, _summary_line(record, self.recipe.total_epochs))
 
     def _train_epoch(self, epoch: int, stop: StopRequests) -> dict[str, Any]:
         self.model.train()
@@ -244,7 +283,7 @@ class Trainer:
         index, phase = self.recipe.phase_at(epoch)
         n, start = len(self.train_loader), 0 if within is None else within["batch"]
         sampled = self.net.stochastic and not phase.frozen
-        totals, draws, rng, elapsed = self._epoch_so_far(within)
+        totals, draws, rng, elapsed = _epoch_so_far(within, self.device, self.is_main)
         bar = tqdm(total=n, initial=start, disable=not (self.progress and self.is_main), leave=False,
                    desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {index + 1})", dynamic_ncols=True)
         t0, shown = time.perf_counter() - elapsed, -math.inf
@@ -272,22 +311,13 @@ class Trainer:
             record["temperature"] = self.net.sample_temperature
         return record
 
-    def _epoch_so_far(self, within: dict[str, Any] | None) -> tuple[torch.Tensor, list[Any], torch.Tensor, float]:
-        """An epoch's loss sum, correct answers and images, its draws, the global random state it began with and
-        its seconds: none yet, or what a checkpoint within it holds (the other ranks add theirs to rank 0's)."""
-        if within is None:
-            return torch.zeros(3, device=self.device), [], torch.get_rng_state(), 0.0
-        totals = within["sums"].to(self.device) if self.is_main else torch.zeros(3, device=self.device)
-        draws = [[(m.to(self.device), a.to(self.device)) for m, a in step] for step in within["draws"]]
-        return totals, draws, within["rng_at_start"], within["elapsed"]
-
     def _save_within(self, epoch: int, batch: int, totals: torch.Tensor, draws: list[Any], rng: torch.Tensor,
                      elapsed: float) -> None:
         """A checkpoint after ``batch`` batches of ``epoch``, holding what the epoch has summed and drawn so far."""
         sums = sum_over_ranks(totals.clone()).cpu()
         self._within = {"batch": batch, "sums": sums, "draws": draws, "elapsed": elapsed, "rng_at_start": rng,
                         "last_connectivity": self._last_connectivity}
-        self._check_finite(epoch, (sums[0] / sums[2]).item(), batch)
+        _check_finite(self.net, self.folder, epoch, (sums[0] / sums[2]).item(), batch)
         self._save(best=False)
         self._within = None
 
@@ -305,23 +335,13 @@ class Trainer:
 
     def _pass(self, x: torch.Tensor, y: torch.Tensor,
               optimizers: list[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward and a step of ``optimizers`` (the others' gradients are dropped at their next pass);
-        returns the outputs and the mean loss."""
-        with autocast(self.device, self.amp):
-            out = self.model(x.contiguous(memory_format=torch.channels_last) if self.channels_last else x)
+        """Forward, backward and a step of ``optimizers``; returns the outputs and the mean loss."""
+        with self.execution.autocast():
+            out = self.model(self.execution.input(x))
             losses = F.cross_entropy(out, y, reduction="none")
             loss = losses.mean()
             objective = loss + self.net.surrogate_loss(losses)  # what the gate kind adds (score's); else 0
-        self.optimizers.zero_grad()
-        if self.scaler is not None:
-            self.scaler.scale(objective).backward()
-            for optimizer in optimizers:
-                self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            objective.backward()
-            for optimizer in optimizers:
-                optimizer.step()
+        self.optimizers.step(objective, optimizers)
         return out, loss
 
     def _evaluate(self, epoch: int) -> dict[str, Any]:
@@ -331,11 +351,11 @@ class Trainer:
         if self.test_loader is None or not ((epoch + 1) % self.eval_every == 0 or last):
             return {}
         t0 = time.perf_counter()
-        record: dict[str, Any] = evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last)
+        record: dict[str, Any] = self.execution.evaluate(self.model, self.test_loader)
         if last and self.recalibrate_bn:
             record["test_top1_before_recalibration"] = record["test_top1"]
-            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.amp)
-            record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
+            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.execution.amp)
+            record.update(self.execution.evaluate(self.model, self.test_loader))
         return {**record, "eval_time": time.perf_counter() - t0}
 
     def _freeze(self, epoch: int) -> None:
@@ -346,19 +366,7 @@ class Trainer:
         self._frozen_from = self.net.gate_kind
         self.net.freeze()
         self.optimizers.freeze()
-        self._wrap()
-
-    def _check_finite(self, epoch: int, loss: float, batch: int | None = None) -> None:
-        """A DivergenceError (on every rank) where a trained weight or a batch norm's running statistic is no
-        longer finite; the checkpoint on disk stays the last good one."""
-        if on_every_rank(_finite(self.net), self.device):
-            return
-        self._fresh = False
-        saved = self.folder.saved
-        kept = f"{self.folder.last} holds epoch {saved[0]}" if saved else "nothing was saved"
-        where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
-        raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
-                              f"{kept}. Train again with a lower learning rate, in a new out_dir")
+        self.model = self.execution.wrap(self.net)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
@@ -366,7 +374,6 @@ class Trainer:
         within = None if self._within is None else {**self._within, "draws": [
             [(m.cpu(), a.cpu()) for m, a in step] for step in self._within["draws"]]}
         return make_checkpoint(self.net, **self.optimizers.state_dict(), epoch=self.epoch, step=self.step,
-                               scaler=None if self.scaler is None else self.scaler.state_dict(),
                                recipe=self.recipe.to_dict(), history=self.history, best_top1=self.best_top1,
                                meta=self.meta, within_epoch=within, rng=torch.get_rng_state(),
                                frozen_from=self._frozen_from, data_seed=getattr(self.train_loader, "seed", None))
@@ -388,8 +395,6 @@ class Trainer:
         _check_same_run(ckpt, path, self)
         self._set_net(net_from_checkpoint(ckpt))
         self.optimizers.load_state_dict(ckpt)
-        if self.scaler is not None and ckpt["scaler"]:
-            self.scaler.load_state_dict(ckpt["scaler"])
         torch.set_rng_state(ckpt["rng"])
         self.epoch, self.step, self.history, self.best_top1 = (ckpt["epoch"], ckpt["step"], ckpt["history"],
                                                                 ckpt["best_top1"])
