@@ -318,12 +318,13 @@ def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_command_says_a_fallback_in_one_line(tmp_path):
+def test_the_command_says_its_epochs_and_a_fallback_in_one_line(tmp_path):
     command = [sys.executable, "-m", "connlearn.cli", "train", "--dataset", "cifar10", "--synthetic", "--epochs", "4",
                "--preset", "cifar-20-4-8", "--C", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
                "8", "--train-subset", "40", "--test-subset", "20", "--batch-size", "20", "--no-progress",
                "--out", str(tmp_path)]
-    subprocess.run(command, check=True, capture_output=True)
+    first = subprocess.run(command, check=True, capture_output=True, text=True)
+    assert "epoch 4/4 (phase 4" in first.stdout  # --no-progress hides the bars, not the epoch lines
     data = (tmp_path / "last.pt").read_bytes()
     (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])
     again = subprocess.run(command, check=True, capture_output=True, text=True)
