@@ -25,7 +25,11 @@ from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
-RECIPE = get_recipe("cifar").scaled(4)  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
+RECIPE = get_recipe("cifar").scaled(4)
+CHECKPOINT_KEYS = {"format", "version", "graph", "engine", "dtype", "model", "environment", "optimizer",
+                   "gate_optimizer", "scaler", "epoch", "step", "recipe", "history", "best_top1", "meta", "within_epoch",
+                   "rng", "frozen_from", "data_seed"}  # what the checkpoints of earlier versions hold
+WITHIN_EPOCH_KEYS = {"batch", "sums", "draws", "elapsed", "rng_at_start", "last_connectivity"}  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
 
 
 def _trainer(out, loader=None, recipe=RECIPE, **options):
@@ -88,7 +92,9 @@ def test_a_run_resumed_within_an_epoch_ends_as_an_uninterrupted_one(straight, tm
     takes no ``start`` and shuffles from torch's global RNG: the resume reads the epoch again from its start."""
     with pytest.raises(KeyboardInterrupt):
         _trainer(tmp_path, _Interrupted(epoch, at), checkpoint_every=1).fit()
-    assert load_checkpoint(tmp_path / "last.pt")["within_epoch"]["batch"] == at
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt["within_epoch"]["batch"] == at
+    assert set(ckpt) == CHECKPOINT_KEYS and set(ckpt["within_epoch"]) == WITHIN_EPOCH_KEYS  # older runs resume
     resumed = _trainer(tmp_path, checkpoint_every=1)
     resumed.fit()
     _same_run(straight, resumed)
