@@ -218,6 +218,8 @@ CASES = [
     (lambda _: RunConfig(out=7), ConfigError, ["out must be a path", "got 7"]),
     (lambda _: Trainer(connlearn.build(**tiny()), [], None, connlearn.train.get_recipe("cifar"), out_dir=".",
                        amp="fp32"), ConfigError, ["unknown amp mode 'fp32'", "'fp16'"]),
+    (lambda t: (os.symlink("last.pt", t / "last.pt"), Trainer(connlearn.build(**tiny()), [], None,
+                connlearn.train.get_recipe("cifar"), out_dir=t).fit()), CheckpointError, ["last.pt"]),
     (lambda _: check_signals(["TERMM"]), ConfigError, ["stop signal 'SIGTERMM'", "'SIGTERM'"]),
     (lambda _: check_signals(["KILL"]), ConfigError, ["'SIGKILL'"]),
     (lambda _: GateUpdater(connlearn.build(**tiny()), grad_mode="centred"), ConfigError, ["'centered'"]),

@@ -25,7 +25,11 @@ from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
-RECIPE = get_recipe("cifar").scaled(4)  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
+RECIPE = get_recipe("cifar").scaled(4)
+CHECKPOINT_KEYS = {"format", "version", "graph", "engine", "dtype", "model", "environment", "optimizer",
+                   "gate_optimizer", "scaler", "epoch", "step", "recipe", "history", "best_top1", "meta", "within_epoch",
+                   "rng", "frozen_from", "data_seed"}  # what the checkpoints of earlier versions hold
+WITHIN_EPOCH_KEYS = {"batch", "sums", "draws", "elapsed", "rng_at_start", "last_connectivity"}  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
 
 
 def _trainer(out, loader=None, recipe=RECIPE, **options):
@@ -88,7 +92,9 @@ def test_a_run_resumed_within_an_epoch_ends_as_an_uninterrupted_one(straight, tm
     takes no ``start`` and shuffles from torch's global RNG: the resume reads the epoch again from its start."""
     with pytest.raises(KeyboardInterrupt):
         _trainer(tmp_path, _Interrupted(epoch, at), checkpoint_every=1).fit()
-    assert load_checkpoint(tmp_path / "last.pt")["within_epoch"]["batch"] == at
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt["within_epoch"]["batch"] == at
+    assert set(ckpt) == CHECKPOINT_KEYS and set(ckpt["within_epoch"]) == WITHIN_EPOCH_KEYS  # older runs resume
     resumed = _trainer(tmp_path, checkpoint_every=1)
     resumed.fit()
     _same_run(straight, resumed)
@@ -216,7 +222,7 @@ def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
     start = [p.clone() for p in warm.net.gate_parameters()]
     warm.fit(max_epochs=1)
     assert all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
-    assert isinstance(warm.gate_optimizer, torch.optim.Adam) and len(warm.optimizer.param_groups) == 1
+    assert isinstance(warm.optimizers.gates, torch.optim.Adam) and len(warm.optimizers.weights.param_groups) == 1
     warm.fit(max_epochs=1)
     assert not all(torch.equal(a, b) for a, b in zip(start, warm.net.gate_parameters(), strict=True))
     straight = _trainer(tmp_path / "straight", recipe=recipe)
@@ -225,7 +231,7 @@ def test_the_gates_own_adam_after_a_warmup_resumes_exactly(tmp_path):
     resumed = _trainer(tmp_path / "resumed", recipe=recipe)
     resumed.fit()
     _same_run(straight, resumed)
-    assert resumed.gate_optimizer is None  # the freeze took it
+    assert resumed.optimizers.gates is None  # the freeze took it
 
 
 def _held_out(seed=7):
@@ -237,10 +243,10 @@ def test_held_out_gate_steps_move_only_the_gates_and_weight_steps_only_the_weigh
     x, y = next(iter(trainer.train_loader.epoch(0)))
     gates, weights = trainer.net.gate_parameters(), trainer.net.weight_parameters()
     before = [p.clone() for p in gates + weights]
-    trainer._pass(x, y, [trainer.optimizer])
+    trainer._pass(x, y, trainer.optimizers.for_training_batch())
     assert all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
     after_weights = [p.clone() for p in weights]
-    trainer._pass(*trainer._gate_batch(0), [trainer.gate_optimizer])
+    trainer._pass(*trainer.optimizers.held_out_batch(0), trainer.optimizers.for_held_out_batch())
     assert all(torch.equal(a, b) for a, b in zip(after_weights, weights, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
 
@@ -318,12 +324,13 @@ def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_command_says_a_fallback_in_one_line(tmp_path):
+def test_the_command_says_its_epochs_and_a_fallback_in_one_line(tmp_path):
     command = [sys.executable, "-m", "connlearn.cli", "train", "--dataset", "cifar10", "--synthetic", "--epochs", "4",
                "--preset", "cifar-20-4-8", "--C", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
                "8", "--train-subset", "40", "--test-subset", "20", "--batch-size", "20", "--no-progress",
                "--out", str(tmp_path)]
-    subprocess.run(command, check=True, capture_output=True)
+    first = subprocess.run(command, check=True, capture_output=True, text=True)
+    assert "epoch 4/4 (phase 4" in first.stdout  # --no-progress hides the bars, not the epoch lines
     data = (tmp_path / "last.pt").read_bytes()
     (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])
     again = subprocess.run(command, check=True, capture_output=True, text=True)

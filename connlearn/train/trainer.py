@@ -2,10 +2,9 @@
 
 Each epoch appends one JSON line to ``out_dir/log.jsonl`` (losses, top-1/top-5, learning rates, times, active
 branches, gate statistics and, for sampled gates, how many distinct input sets each block drew and how often
-a draw was its top-K) and writes the checkpoints ``last.pt`` (the one before it as ``previous.pt``) and
-``best.pt``, each whole: ``last.pt`` by way of ``.next.pt``, which a resume takes where a stop between the two
-renames left no ``last.pt``. Every ``snapshot_every`` steps (and at the freeze) it appends the real gates to
-``gates.jsonl``. While ``fit`` runs the folder is held: another process is refused it.
+a draw was its top-K) and writes the checkpoints ``last.pt`` and ``best.pt``, each whole (see
+:mod:`connlearn.train.run_folder`). Every ``snapshot_every`` steps (and at the freeze) it appends the real gates
+to ``gates.jsonl``. While ``fit`` runs the folder is held: another process is refused it.
 
 Resuming (``fit(resume="auto")``) goes on exactly: a run stopped after any epoch, or within one at a
 ``checkpoint_every`` checkpoint or a stop signal, ends with the same weights, gates and log (timings aside)
@@ -16,36 +15,24 @@ of the data (the loaders' ``rank``/``world_size``).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
-import json
 import math
 import os
-import sys
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
-from connlearn.errors import CheckpointError, ConfigError, DivergenceError, check_choice, check_int
-from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
+from connlearn.errors import CheckpointError, DivergenceError, check_choice, check_int
+from connlearn.files import path_of
 from connlearn.net import ConnectivityNet
-from connlearn.train.checkpoint import (
-    architecture,
-    folder_lock,
-    load_checkpoint,
-    make_checkpoint,
-    net_from_checkpoint,
-    save_checkpoint,
-)
+from connlearn.train.checkpoint import architecture, make_checkpoint, net_from_checkpoint
 from connlearn.train.metrics import (
     Loader,
     autocast,
@@ -53,34 +40,19 @@ from connlearn.train.metrics import (
     distributed,
     draw_statistics,
     evaluate,
-    gate_snapshot,
     recalibrate_batch_norm,
     record_draw,
     sum_over_ranks,
 )
+from connlearn.train.optimizers import Optimizers
+from connlearn.train.ranks import on_every_rank
 from connlearn.train.recipe import Recipe
-from connlearn.train.signals import StopSignals, TrainingStopped, check_signals
-from connlearn.updater import GateUpdater, drop_gate_group, param_groups
+from connlearn.train.run_folder import RunFolder
+from connlearn.train.signals import StopRequests
 
 AMP_MODES = ("auto", "bf16", "fp16", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
-STOP_CHECK_EVERY = 10  # steps between the ranks' checks for a stop signal under torch.distributed
-WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
-
-
-def _over_ranks(value: float, op: str, device: torch.device) -> float:
-    """The ``"min"`` or ``"max"`` of ``value`` over the ranks: a decision each rank takes by its own clock
-    (or signal) is taken together, or the ranks that go on wait forever for those that stopped."""
-    if not distributed():
-        return value
-    t = torch.tensor([value], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _all(flag: bool, device: torch.device) -> bool:
-    return bool(_over_ranks(float(flag), "min", device))
 
 
 def _finite(net: ConnectivityNet) -> bool:
@@ -90,19 +62,15 @@ def _finite(net: ConnectivityNet) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
-@contextlib.contextmanager
-def _held(out_dir: Path, is_main: bool, device: torch.device) -> Iterator[None]:
-    """Rank 0 holds ``out_dir``; a refusal is raised on every rank, which would otherwise wait for rank 0."""
-    with contextlib.ExitStack() as held:
-        refused = None
-        if is_main:
-            try:
-                held.enter_context(folder_lock(out_dir, "a training run"))
-            except ConfigError as exc:
-                refused = exc
-        if not _all(refused is None, device):
-            raise refused or ConfigError(f"{out_dir} is in use by another process (rank 0 was refused it)")
-        yield
+def _check_finite(net: ConnectivityNet, folder: RunFolder, epoch: int, loss: float, batch: int | None = None) -> None:
+    """A DivergenceError (on every rank) where a trained weight or a batch norm's running statistic is no longer
+    finite; the checkpoint on disk stays the last good one."""
+    if on_every_rank(_finite(net), folder.device):
+        return
+    kept = f"{folder.last} holds epoch {folder.saved[0]}" if folder.saved else "nothing was saved"
+    where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
+    raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
+                          f"{kept}. Train again with a lower learning rate, in a new out_dir")
 
 
 def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor | None) -> Iterator[Any]:
@@ -124,6 +92,69 @@ def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor 
     return batches
 
 
+def _epoch_so_far(within: dict[str, Any] | None, device: torch.device,
+                  is_main: bool) -> tuple[torch.Tensor, list[Any], torch.Tensor, float]:
+    """An epoch's loss sum, correct answers and images, its draws, the global random state it began with and its
+    seconds: none yet, or what a checkpoint ``within`` it holds (the other ranks add theirs to rank 0's)."""
+    if within is None:
+        return torch.zeros(3, device=device), [], torch.get_rng_state(), 0.0
+    totals = within["sums"].to(device) if is_main else torch.zeros(3, device=device)
+    draws = [[(m.to(device), a.to(device)) for m, a in step] for step in within["draws"]]
+    return totals, draws, within["rng_at_start"], within["elapsed"]
+
+
+def _show(bar: Any, totals: torch.Tensor, shown: float, last: bool) -> float:
+    """The epoch's loss and accuracy so far on its progress bar, read (a wait on a GPU) once a second; returns
+    when they were last shown."""
+    if not bar.disable and (time.perf_counter() >= shown + 1.0 or last):
+        shown = time.perf_counter()
+        loss_sum, correct, seen = totals.tolist()
+        bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", refresh=False)
+    bar.update(1)
+    return shown
+
+
+class Execution:
+    """How a network trains: on ``device`` (default CUDA where there is one), under autocast to ``amp``
+    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), in channels-last memory format or not,
+    ``torch.compile``-d or not (True or a mode of :data:`COMPILE_MODES`), in DDP under torch.distributed."""
+
+    def __init__(self, device: str | torch.device | None, amp: str, channels_last: bool, compile: bool | str) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
+                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[check_choice("amp mode", amp,
+                                                                                                 AMP_MODES)]
+        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
+                                                                     else compile, COMPILE_MODES)
+        self.channels_last = channels_last
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
+
+    def place(self, net: ConnectivityNet) -> ConnectivityNet:
+        layout = torch.channels_last if self.channels_last else torch.preserve_format
+        return cast(ConnectivityNet, net.to(self.device, memory_format=layout))  # type: ignore[call-overload]
+
+    def wrap(self, net: ConnectivityNet) -> Any:
+        """``net`` in DDP under torch.distributed, compiled if asked (again after the freeze)."""
+        model: torch.nn.Module = net
+        if distributed():
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return torch.compile(model, mode=self.compile) if self.compile else model
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
+
+    def autocast(self) -> Any:
+        return autocast(self.device, self.amp)
+
+    def input(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def evaluate(self, model: torch.nn.Module, loader: Loader) -> dict[str, float]:
+        return evaluate(model, loader, amp=self.amp, channels_last=self.channels_last)
+
+
 class Trainer:
     """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``out_dir`` (see the module docstring).
 
@@ -139,11 +170,9 @@ class Trainer:
             recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
             training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
             tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
-        gate_loader: held-out batches for the gates (a first-order bilevel step, as DARTS's): in phase 1 every
-            weight step on a training batch is followed by a gate step on the next held-out batch (its
-            ``epoch(e, start)`` read in order), the weights and the gates each in their own optimizer.
-        progress: a progress bar and a line per epoch. meta: JSON-able facts kept in the checkpoints.
-        resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
+        gate_loader: held-out batches for the gates' own steps (see :mod:`connlearn.train.optimizers`).
+        progress: progress bars (a line per epoch is printed either way). meta: JSON-able facts kept in the
+            checkpoints. resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
     """
 
     def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
@@ -152,61 +181,28 @@ class Trainer:
                  checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
                  progress: bool = True, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
                  resume_check: Any = None) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        amp = check_choice("amp mode", amp, AMP_MODES)
-        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
-                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[amp]
-        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
-                                                                     else compile, COMPILE_MODES)
-        if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
+        self.execution = Execution(device, amp, channels_last, compile)
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
-        self.gate_loader = gate_loader
-        self._gate_batches: tuple[int, Iterator[Any]] | None = None  # the next gate step's index, its batches
-        self.out_dir, self.is_main = path_of(out_dir), not distributed() or dist.get_rank() == 0
-        self.channels_last, self.snapshot_every, self.checkpoint_every = channels_last, snapshot_every, checkpoint_every
+        self.gate_loader, self.device = gate_loader, self.execution.device
+        self.folder = RunFolder(out_dir, self.device)
+        self.out_dir, self.is_main = self.folder.path, self.folder.is_main
+        self.snapshot_every, self.checkpoint_every = snapshot_every, checkpoint_every
         self.eval_every = check_int("eval_every", eval_every, 1)
         self.recalibrate_bn = check_int("recalibrate_bn", recalibrate_bn, 0)
         self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
-        if self.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict[str, Any]] = []
         self.epoch = self.step = 0
         self.best_top1: float | None = None
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
-        self._tb: Any = None
-        self._signals: StopSignals | None = None
         self._within: dict[str, Any] | None = None  # an unfinished epoch: what a checkpoint within it holds
-        self._saved: tuple[int, int] | None = None  # (epochs, batches of the next) out_dir/last.pt holds
         self._fresh = True  # the state in memory is a checkpoint's (or the start's): fit may go on from it
-        self._frozen_from: str | None = None
-        self._snapshot_step: int | None = None  # the step of gates.jsonl's last line
+        self._frozen_from: str | None = None  # the gate kind before the freeze
         self._set_net(net)
 
     def _set_net(self, net: ConnectivityNet) -> None:
-        layout = torch.channels_last if self.channels_last else torch.preserve_format
-        self.net = cast(ConnectivityNet, net.to(self.device, memory_format=layout))  # type: ignore[call-overload]
-        self.updater = GateUpdater(self.net, grad_mode=self.recipe.gate_rule)
-        phase = self.recipe.phases[0]
-        groups = param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr, self.recipe.gate_momentum)
-        own = len(groups) > 1 and (self.recipe.gate_optimizer == "adam" or self.gate_loader is not None)
-        momentum, nesterov = self.recipe.momentum, self.recipe.nesterov
-        self.optimizer = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, momentum=momentum,
-                                         nesterov=nesterov)
-        self.gate_optimizer = None if not own else (
-            torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
-            if self.recipe.gate_optimizer == "adam" else torch.optim.SGD(groups[1:], lr=phase.gate_lr,
-                                                                         momentum=momentum, nesterov=nesterov))
-        self.updater.attach(self.gate_optimizer or self.optimizer)
+        self.net = self.execution.place(net)
+        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, self.execution.grad_scaler())
         self._last_connectivity = self.net.connectivity()
-        self._wrap()
-
-    def _wrap(self) -> None:
-        model: torch.nn.Module = self.net
-        if distributed():
-            model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.model: Any = torch.compile(model, mode=self.compile) if self.compile else model
+        self.model = self.execution.wrap(self.net)
 
     # --------------------------------------------------------------------------------------------- fit
     def fit(self, *, resume: bool | str | os.PathLike = "auto", max_epochs: int | None = None,
@@ -218,148 +214,93 @@ class Trainer:
         ``time_limit`` (seconds): start no epoch after it. ``stop_signals`` (e.g.
         :data:`~connlearn.train.signals.STOP_SIGNALS`): on the first one, stop at the next step with a checkpoint
         and raise :class:`~connlearn.train.signals.TrainingStopped`."""
-        started, signals = time.perf_counter(), check_signals(stop_signals)
-        with _held(self.out_dir, self.is_main, self.device), StopSignals(signals, say=self.is_main) as self._signals:
-            if self.is_main:
-                remove_leftovers(self.out_dir, WRITES)
-            memory = resume in (True, "auto") and self._saved is not None and self._fresh  # last.pt holds it
-            path = None if resume is False or memory else _resume_path(self.out_dir, resume, self.device)
-            if resume is False and self.is_main and self._saved is None:  # a fresh run: no other run's checkpoints
-                for name in ("last.pt", ".next.pt", "previous.pt", "best.pt"):
-                    (self.out_dir / name).unlink(missing_ok=True)
-            if path is not None:
-                self.load(path)
-            elif not self._fresh:
-                raise CheckpointError(f"this trainer was stopped within epoch {self.epoch + 1} and has no checkpoint "
-                                      "to go on from: make a new Trainer (and network)")
-            self._start_logs()
+        stop = StopRequests(stop_signals, time_limit, self.device, say=self.is_main)
+        with self.folder.held(), stop:
+            self._resume(resume)
+            self._start()
             end = self.recipe.total_epochs if max_epochs is None else min(self.recipe.total_epochs,
                                                                           self.epoch + max_epochs)
-            try:
-                while self.epoch < end and _all(time_limit is None or time.perf_counter() - started < time_limit,
-                                                self.device):
-                    if signum := self._signal(every=1):
-                        self._stop(signum)
-                    self._run_epoch(self.epoch)
-                if signum := self._signal(every=1):  # in the last epoch: it ends here all the same
-                    self._stop(signum)
-            finally:
-                self._signals = None
-                if self._tb is not None:
-                    self._tb.close()
-                    self._tb = None
+            while self.epoch < end and stop.time_left():
+                self._stop_if(stop.signal())
+                self._run_epoch(self.epoch, stop)
+            self._stop_if(stop.signal())  # in the last epoch: it ends here all the same
         return self.history
 
-    def _start_logs(self) -> None:
-        if self.tensorboard and self.is_main and self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
+    def _resume(self, resume: bool | str | os.PathLike) -> None:
+        """Load the checkpoint ``resume`` asks for (see ``fit``), unless memory holds what ``last.pt`` holds."""
+        in_memory = resume in (True, "auto") and self.folder.saved is not None and self._fresh
+        if resume is False:
+            self.folder.clear()
+        path = None if resume is False or in_memory else self.folder.resume_path(resume)
+        if path is not None:
+            self.load(path)
+        elif not self._fresh:
+            raise CheckpointError(f"this trainer was stopped within epoch {self.epoch + 1} and has no checkpoint "
+                                  "to go on from: make a new Trainer (and network)")
 
-            # epochs are its steps: what a run logged past the one resumed from (a kill) is hidden
-            self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=self.epoch + 1)
-        if self.step == 0:
-            if self.recipe.gate_rule == "renormalized":
-                self.updater.renormalize()  # Algorithm 1 normalises before the first forward pass
-            if self.is_main:
-                (self.out_dir / "gates.jsonl").unlink(missing_ok=True)
-            if self.snapshot_every:
-                first = self.recipe.phases[0]
-                if self.net.stochastic and not first.frozen:
-                    self.net.sample_temperature = first.temperature_at(0.0)
-                self._snapshot(0.0)
+    def _start(self) -> None:
+        if self.tensorboard:
+            self.folder.open_board(self.epoch)
+        if self.step:
+            return
+        if self.recipe.gate_rule == "renormalized":
+            self.optimizers.updater.renormalize()  # Algorithm 1 normalises before the first forward pass
+        self.folder.restart_snapshots()
+        if self.snapshot_every:
+            first = self.recipe.phases[0]
+            if self.net.stochastic and not first.frozen:
+                self.net.sample_temperature = first.temperature_at(0.0)
+            self.folder.snapshot(self.net, self.step, 0.0, tie_order=True)
 
-    def _signal(self, every: int = STOP_CHECK_EVERY) -> int:
-        """The stop signal received, else 0; under DDP by any rank, the ranks comparing theirs at every step
-        that is a multiple of ``every``."""
-        if self._signals is None or not self._signals.signals or (distributed() and self.step % every):
-            return 0
-        return int(_over_ranks(float(self._signals.received), "max", self.device))
-
-    def _stop(self, signum: int) -> None:
-        epoch, batch = self._saved or (self.epoch, 0)
-        stopped = TrainingStopped(signum, epoch, batch, None if self._saved is None else str(self.out_dir / "last.pt"))
-        if self.is_main and self.progress:
-            tqdm.write(f"connlearn: {stopped}", file=sys.stderr)
-        raise stopped
+    def _stop_if(self, signum: int) -> None:
+        if signum:
+            raise self.folder.stopped(signum)
 
     # ------------------------------------------------------------------------------------------- epochs
-    def _run_epoch(self, epoch: int) -> None:
+    def _run_epoch(self, epoch: int, stop: StopRequests) -> None:
         index, phase = self.recipe.phase_at(epoch)
         if phase.frozen and not self.net.fixed_connectivity:
             self._freeze(epoch)
-        learning = epoch >= self.recipe.gate_warmup  # the warm-up's gates stay where they start
-        for group in self.optimizer.param_groups + (self.gate_optimizer.param_groups if self.gate_optimizer else []):
-            group["lr"] = (phase.gate_lr if learning else 0.0) if group.get("name") == "gates" else phase.lr
+        self.optimizers.start_epoch(epoch)
         record: dict[str, Any] = {"epoch": epoch + 1, "phase": index + 1, "lr": phase.lr,
                                   "gate_lr": phase.gate_lr if self.net.gate_parameters() else None}
-        record.update(self._train_epoch(epoch, index))
-        self._check_finite(epoch, record["train_loss"])
-        last = epoch + 1 == self.recipe.total_epochs
-        if self.test_loader is not None and ((epoch + 1) % self.eval_every == 0 or last):
-            t0 = time.perf_counter()
-            record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
-            if last and self.recalibrate_bn:
-                record["test_top1_before_recalibration"] = record["test_top1"]
-                recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.amp)
-                record.update(evaluate(self.model, self.test_loader, amp=self.amp, channels_last=self.channels_last))
-            record["eval_time"] = time.perf_counter() - t0
+        record.update(self._train_epoch(epoch, stop))
+        _check_finite(self.net, self.folder, epoch, record["train_loss"])
+        record.update(self._evaluate(epoch))
         record.update(connectivity_numbers(self.net, self._last_connectivity))
         self._last_connectivity = self.net.connectivity()
         top1 = record.get("test_top1")
         best = top1 is not None and (self.best_top1 is None or top1 > self.best_top1)
-        self.best_top1 = top1 if best else self.best_top1
-        record["best_top1"] = self.best_top1
+        self.best_top1 = record["best_top1"] = top1 if best else self.best_top1
         self.epoch = epoch + 1
         self.history.append(record)
         self._save(best)  # first: a log that cannot be written loses no epoch (a resume rewrites the log)
-        if self.is_main:
-            write_jsonl(self.out_dir / "log.jsonl", self.history)
-            if self.progress:
-                tqdm.write(_summary_line(record, self.recipe.total_epochs))
-            if self._tb is not None:
-                for k, v in record.items():
-                    if isinstance(v, int | float) and not isinstance(v, bool):
-                        self._tb.add_scalar(k, v, self.epoch)
-                self._tb.flush()
+        self.folder.log(self.history, _summary_line(record, self.recipe.total_epochs))
 
-    def _train_epoch(self, epoch: int, index: int) -> dict[str, Any]:
+    def _train_epoch(self, epoch: int, stop: StopRequests) -> dict[str, Any]:
         self.model.train()
         within, self._within = self._within, None
-        start = 0 if within is None else within["batch"]
-        n, phase = len(self.train_loader), self.recipe.phases[index]
+        index, phase = self.recipe.phase_at(epoch)
+        n, start = len(self.train_loader), 0 if within is None else within["batch"]
         sampled = self.net.stochastic and not phase.frozen
-        first = (epoch - sum(p.epochs for p in self.recipe.phases[:index])) * n  # the phase's earlier steps
-        totals = torch.zeros(3, device=self.device) if within is None or not self.is_main else within["sums"].to(
-            self.device)  # loss sum, correct, images; the other ranks add theirs to rank 0's so far
-        draws = [] if within is None else [[(m.to(self.device), a.to(self.device)) for m, a in step]
-                                           for step in within["draws"]]
-        rng = torch.get_rng_state() if within is None else within["rng_at_start"]
+        totals, draws, rng, elapsed = _epoch_so_far(within, self.device, self.is_main)
         bar = tqdm(total=n, initial=start, disable=not (self.progress and self.is_main), leave=False,
                    desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {index + 1})", dynamic_ncols=True)
-        t0, shown = time.perf_counter() - (0.0 if within is None else within["elapsed"]), -math.inf
+        t0, shown = time.perf_counter() - elapsed, -math.inf
         with bar:
             for i, (x, y) in enumerate(_batches(self.train_loader, epoch, start, rng), start):
                 self._fresh = False  # from here on, what is in memory is no checkpoint's state
                 if sampled:
-                    self.net.sample_temperature = phase.temperature_at((first + i) / max(phase.epochs * n - 1, 1))
+                    self.net.sample_temperature = self.optimizers.temperature_at(epoch, i, n)
                 totals += self._step(x, y, draws if sampled else None)
                 if self.snapshot_every and self.step % self.snapshot_every == 0:
-                    self._snapshot(epoch + (i + 1) / n)
+                    self.folder.snapshot(self.net, self.step, epoch + (i + 1) / n, tie_order=False)
                 if i + 1 < n:
-                    signum = self._signal()
+                    signum = stop.signal(self.step)
                     if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
-                        self._within = {"batch": i + 1, "sums": sum_over_ranks(totals.clone()).cpu(), "draws": draws,
-                                        "elapsed": time.perf_counter() - t0, "rng_at_start": rng,
-                                        "last_connectivity": self._last_connectivity}
-                        self._check_finite(epoch, (self._within["sums"][0] / self._within["sums"][2]).item(), i + 1)
-                        self._save(best=False)
-                        self._within = None
-                    if signum:
-                        self._stop(signum)
-                if not bar.disable and (time.perf_counter() >= shown + 1.0 or i == n - 1):
-                    shown = time.perf_counter()  # the totals are read (a wait on a GPU) once a second
-                    loss_sum, correct, seen = totals.tolist()
-                    bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", refresh=False)
-                bar.update(1)
+                        self._save_within(epoch, i + 1, totals, draws, rng, time.perf_counter() - t0)
+                    self._stop_if(signum)
+                shown = _show(bar, totals, shown, i == n - 1)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
@@ -370,171 +311,99 @@ class Trainer:
             record["temperature"] = self.net.sample_temperature
         return record
 
+    def _save_within(self, epoch: int, batch: int, totals: torch.Tensor, draws: list[Any], rng: torch.Tensor,
+                     elapsed: float) -> None:
+        """A checkpoint after ``batch`` batches of ``epoch``, holding what the epoch has summed and drawn so far."""
+        sums = sum_over_ranks(totals.clone()).cpu()
+        self._within = {"batch": batch, "sums": sums, "draws": draws, "elapsed": elapsed, "rng_at_start": rng,
+                        "last_connectivity": self._last_connectivity}
+        _check_finite(self.net, self.folder, epoch, (sums[0] / sums[2]).item(), batch)
+        self._save(best=False)
+        self._within = None
+
     def _step(self, x: torch.Tensor, y: torch.Tensor, draws: list[Any] | None) -> torch.Tensor:
-        """One training step (its draw appended to ``draws``; with a gate loader, then a gate step on the next
-        held-out batch); returns its loss sum, correct answers and images."""
-        held_out = self.gate_loader is not None and self.gate_optimizer is not None  # while the gates learn
-        out, loss = self._pass(x, y, [self.optimizer] if held_out or self.gate_optimizer is None else
-                               [self.optimizer, self.gate_optimizer])
+        """One training step (its draw appended to ``draws``; where the gates step on held-out batches, then
+        theirs); returns its loss sum, correct answers and images."""
+        out, loss = self._pass(x, y, self.optimizers.for_training_batch())
         if draws is not None:
             record_draw(self.net, draws)
-        if held_out:
-            self._pass(*self._gate_batch(self.step), [cast(torch.optim.Optimizer, self.gate_optimizer)])
+        if (held_out := self.optimizers.held_out_batch(self.step)) is not None:
+            self._pass(*held_out, self.optimizers.for_held_out_batch())
         self.step += 1
         return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
                             torch.tensor(float(len(y)), device=out.device)])
 
     def _pass(self, x: torch.Tensor, y: torch.Tensor,
               optimizers: list[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward and a step of ``optimizers`` (the others' gradients are dropped at their next pass);
-        returns the outputs and the mean loss."""
-        with autocast(self.device, self.amp):
-            out = self.model(x.contiguous(memory_format=torch.channels_last) if self.channels_last else x)
-            if any(hasattr(g, "surrogate") for _, g in self.net.gates()):  # a kind whose gradient needs the loss
-                losses = F.cross_entropy(out, y, reduction="none")
-                loss, objective = losses.mean(), losses.mean() + self.net.surrogate_loss(losses)
-            else:
-                loss = objective = F.cross_entropy(out, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.gate_optimizer is not None:
-            self.gate_optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.scale(objective).backward()
-            for optimizer in optimizers:
-                self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            objective.backward()
-            for optimizer in optimizers:
-                optimizer.step()
+        """Forward, backward and a step of ``optimizers``; returns the outputs and the mean loss."""
+        with self.execution.autocast():
+            out = self.model(self.execution.input(x))
+            losses = F.cross_entropy(out, y, reduction="none")
+            loss = losses.mean()
+            objective = loss + self.net.surrogate_loss(losses)  # what the gate kind adds (score's); else 0
+        self.optimizers.step(objective, optimizers)
         return out, loss
 
-    def _gate_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The held-out batch of gate step ``index``: batch ``index % n`` of the gate loader's epoch ``index // n``."""
-        loader = cast(Any, self.gate_loader)
-        n = len(loader)
-        if self._gate_batches is None or self._gate_batches[0] != index or index % n == 0:  # a start or a resume
-            self._gate_batches = (index, iter(loader.epoch(index // n, start=index % n)))
-        batch = next(self._gate_batches[1])
-        self._gate_batches = (index + 1, self._gate_batches[1])
-        return batch
+    def _evaluate(self, epoch: int) -> dict[str, Any]:
+        """The eval numbers after ``epoch`` where it is one to evaluate (with the batch norms recalibrated first
+        after the last), else none."""
+        last = epoch + 1 == self.recipe.total_epochs
+        if self.test_loader is None or not ((epoch + 1) % self.eval_every == 0 or last):
+            return {}
+        t0 = time.perf_counter()
+        record: dict[str, Any] = self.execution.evaluate(self.model, self.test_loader)
+        if last and self.recalibrate_bn:
+            record["test_top1_before_recalibration"] = record["test_top1"]
+            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.execution.amp)
+            record.update(self.execution.evaluate(self.model, self.test_loader))
+        return {**record, "eval_time": time.perf_counter() - t0}
 
     def _freeze(self, epoch: int) -> None:
         """Fix the connectivity to each block's top-K and stop updating gates; the gates it reads are
         snapshotted first (unless this step's regular snapshot holds them)."""
-        if self.snapshot_every and self.net.gate_parameters() and self._snapshot_step != self.step:
-            self._snapshot(float(epoch), freeze=True)
+        if self.snapshot_every and self.net.gate_parameters() and self.folder.snapshot_step != self.step:
+            self.folder.snapshot(self.net, self.step, float(epoch), tie_order=True)
         self._frozen_from = self.net.gate_kind
         self.net.freeze()
-        drop_gate_group(self.optimizer)
-        self.gate_optimizer = None
-        self._wrap()
-
-    def _check_finite(self, epoch: int, loss: float, batch: int | None = None) -> None:
-        """A DivergenceError (on every rank) where a trained weight or a batch norm's running statistic is no
-        longer finite; the checkpoint on disk stays the last good one."""
-        if _all(_finite(self.net), self.device):
-            return
-        self._fresh = False
-        kept = f"{self.out_dir / 'last.pt'} holds epoch {self._saved[0]}" if self._saved else "nothing was saved"
-        where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
-        raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
-                              f"{kept}. Train again with a lower learning rate, in a new out_dir")
-
-    def _snapshot(self, epoch: float, freeze: bool = False) -> None:
-        if not self.is_main:
-            return
-        record = gate_snapshot(self.net, self.step, epoch, tie_order=self.step == 0 or freeze)
-        if record is not None:
-            with open(self.out_dir / "gates.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            self._snapshot_step = self.step
+        self.optimizers.freeze()
+        self.model = self.execution.wrap(self.net)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
         """The checkpoint dict of the training state now."""
         within = None if self._within is None else {**self._within, "draws": [
             [(m.cpu(), a.cpu()) for m, a in step] for step in self._within["draws"]]}
-        return make_checkpoint(self.net, optimizer=self.optimizer.state_dict(), epoch=self.epoch, step=self.step,
-                               gate_optimizer=self.gate_optimizer.state_dict() if self.gate_optimizer else None,
-                               scaler=None if self.scaler is None else self.scaler.state_dict(),
+        return make_checkpoint(self.net, **self.optimizers.state_dict(), epoch=self.epoch, step=self.step,
                                recipe=self.recipe.to_dict(), history=self.history, best_top1=self.best_top1,
                                meta=self.meta, within_epoch=within, rng=torch.get_rng_state(),
                                frozen_from=self._frozen_from, data_seed=getattr(self.train_loader, "seed", None))
 
+    def _position(self) -> tuple[int, int]:
+        """Epochs done and batches of the next."""
+        return self.epoch, 0 if self._within is None else self._within["batch"]
+
     def _save(self, best: bool) -> None:
-        saved = (self.epoch, 0 if self._within is None else self._within["batch"])
-        if self.is_main:
-            last, state = self.out_dir / "last.pt", self.state()
-            try:
-                if best:  # before .next.pt: a run stopped before it rewrites this epoch and best.pt
-                    save_checkpoint(state, self.out_dir / "best.pt")
-                following = save_checkpoint(state, self.out_dir / ".next.pt")
-                if last.exists():
-                    os.replace(last, self.out_dir / "previous.pt")
-                os.replace(following, last)
-            except OSError as exc:  # a full disk, a quota: say what the folder still holds
-                kept = (f"{last} still holds epoch {self._saved[0]}" if self._saved else "no checkpoint was written")
-                raise CheckpointError(f"cannot write the checkpoint of epoch {saved[0]} to {exc.filename or last}: "
-                                      f"{exc.strerror or exc}; {kept} (make room and run again to resume)") from exc
-        self._saved, self._fresh = saved, True
+        self.folder.save(self.state, self._position(), best)
+        self._fresh = True
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the training state of a checkpoint this trainer's run wrote; a damaged ``last.pt`` falls back
         to ``previous.pt`` with a warning."""
-        path = path_of(path)
-        try:
-            ckpt = load_checkpoint(path)
-        except CheckpointError as exc:
-            if path.name not in ("last.pt", ".next.pt") or not path.with_name("previous.pt").exists():
-                raise
-            warnings.warn(f"{exc}; resuming from previous.pt instead", stacklevel=2)
-            path = path.with_name("previous.pt")
-            ckpt = load_checkpoint(path)
-        if "optimizer" not in ckpt:
-            raise CheckpointError(f"{path} holds a network but no training state to resume")
+        ckpt, path = self.folder.read(path_of(path))
         if self.resume_check is not None:
             self.resume_check(ckpt)
         _check_same_run(ckpt, path, self)
         self._set_net(net_from_checkpoint(ckpt))
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.gate_optimizer is not None and ckpt.get("gate_optimizer"):
-            self.gate_optimizer.load_state_dict(ckpt["gate_optimizer"])
-        if self.scaler is not None and ckpt["scaler"]:
-            self.scaler.load_state_dict(ckpt["scaler"])
+        self.optimizers.load_state_dict(ckpt)
         torch.set_rng_state(ckpt["rng"])
-        self.epoch, self.step, self.history = ckpt["epoch"], ckpt["step"], ckpt["history"]
-        self.best_top1 = ckpt["best_top1"]
+        self.epoch, self.step, self.history, self.best_top1 = (ckpt["epoch"], ckpt["step"], ckpt["history"],
+                                                                ckpt["best_top1"])
         self._frozen_from, self.meta = ckpt["frozen_from"], {**ckpt["meta"], **self.meta}
         self._within = ckpt["within_epoch"]
         if self._within is not None:
             self._last_connectivity = self._within["last_connectivity"]
-        self._saved, self._fresh = (self.epoch, 0 if self._within is None else self._within["batch"]), True
-        if (path.name == ".next.pt" and path.parent.resolve() == self.out_dir.resolve() and self.is_main
-                and not (self.out_dir / "last.pt").exists()):
-            os.replace(path, self.out_dir / "last.pt")  # the save a stop cut short between its renames, finished
-        if self.is_main:
-            write_jsonl(self.out_dir / "log.jsonl", self.history)
-            snapshots = self.out_dir / "gates.jsonl"
-            if snapshots.exists():
-                kept = [r for r in read_jsonl(snapshots, torn_tail=True) if r["step"] <= self.step]
-                write_jsonl(snapshots, kept)
-                self._snapshot_step = kept[-1]["step"] if kept else None
-
-
-def _resume_path(out_dir: Path, resume: bool | str | os.PathLike, device: torch.device) -> Path | None:
-    """The checkpoint ``fit(resume=...)`` goes on from: a path given, else ``last.pt`` (or the ``.next.pt`` a stop
-    between the renames of a save left, or, where ``last.pt`` is gone, the previous.pt ``load`` falls back to)."""
-    if resume not in (True, "auto"):
-        return path_of(resume)  # type: ignore[arg-type]
-    last, following = out_dir / "last.pt", out_dir / ".next.pt"
-    found = (last if last.exists() else following if following.exists()
-             else last if (out_dir / "previous.pt").exists() else None)
-    if resume is True and found is None:
-        raise CheckpointError(f"resume=True, but {out_dir} holds no checkpoint")
-    if _over_ranks(float(found is not None), "min", device) != _over_ranks(float(found is not None), "max", device):
-        raise CheckpointError("the ranks disagree on whether there is a checkpoint: give them a shared out_dir")
-    return found
+        self.folder.resumed(path, self._position(), self.history, self.step)
+        self._fresh = True
 
 
 def _check_same_run(ckpt: dict[str, Any], path: Path, trainer: Trainer) -> None:
