@@ -131,7 +131,8 @@ def test_data_is_looked_for_where_the_docs_say_and_missing_data_says_where(tmp_p
     pack(tmp_path / "data" / "cifar10.npz", train, test)
     assert find_packed("cifar10") == tmp_path.joinpath("data/cifar10.npz").relative_to(tmp_path)
     assert len(load_dataset("cifar10")[0]) == 20
-    with pytest.raises(DataError, match=r"no cifar100 data found \(looked in .*env, data, \.\./shared/data.*Put "
+    with pytest.raises(DataError, match=r"no cifar100 data found: cifar100 is the default dataset, --dataset names "
+                                        r"another \(looked in .*env, data, \.\./shared/data.*Put "
                                         r"cifar100.npz .*connlearn pack cifar100 -o cifar100.npz.*--data"):
         load_dataset("cifar100", download=False)
 
