@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest, number_or_text
-from connlearn.files import check_target, path_of
+from connlearn.files import check_target, path_of, read_text
 
 HELP = {
     "dataset": "cifar10, cifar100, miniimagenet, imagenet, or custom: a packed file of your own (--data), "
@@ -105,9 +105,10 @@ def config_from(args: argparse.Namespace, dataset: str | None = None, only_given
 def _read_config(path: Path, fields: list[str]) -> dict[str, Any]:
     import tomllib
 
+    text = read_text(path, "config", ConfigError)
     try:
-        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except ValueError as exc:
         raise ConfigError(f"cannot read the config {path}: {exc}") from None
     options = {str(k).replace("-", "_"): v for k, v in data.items()} if isinstance(data, dict) else None
     if options is None:
