@@ -210,9 +210,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         if "gates" in records[0]:
             if args.K is None:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
-            files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
+            files = [plots.plot_gate_evolution(source, out / "gate_evolution.png", K=args.K)]
         else:
-            files = [plots.plot_training_curves(records, out / "curves.png", plots.logged(records, plots.CURVE_KEYS)
+            files = [plots.plot_training_curves(source, out / "curves.png", plots.logged(records, plots.CURVE_KEYS)
                                                 or plots.CURVE_KEYS, eval_set=args.eval_set)]
     else:
         ckpt = load_checkpoint(source)
