@@ -1,7 +1,7 @@
 """Datasets in memory: the packed file formats, conversions, a generated stand-in, and finding data.
 
-An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB) with int64
-labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
+An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB, ...) with
+int64 labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
 image files joined end to end, uint8), ``{split}_offsets`` (N+1 integers: image ``i`` is
 ``buf[off[i]:off[i+1]]``) and ``{split}_labels``; ``class_names``; ``encoding`` (``png``; JPEG where absent).
 :func:`pack` writes it from an ImageDataset, a torchvision dataset or an image folder (``connlearn pack``).
@@ -504,7 +504,7 @@ def check_memory(need: int, what: str) -> None:
 
 def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
     """Write ``train`` and ``test`` (ImageDatasets or torchvision datasets) as a packed ``.npz`` file;
-    ``png`` is lossless, ``jpeg`` smaller. Returns its path."""
+    ``png`` is lossless (1 to 4 channels), ``jpeg`` smaller (1 or 3). Returns its path."""
     check_choice("image format", format, ENCODINGS)
     train = as_image_dataset(train)
     test = as_image_dataset(test, train.class_names)
