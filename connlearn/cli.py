@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest, number_or_text
-from connlearn.files import path_of
+from connlearn.files import check_target, path_of, read_text
 
 HELP = {
     "dataset": "cifar10, cifar100, miniimagenet, imagenet, or custom: a packed file of your own (--data), "
@@ -105,9 +105,10 @@ def config_from(args: argparse.Namespace, dataset: str | None = None, only_given
 def _read_config(path: Path, fields: list[str]) -> dict[str, Any]:
     import tomllib
 
+    text = read_text(path, "config", ConfigError)
     try:
-        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except ValueError as exc:
         raise ConfigError(f"cannot read the config {path}: {exc}") from None
     options = {str(k).replace("-", "_"): v for k, v in data.items()} if isinstance(data, dict) else None
     if options is None:
@@ -173,9 +174,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from connlearn.prune import prune_dead_blocks
     from connlearn.train.checkpoint import load_checkpoint, make_checkpoint, net_from_checkpoint, save_checkpoint
 
-    output = args.output or path_of(args.checkpoint).with_suffix(".pruned.pt")
-    if path_of(output).resolve() == path_of(args.checkpoint).resolve():
-        raise ConfigError(f"--output {output} is the checkpoint itself: write the pruned network to another file")
+    output = check_target(args.output or path_of(args.checkpoint).with_suffix(".pruned.pt"), args.checkpoint)
     ckpt = load_checkpoint(args.checkpoint)
     pruned, report = prune_dead_blocks(net_from_checkpoint(ckpt), freeze=True)
     meta = {**ckpt.get("meta", {}), "prune": str(report), "params_train": ckpt.get("meta", {}).get(
@@ -190,6 +189,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from connlearn import render
     from connlearn.train.checkpoint import net_from_checkpoint
 
+    for target in (path_of(args.output), path_of(args.output).with_suffix(".dot")):
+        check_target(target, args.checkpoint)
     files = render.save(net_from_checkpoint(args.checkpoint).graph(), args.output, beside_resnext=args.side_by_side,
                         weighted=args.weighted, dead=args.dead)
     print("wrote " + ", ".join(map(str, files)))
@@ -204,12 +205,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     source, out = path_of(args.source), path_of(args.output)
     if source.suffix == ".jsonl":
         records = read_jsonl(source)
+        if not records:
+            raise DataError(f"{source} holds no records: nothing to plot")
         if "gates" in records[0]:
             if args.K is None:
                 raise ConfigError("plotting gate snapshots needs --K (the fan-in)")
-            files = [plots.plot_gate_evolution(records, out / "gate_evolution.png", K=args.K)]
+            files = [plots.plot_gate_evolution(source, out / "gate_evolution.png", K=args.K)]
         else:
-            files = [plots.plot_training_curves(records, out / "curves.png", plots.logged(records, plots.CURVE_KEYS)
+            files = [plots.plot_training_curves(source, out / "curves.png", plots.logged(records, plots.CURVE_KEYS)
                                                 or plots.CURVE_KEYS, eval_set=args.eval_set)]
     else:
         ckpt = load_checkpoint(source)
@@ -259,9 +262,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from connlearn.prune import prune_dead_blocks
     from connlearn.train.checkpoint import net_from_checkpoint
 
+    output = path_of(args.output or path_of(args.checkpoint).with_suffix(FORMATS[args.format]))
+    for target in (output, output.with_name(output.name + ".data")) if args.format == "onnx" else (output,):
+        check_target(target, args.checkpoint)
     net = net_from_checkpoint(args.checkpoint)
     net = net if args.no_prune else prune_dead_blocks(net, freeze=True)[0]
-    files = export(net, args.output or path_of(args.checkpoint).with_suffix(FORMATS[args.format]), args.format)
+    files = export(net, output, args.format)
     print("wrote " + ", ".join(map(str, files)) + (" (keep them together)" if len(files) > 1 else ""))
     return 0
 
@@ -280,6 +286,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     train: Any
     test: Any
     source, channels = path_of(args.source), 3 if args.rgb else None
+    check_target(args.output, args.source, *([args.data] if args.data else []))
     size = None if args.size is None else check_int("--size", args.size, 1)
     per_class = None if args.test_per_class is None else check_int("--test-per-class", args.test_per_class, 1)
     if args.source in ("cifar10", "cifar100"):

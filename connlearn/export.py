@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from connlearn.errors import check_choice
-from connlearn.files import path_of, write_atomic
+from connlearn.files import check_target, path_of, write_atomic
 from connlearn.net import ConnectivityNet
 
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
@@ -35,6 +35,8 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     files written (ONNX keeps large weights in ``<path>.data`` beside the model: keep them together)."""
     check_choice("export format", format, FORMATS)
     path = path_of(path)
+    for target in (path, path.with_name(path.name + ".data")) if format == "onnx" else (path,):
+        check_target(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = copy.deepcopy(net).eval()
     if not model.fixed_connectivity and not model.weighted:  # fixed to it, the graph holds no sort
@@ -55,7 +57,8 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
             torch.onnx.export(model, (example,), str(staged), dynamo=True, dynamic_shapes=({0: batch},), verbose=False)
             files = [p for p in (staged, staged.with_name(staged.name + ".data")) if p.exists()]
             for file in reversed(files):  # the weights first, then the model that reads them
-                shutil.move(file, path.with_name(file.name))
+                with open(file, "rb") as staged_file:
+                    write_atomic(path.with_name(file.name), lambda f: shutil.copyfileobj(staged_file, f))
             if len(files) == 1:
                 path.with_name(path.name + ".data").unlink(missing_ok=True)
             return [path.with_name(f.name) for f in files]

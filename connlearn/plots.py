@@ -32,15 +32,39 @@ CURVE_KEYS = ("test_top1", "train_loss")
 LOG_LABELS = {"test_top1": "{eval} top-1 (%)", "test_top5": "{eval} top-5 (%)", "test_loss": "{eval} loss",
               "train_top1": "train top-1 (%)", "train_loss": "train loss", "lr": "learning rate",
               "gate_mean": "gate mean", "gate_row_std": "gate std within a row", "gate_at_1": "gates at 1 (fraction)",
-              "gate_entropy": "sampling entropy", "drawn_distinct": "distinct draws",
-              "drawn_topk_share": "draws = top-K"}
+              "gate_entropy": "sampling entropy (nats)", "drawn_distinct": "input sets drawn per block",
+              "drawn_topk_share": "draws that were the top-K"}
 
 
 def _records(source: Records) -> list[Mapping[str, Any]]:
     records = list[Mapping[str, Any]](read_jsonl(source) if isinstance(source, str | os.PathLike) else source)
     if not records:
-        raise DataError(f"{source if isinstance(source, str | os.PathLike) else 'the records'} hold no records")
+        raise DataError(f"{_named(source)} hold no records")
     return records
+
+
+def _named(source: object) -> str:
+    return str(source) if isinstance(source, str | os.PathLike) else "the records"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _gate_matrices(record: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+    """A gate snapshot's matrices by module, checked: ``step``, ``epoch`` and ``gates`` ``{"<module>": rows}``."""
+    gates = record.get("gates")
+    if not (isinstance(record.get("step"), int) and _number(record.get("epoch")) and isinstance(gates, dict) and gates
+            and all(str(m).isdigit() for m in gates)):
+        raise DataError(f"{where} is not a gate snapshot: it needs step, epoch and gates {{\"<module>\": [[gate, ...], "
+                        "...]}, as gates.jsonl holds")
+    try:
+        matrices = {m: np.asarray(v, dtype=float) for m, v in sorted(gates.items(), key=lambda kv: int(kv[0]))}
+    except (TypeError, ValueError):  # rows of unequal length, or not numbers
+        matrices = {}
+    if not matrices or any(a.ndim != 2 or not a.size for a in matrices.values()):
+        raise DataError(f"{where}: the gates of each module must be rows of numbers, one row per block")
+    return matrices
 
 
 def _save(fig: Figure, path: str | os.PathLike) -> Path:
@@ -64,7 +88,8 @@ def plot_active_branches(graphs: BranchGraph | Mapping[str, BranchGraph], path: 
     ax.set_ylim(0, widest + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="module depth", ylabel="active branches", title=title or "")
+    ax.set(xlabel="module (depth)", ylabel="active branches",
+           title=title or "Active branches: blocks whose output reaches the head")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
     return _save(fig, path)
@@ -92,9 +117,10 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
     for ax in axes.flat[len(modules):]:
         ax.set_axis_off()
     fig.colorbar(cast(Any, image), ax=axes, label="real gate value", shrink=0.8)
-    fig.supxlabel("candidate input", fontsize=9)
-    fig.supylabel("block", fontsize=9)
-    fig.suptitle(f"gate={graph.gate_label()} K={graph.K}: real gates, dots = active")
+    fig.supxlabel("candidate input (a block of the module before)", fontsize=9)
+    fig.supylabel("block (branch) of the module", fontsize=9)
+    fig.suptitle(f"Real gates per module (gate={graph.gate_label()}, K={graph.K})\ndots: the inputs each block uses",
+                 fontsize=10)
     return _save(fig, path)
 
 
@@ -117,7 +143,8 @@ def plot_run(graph: BranchGraph, out: str | os.PathLike, K: int, log: Records | 
         if keys := logged(records, CURVE_KEYS):
             files.append(plot_training_curves(records, out / "curves.png", keys=keys, eval_set=eval_set))
         if sum(r.get("drawn_distinct") is not None for r in records) > 1:  # one epoch of draws is no curve
-            files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS))
+            files.append(plot_training_curves(records, out / "draws.png", keys=GATE_LOG_KEYS, title=(
+                "Gate values and draws, epoch by epoch")))
     if snapshots is not None and path_of(snapshots).is_file() and path_of(snapshots).stat().st_size:
         files.append(plot_gate_evolution(snapshots, out / "gate_evolution.png", K=K))
     return files
@@ -133,9 +160,8 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     topks: list[list[frozenset[int]]] = []
     orders: dict[str, np.ndarray] = {}
     shapes = None
-    for record in _records(snapshots):
-        gates = sorted(record["gates"].items(), key=lambda kv: int(kv[0]))
-        matrices = {m: np.asarray(v, dtype=float) for m, v in gates}
+    for number, record in enumerate(_records(snapshots), 1):
+        matrices = _gate_matrices(record, f"{_named(snapshots)} record {number}")
         orders.update({m: np.asarray(v, dtype=float) for m, v in record.get("tie_order", {}).items()})
         if shapes is not None and shapes != {m: a.shape for m, a in matrices.items()}:
             raise DataError(f"gate snapshot of step {record['step']} has other gate matrices than the first")
@@ -175,8 +201,13 @@ def plot_gate_evolution(snapshots: Records, path: str | os.PathLike, K: int) -> 
     def series(key: str) -> np.ndarray:
         return np.array([np.nan if s[key] is None else s[key] for s in stats], dtype=float)
 
-    fig = Figure(figsize=(6.0, 7.0), layout="constrained")
+    fig = Figure(figsize=(6.0, 7.4), layout="constrained")
     spread, clipped, changed = fig.subplots(3, 1, sharex=True)
+    fig.suptitle(f"The real gates over training (K={K})")
+    spread.set_title("all gates: mean, spread, and spread within a block's row", fontsize=9)
+    clipped.set_title("gates clipped at 0 and at 1", fontsize=9)
+    changed.set_title(f"each block's top-{K} inputs: changed since the snapshot before; already the final ones",
+                      fontsize=9)
     mean, std = series("mean"), series("std")
     spread.fill_between(epoch, mean - std, mean + std, alpha=0.25, label="mean ± std")
     spread.plot(epoch, mean, marker=".", label="mean")
@@ -203,25 +234,32 @@ def axis_label(key: str, eval_set: str = "test") -> str:
 
 
 def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.PathLike,
-                         keys: str | Sequence[str] = ("test_top1",), eval_set: str = "test") -> Path:
+                         keys: str | Sequence[str] = ("test_top1",), eval_set: str = "test",
+                         title: str = "Training, epoch by epoch") -> Path:
     """Per-epoch values of ``keys`` (a panel each) from a ``log.jsonl`` (its path or records), or from several
-    (``{label: log}``), a line each. Records without a key are skipped for it; where the records hold the
-    recipe's ``phase``, dashed lines mark where each phase begins (the first log's)."""
+    (``{label: log}``), a line each, under ``title``. Records without a key are skipped for it; where the
+    records hold the recipe's ``phase``, dashed lines mark where each phase begins (the first log's)."""
     keys = (keys,) if isinstance(keys, str) else tuple(keys)
     runs = ({str(k): _records(v) for k, v in log.items()} if isinstance(log, Mapping) else {"": _records(log)})
-    fig = Figure(figsize=(6.0, 2.6 * len(keys) + 0.6), layout="constrained")
+    fig = Figure(figsize=(6.0, 2.6 * len(keys) + 0.8), layout="constrained")
     axes = fig.subplots(len(keys), 1, sharex=True, squeeze=False)[:, 0]
+    phased = False
     for ax, key in zip(axes, keys, strict=True):
         for label, records in runs.items():
-            points = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
+            points = [(r.get("epoch"), r[key]) for r in records if r.get(key) is not None]
             if not points:
-                raise DataError(f"no record of {label or 'the log'} has {key!r}")
+                raise DataError(f"no record of {label or _named(log)} has {key!r}")
+            if not all(_number(x) and _number(y) for x, y in points):
+                raise DataError(f"{label or _named(log)}: a record with {key!r} needs it and its epoch as numbers, as "
+                                "log.jsonl holds them")
             ax.plot(*zip(*points, strict=True), marker=".", label=label or key)
         ax.set_ylabel(axis_label(key, eval_set))
         ax.grid(alpha=0.3)
         first = next(iter(runs.values()))
         for before, after in itertools.pairwise(first):
-            if before.get("phase") is not None and after.get("phase") != before.get("phase"):
+            if before.get("phase") is not None and after.get("phase") != before.get("phase") and _number(
+                    before.get("epoch")):
+                phased = True
                 ax.axvline(before["epoch"] + 0.5, color="0.5", lw=0.8, ls="--")
                 if ax is axes[0]:
                     ax.annotate(f"phase {after['phase']}", (before["epoch"] + 0.5, 1.0), xytext=(2, -2), fontsize=7,
@@ -229,4 +267,5 @@ def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.Pa
         if len(runs) > 1:
             ax.legend(fontsize=8)
     axes[-1].set_xlabel("epoch")
+    fig.suptitle(title + ("\n(dashed lines: a phase of the recipe begins)" if phased else ""))
     return _save(fig, path)

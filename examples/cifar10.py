@@ -7,12 +7,17 @@
 Data: --data PATH, else the first of $CONNLEARN_DATA, ./data, ../shared/data and ~/.cache/connlearn that holds
 it, else torchvision's download into the cache; without any, it stops with one line saying where it looked
 (--synthetic trains on a generated stand-in instead). Ctrl-C, SIGTERM or SIGUSR1 stops it at the next step with
-a checkpoint; running the same command again resumes.
+a checkpoint; running the same command again resumes. At the end it prints its total time.
 """
 
 import sys
+import time
 
 from connlearn.cli import train_script
 
 if __name__ == "__main__":
-    sys.exit(train_script("cifar10", __doc__))
+    start = time.perf_counter()
+    code = train_script("cifar10", __doc__)
+    if code == 0:
+        print(f"total time: {(time.perf_counter() - start) / 60:.1f} min (data, training, pruning and pictures)")
+    sys.exit(code)

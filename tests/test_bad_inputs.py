@@ -4,8 +4,10 @@ error class and the fragments a user needs: the value, what is allowed, the clos
 import json
 import math
 import os
+import stat
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from connlearn.export import export
 from connlearn.files import write_text
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
 from connlearn.train.compare import Study, collect, parse_arm
-from connlearn.train.data import ArrayDataset, load_dataset, read_image_folder
+from connlearn.train.data import ArrayDataset, load_dataset, pack, read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
 
@@ -123,10 +125,73 @@ def _grey_cifar(tmp_path):
     return load_data(RunConfig(dataset="cifar10", data=str(tmp_path / "cifar10.npz")))[0]
 
 
-def _pack(*argv):
-    from connlearn.cli import build_parser, cmd_pack
+def _command(*argv):
+    from connlearn.cli import build_parser
 
-    return cmd_pack(build_parser().parse_args(["pack", *map(str, argv)]))
+    args = build_parser().parse_args([*map(str, argv)])
+    return args.func(args)
+
+
+def _tree(folder):
+    """What a folder holds, links not followed: each path's kind and, for a file, its bytes."""
+    found = {}
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            found[path] = (os.readlink(path) if stat.S_ISLNK(mode) else Path(path).read_bytes() if stat.S_ISREG(mode)
+                           else stat.S_IFMT(mode))
+    return found
+
+
+def _kept(folder, act, *args):
+    """``act(*args)`` (its inputs made before it runs), which must leave ``folder`` as it was: nothing written,
+    nothing replaced."""
+    before = _tree(folder)
+    try:
+        act(*args)
+    finally:
+        assert _tree(folder) == before
+
+
+def _link(tmp_path, name, target):
+    os.symlink(target, tmp_path / name)
+    return tmp_path / name
+
+
+def _cut_png(tmp_path):
+    """A PNG whose header declares 8 rows and whose image data holds 4 (Pillow reads it with 4 black rows)."""
+    header = struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0)
+    rows = zlib.compress(b"".join(b"\x00" + bytes([200]) * 24 for _ in range(4)))
+    chunks = b"".join(struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+                      for kind, data in ((b"IHDR", header), (b"IDAT", rows), (b"IEND", b"")))
+    (_images(tmp_path) / "a" / "cut.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunks)
+    return tmp_path
+
+
+def _checkpoint(tmp_path, name="c.pt", change=lambda ckpt: None):
+    """A checkpoint of a tiny network, ``change`` made to its dict first (a damaged one)."""
+    from connlearn.train.checkpoint import make_checkpoint, save_checkpoint
+
+    ckpt = make_checkpoint(connlearn.build(**tiny()))
+    change(ckpt)
+    return save_checkpoint(ckpt, tmp_path / name)
+
+
+def _one_weight_of_shape_3(ckpt):
+    name = next(k for k, v in ckpt["model"].items() if torch.is_tensor(v) and v.dim() > 1)
+    ckpt["model"][name] = torch.zeros(3)
+
+
+def _connectivity(path):
+    from connlearn.train.data import synthetic
+    from connlearn.train.protocol import build_net
+
+    return build_net(RunConfig(dataset="cifar10", connectivity=str(path)), synthetic()[0])
+
+
+def _images_of(channels):
+    return ImageDataset(np.zeros((2, 4, 4, channels), np.uint8), [0, 1], ["a", "b"])
 
 
 def _signal_net_given_images(tmp_path):
@@ -153,12 +218,6 @@ def _file(tmp_path, name, content):
 def _pickled_net(tmp_path):
     torch.save(connlearn.build(**tiny()), tmp_path / "net.pt")
     return tmp_path / "net.pt"
-
-
-def _other_version(tmp_path):
-    from connlearn.train.checkpoint import make_checkpoint, save_checkpoint
-
-    return save_checkpoint({**make_checkpoint(connlearn.build(**tiny())), "version": 1}, tmp_path / "old.pt")
 
 
 CASES = [
@@ -245,13 +304,14 @@ CASES = [
      ["x.pt is not a readable checkpoint"]),
     (lambda t: load_checkpoint(_pickled_net(t)), CheckpointError,
      ["net.pt holds objects other than tensors and was not loaded", "weights_only=True", "trust its source"]),
-    (lambda t: load_checkpoint(_other_version(t)), CheckpointError, ["version 1", "reads version 2"]),
+    (lambda t: load_checkpoint(_checkpoint(t, change=lambda c: c.update(version=1))), CheckpointError,
+     ["version 1", "reads version 2"]),
     (lambda t: load_packed(_file(t, "d.npz", b"PK\x03\x04")), DataError, ["d.npz is not a readable packed dataset"]),
     (lambda t: load_packed(_mismatched_splits(t)), DataError, ["the train images are [8, 8, 3]", "[6, 6, 3]"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3)), [0, 1], ["a", "b"]), DataError, ["uint8", "float64"]),
     (lambda t: ImageDataset(np.zeros((2, 4, 4, 3), np.uint8), [0, 2], ["a", "b"]), DataError, ["0..1"]),
     # data: never a wrong label, never an unbounded read, never a write where the user did not mean
-    (lambda t: _pack(_images(t / "train"), "-o", t / "x.npz"), DataError, ["train' is neither cifar10"]),
+    (lambda t: _command("pack", _images(t / "train"), "-o", t / "x.npz"), DataError, ["train' is neither cifar10"]),
     (lambda t: read_image_folder(_images(t / "r" / "test", ("a", "z")), classes=("a", "b")), DataError,
      ["class folders the training split lacks: z"]),
     (lambda t: read_image_folder(_images(t, n=0)), DataError, ["the class folder", "a holds no image files"]),
@@ -261,12 +321,12 @@ CASES = [
     (lambda t: (_fifo(_images(t) / "a", "pipe.png"), read_image_folder(t)), DataError,
      ["pipe.png is not a regular file"]),
     (lambda t: read_image_folder(_images(t), size=100000), DataError, ["4 images of 100000x100000x3", "GiB of memory"]),
-    (lambda t: _pack(_images(t), "--size", 0, "--test-per-class", 1, "-o", t / "x.npz"), ConfigError,
+    (lambda t: _command("pack", _images(t), "--size", 0, "--test-per-class", 1, "-o", t / "x.npz"), ConfigError,
      ["--size must be in [1", "got 0"]),
-    (lambda t: _pack(_images(t), "--test-per-class", -1, "-o", t / "x.npz"), ConfigError,
+    (lambda t: _command("pack", _images(t), "--test-per-class", -1, "-o", t / "x.npz"), ConfigError,
      ["--test-per-class must be in [1", "got -1"]),
-    (lambda t: _pack(_images(t), "--test-per-class", 0, "-o", t / "x.npz"), ConfigError, ["got 0"]),
-    (lambda t: _pack(t / "absent", "-o", t / "x.npz"), DataError, ["absent: no such folder"]),
+    (lambda t: _command("pack", _images(t), "--test-per-class", 0, "-o", t / "x.npz"), ConfigError, ["got 0"]),
+    (lambda t: _command("pack", t / "absent", "-o", t / "x.npz"), DataError, ["absent: no such folder"]),
     (lambda t: read_image_folder(_bomb(t)), DataError, ["bomb.png is not a readable image", "decompression bomb"]),
     (lambda t: read_image_folder(_truncated(t)), DataError, ["a/t.png is not a readable image", "truncated"]),
     (lambda t: load_packed(_npz(t, train_labels=np.arange(10) + 0.5)), DataError,
@@ -283,6 +343,69 @@ CASES = [
     (lambda t: write_text("/dev/full", "x"), ConfigError, ["/dev/full exists and is not a regular file"]),
     (lambda t: write_text(_fifo(t, "out.npz"), "x"), ConfigError, ["out.npz exists and is not a regular file"]),
     (lambda t: write_text(t, "x"), ConfigError, ["is not a regular file"]),
+    # writers: a regular file or nothing, never the command's own input; nothing written, nothing replaced
+    (lambda t: _kept(t, _command, "export", _checkpoint(t), "--format", "onnx", "-o", _fifo(t, "m.onnx")), ConfigError,
+     ["m.onnx exists and is not a regular file (a FIFO)", "give another output path"]),
+    (lambda t: _kept(t, _command, "export", _checkpoint(t), "--format", "onnx", "-o", _link(t, "m.onnx", "/dev/null")),
+     ConfigError, ["m.onnx exists and is not a regular file (a device)"]),
+    (lambda t: _kept(t, _command, "export", _checkpoint(t), "-o", t / "c.pt"), ConfigError,
+     ["the output", "c.pt is the input", "give another output path"]),
+    (lambda t: _kept(t, _command, "export", _checkpoint(t, "c.ts")), ConfigError, ["c.ts is the input", "c.ts itself"]),
+    (lambda t: _kept(t, _command, "export", _checkpoint(t, "c.pt2"), "--format", "export"), ConfigError,
+     ["c.pt2 is the input"]),
+    (lambda t: _kept(t, _command, "prune", _checkpoint(t), "-o", _link(t, "l.pt", "c.pt")), ConfigError,
+     ["l.pt is the input", "c.pt itself"]),
+    (lambda t: _kept(t, _command, "render", _checkpoint(t, "c.svg"), "-o", t / "c.svg"), ConfigError,
+     ["c.svg is the input"]),
+    (lambda t: _kept(t, _command, "pack", _npz(t), "-o", t / "d.npz"), ConfigError, ["d.npz is the input"]),
+    # readers: regular files only, never blocking on a FIFO or reading a device until memory runs out
+    (lambda t: _kept(t, _command, "train", "--config", _fifo(t, "c.toml")), ConfigError,
+     ["the config", "c.toml is a FIFO, not a regular file"]),
+    (lambda t: _kept(t, _command, "train", "--config", _link(t, "c.json", "/dev/zero")), ConfigError,
+     ["c.json is a device, not a regular file"]),
+    (lambda t: _kept(t, load_packed, _fifo(t, "d.npz")), DataError, ["the packed dataset", "d.npz is a FIFO"]),
+    (lambda t: _kept(t, load_dataset, "cifar10", _link(t, "d.npz", "/dev/zero")), DataError,
+     ["--data", "d.npz is neither a regular file nor a folder"]),
+    (lambda t: _kept(t, _connectivity, _fifo(t, "g.json")), ConfigError, ["the graph", "g.json is a FIFO"]),
+    (lambda t: _kept(t, _command, "plot", _fifo(t, "log.jsonl"), "-o", t), DataError, ["log.jsonl is a FIFO"]),
+    (lambda t: _kept(t, load_checkpoint, _link(t, "z.pt", "/dev/zero")), CheckpointError,
+     ["the checkpoint", "z.pt is a device, not a regular file"]),
+    (lambda t: _kept(t, load_checkpoint, _link(t, "loop.pt", "loop.pt")), CheckpointError,
+     ["cannot read the checkpoint", "loop.pt", "symbolic links"]),
+    # damaged checkpoints, checked where they are loaded, in every command that loads one
+    (lambda t: _kept(t, _command, "info", _checkpoint(t, change=_one_weight_of_shape_3)), CheckpointError,
+     ["weights do not fit the network its graph describes", "is floating [3], its network's floating ["]),
+    (lambda t: _kept(t, _command, "render", _checkpoint(t, change=lambda c: c["model"].popitem()), "-o", t / "c.svg"),
+     CheckpointError, ["weights do not fit", "is missing"]),
+    (lambda t: _kept(t, _command, "plot", _checkpoint(t, change=lambda c: c["model"].update(extra=torch.ones(1))),
+                     "-o", t), CheckpointError, ["extra is not one of its network's"]),
+    (lambda t: _kept(t, _command, "prune", _checkpoint(t, change=lambda c: c.pop("graph"))), CheckpointError,
+     ["c.pt is damaged: it has no graph"]),
+    (lambda t: _kept(t, _command, "export", _checkpoint(t, change=lambda c: c.update(dtype="int8"))), CheckpointError,
+     ["c.pt is damaged: its dtype 'int8' is not a floating type"]),
+    (lambda t: _kept(t, _connectivity, _checkpoint(t, change=lambda c: c.pop("graph"))), CheckpointError,
+     ["it has no graph"]),
+    # plot's records
+    (lambda t: _kept(t, _command, "plot", _file(t, "log.jsonl", b""), "-o", t), DataError,
+     ["log.jsonl holds no records"]),
+    (lambda t: _kept(t, _command, "plot", _file(t, "gates.jsonl", b'{"gates": {"1": [[0.5]]}}'), "-o", t, "--K", 1),
+     DataError, ["gates.jsonl record 1 is not a gate snapshot", "step, epoch and gates"]),
+    (lambda t: _kept(t, _command, "plot", _file(t, "g.jsonl", b'{"step": 0, "epoch": 0, "gates": {"2": [[1], []]}}'),
+                     "-o", t, "--K", 1), DataError, ["g.jsonl record 1", "rows of numbers, one row per block"]),
+    (lambda t: _kept(t, _command, "plot", _file(t, "log.jsonl", b'{"epoch": 1, "test_top1": "50"}'), "-o", t),
+     DataError, ["log.jsonl", "'test_top1' needs it and its epoch as numbers"]),
+    # images keep their channels or are refused
+    (lambda t: _kept(t, pack, t / "x.npz", _images_of(4), _images_of(4), "jpeg"), DataError,
+     ["jpeg holds images of 1 or 3 channels, not 4", "pack them as png"]),
+    (lambda t: _kept(t, pack, t / "x.npz", _images_of(5), _images_of(5)), DataError,
+     ["png holds images of 1 or 2 or 3 or 4 channels, not 5", "an .npz of uint8 arrays"]),
+    (lambda t: _kept(t, read_image_folder, _cut_png(t)), DataError,
+     ["a/cut.png", "image data ends before the rows its header declares"]),
+    (lambda t: _kept(t, load_packed, _npz_arrays(t, np.zeros((3, 28, 28), np.uint8))), DataError,
+     ["train_x is uint8 [3, 28, 28]", "28-channel signals", "images need [N, H, W, C]", "x[..., None]"]),
+    (lambda t: _kept(t, load_packed, _saved(t / "s.npz", train_x=np.zeros((2, 1, 4)), train_y=np.array(["cat", "dog"]),
+                                           test_x=np.zeros((1, 1, 4)), test_y=np.array(["cat"]))), DataError,
+     ["s.npz (train)", "label 0 is 'cat'", "class_names"]),
     # beyond images: the shapes a network and its blocks take
     (lambda _: connlearn.build(block="basic", input_size=()), ConfigError,
      ["block kind 'basic' works on signals (1-D) and images (2-D)", "input is vectors (0-D)", "use 'vector'"]),

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from connlearn.errors import CheckpointError, ConfigError
-from connlearn.files import path_of, write_atomic
+from connlearn.files import open_input, path_of, write_atomic
 from connlearn.graph import BranchGraph
 from connlearn.net import ConnectivityNet, state_of_branches
 
@@ -84,22 +84,22 @@ def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint at ``path``, checked: a missing, damaged, foreign or other version's file is a
-    CheckpointError naming it."""
+    """The checkpoint at ``path``, checked: a missing, damaged, foreign or other version's file, or one
+    without a graph, a floating dtype or a state dict, is a CheckpointError naming it."""
     path = path_of(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        with zipfile.ZipFile(path) as archive:  # torch.load does not check the bytes of the tensors it reads
-            bad = archive.testzip()
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # a whole archive whose pickle needs more than tensors and plain containers
-        raise CheckpointError(f"{path} holds objects other than tensors and was not loaded: connlearn loads "
-                              "checkpoints with weights_only=True, which runs no code; load it by hand only if "
-                              "you trust its source") from None
-    except Exception as exc:  # zipfile and torch raise several kinds for truncated or foreign files
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") from None
+    with open_input(path, "checkpoint", CheckpointError) as file:
+        try:
+            with zipfile.ZipFile(file) as archive:  # torch.load does not check the bytes of the tensors it reads
+                bad = archive.testzip()
+            file.seek(0)
+            ckpt = torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # a whole archive whose pickle needs more than tensors and plain containers
+            raise CheckpointError(f"{path} holds objects other than tensors and was not loaded: connlearn loads "
+                                  "checkpoints with weights_only=True, which runs no code; load it by hand only if "
+                                  "you trust its source") from None
+        except Exception as exc:  # zipfile and torch raise several kinds for truncated or foreign files
+            raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: "
+                                  f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") from None
     if bad is not None:
         raise CheckpointError(f"{path} is corrupt: its entry {bad!r} fails its checksum")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
@@ -107,17 +107,40 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if ckpt.get("version") != VERSION:
         raise CheckpointError(f"{path} is a checkpoint of version {ckpt.get('version')!r}; this connlearn reads "
                               f"version {VERSION}")
+    missing = [key for key, kind in (("graph", str), ("dtype", str), ("model", dict))
+               if not isinstance(ckpt.get(key), kind)]
+    dtype = getattr(torch, str(ckpt.get("dtype")), None)
+    if missing or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise CheckpointError(f"{path} is damaged: " + (f"it has no {' nor '.join(missing)}" if missing else
+                                                        f"its dtype {ckpt['dtype']!r} is not a floating type"))
     return ckpt
 
 
 def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> ConnectivityNet:
-    """The network of ``ckpt`` (a dict or a path), on the CPU, with its weights."""
+    """The network of ``ckpt`` (a dict or a path), on the CPU, with its weights. The weights are checked against
+    the network its graph describes: the same names, shapes and kinds of value."""
     ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
     with torch.random.fork_rng(devices=[]):  # its weights are loaded over
         net = ConnectivityNet(BranchGraph.from_json(ckpt["graph"])).to(getattr(torch, ckpt["dtype"]))
     branched = ckpt.get("engine") == "reference"  # saved on the per-branch engine connlearn once had
-    net.load_state_dict(state_of_branches(net, ckpt["model"]) if branched else ckpt["model"])
+    expected, found = net.state_dict(), state_of_branches(net, ckpt["model"]) if branched else ckpt["model"]
+    faults = ([f"{k} is missing" for k in expected if k not in found] +
+              [f"{k} is not one of its network's" for k in found if k not in expected] +
+              [f"{k} is {_described(found[k])}, its network's {_described(v)}" for k, v in expected.items()
+               if k in found and _described(found[k]) != _described(v)])
+    if faults:
+        raise CheckpointError("the checkpoint's weights do not fit the network its graph describes: " + "; ".join(
+            faults[:3]) + (f"; and {len(faults) - 3} more" if len(faults) > 3 else ""))
+    net.load_state_dict(found)
     return net
+
+
+def _described(value: Any) -> str:
+    """What must match between a saved value and the network's: a tensor's shape and kind, else its type."""
+    if not torch.is_tensor(value):
+        return type(value).__name__
+    kind = "floating" if value.is_floating_point() else "complex" if value.is_complex() else "integer"
+    return f"{kind} {list(value.shape)}"
 
 
 def architecture(graph: BranchGraph) -> tuple[tuple[str, str], ...]:

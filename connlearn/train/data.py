@@ -1,7 +1,7 @@
 """Datasets in memory: the packed file formats, conversions, a generated stand-in, and finding data.
 
-An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB) with int64
-labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
+An :class:`ImageDataset` is uint8 images ``[N, H, W, C]`` (any size, C channels: 1 grey, 3 RGB, ...) with
+int64 labels. The packed format is one ``.npz``: for each split ``train``/``test``, ``{split}_jpeg`` (the encoded
 image files joined end to end, uint8), ``{split}_offsets`` (N+1 integers: image ``i`` is
 ``buf[off[i]:off[i+1]]``) and ``{split}_labels``; ``class_names``; ``encoding`` (``png``; JPEG where absent).
 :func:`pack` writes it from an ImageDataset, a torchvision dataset or an image folder (``connlearn pack``).
@@ -21,7 +21,9 @@ import colorsys
 import io
 import math
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,12 +35,14 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from connlearn.errors import ConfigError, DataError, check_choice, check_int
-from connlearn.files import path_of, write_atomic
+from connlearn.files import memory_available, open_input, path_of, write_atomic
 
 DATA_ENV = "CONNLEARN_DATA"
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100, "imagenet": 1000}
 PACK_MINIIMAGENET = "connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz"
 ENCODINGS = ("png", "jpeg")
+ENCODED_CHANNELS = {"png": (1, 2, 3, 4), "jpeg": (1, 3)}  #: the channel counts each encoding stores
+KEPT_MODES = ("L", "LA", "RGB", "RGBA")  #: decoded as they are (1, 2, 3 or 4 channels); others as RGB
 CACHE = Path("~/.cache/connlearn")
 
 
@@ -84,7 +88,10 @@ def whole_labels(values: Any) -> np.ndarray:
     if array.dtype.kind not in "iub":
         floats = array.astype(np.float64) if array.dtype.kind == "f" else None
         bad = np.flatnonzero(floats != np.round(floats)) if floats is not None else [0]
-        if floats is None or len(bad):
+        if floats is None:
+            raise DataError(f"labels must be whole numbers; label 0 is {array.flat[0].item()!r} (for named classes: "
+                            "labels 0..C-1 and the names as class_names)")
+        if len(bad):
             raise DataError(f"labels must be whole numbers; label {bad[0]} is {array.flat[bad[0]].item()!r}")
     return array.astype(np.int64)
 
@@ -281,7 +288,7 @@ def _decode(buffer: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
     def image(i: int) -> np.ndarray:
         try:
             with Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]])) as opened:
-                array = np.asarray(opened if opened.mode in ("L", "RGB") else opened.convert("RGB"))
+                array = np.asarray(opened if opened.mode in KEPT_MODES else opened.convert("RGB"))
         except UnidentifiedImageError:
             raise DataError(f"{where}: image {i} is not an image file Pillow can identify") from None
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -306,8 +313,9 @@ def load_packed(path: str | os.PathLike) -> tuple[Any, Any]:
     """``(train, test)`` of a packed ``.npz`` file (the formats of this module's docstring): ImageDatasets, or
     ArrayDatasets for a file of arrays."""
     path = path_of(path)
+    file = open_input(path, "packed dataset")
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = np.load(file, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise DataError(f"{path} holds one array (a .npy file), not a packed dataset; write one with "
                             "connlearn pack")
@@ -337,13 +345,20 @@ def load_packed(path: str | os.PathLike) -> tuple[Any, Any]:
             raise
         raise DataError(f"{path} is not a readable packed dataset ({type(exc).__name__}: {exc}); write one with "
                         "connlearn pack") from None
+    finally:
+        file.close()
     return splits[0], splits[1]
 
 
 def _arrays(path: Path, archive: Any) -> tuple[Any, Any]:
     """``(train, test)`` of a packed file of arrays: ``train_x``, ``train_y``, ``test_x``, ``test_y`` and,
     optionally, ``class_names`` (else ``0 .. classes - 1``); ImageDatasets where the arrays are 4-D."""
-    labels = [archive[f"{split}_y"] for split in ("train", "test")]
+    labels = []
+    for split in ("train", "test"):
+        try:
+            labels.append(whole_labels(archive[f"{split}_y"]))
+        except DataError as exc:
+            raise DataError(f"{path} ({split}): {exc}") from None
     classes = int(max(np.max(y) for y in labels)) + 1 if all(len(y) for y in labels) else 1
     names = (tuple(str(n) for n in np.atleast_1d(archive["class_names"])) if "class_names" in archive.files
              else tuple(str(c) for c in range(classes)))
@@ -352,6 +367,9 @@ def _arrays(path: Path, archive: Any) -> tuple[Any, Any]:
     if xs[0].ndim == 4 and xs[0].shape[3] > xs[0].shape[1]:  # more channels than rows: [N, C, H, W] read wrongly
         raise DataError(f"{path}: train_x is {list(xs[0].shape)}, images of {xs[0].shape[3]} channels and "
                         f"{xs[0].shape[1]} rows; images are [N, H, W, C] (from [N, C, H, W]: x.transpose(0, 2, 3, 1))")
+    if xs[0].ndim == 3 and xs[0].dtype == np.uint8:  # grey images without their channel axis, not signals
+        raise DataError(f"{path}: train_x is uint8 {list(xs[0].shape)}, which reads as {xs[0].shape[1]}-channel "
+                        "signals; images need [N, H, W, C] (grey ones: x[..., None]); signals: store them as floats")
     for split, x, y in zip(("train", "test"), xs, labels, strict=True):
         try:
             splits.append(ImageDataset(x, y, names) if xs[0].ndim == 4 else ArrayDataset(x, y, names))
@@ -404,6 +422,7 @@ def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> 
 GREY_MODES = ("1", "L", "I", "I;16", "F")
 
 
+
 def read_image_folder(folder: str | os.PathLike, size: int | None = None, classes: Sequence[str] | None = None,
                       channels: int | None = None) -> ImageDataset:
     """The images of ``folder`` (one folder of images per class: :func:`image_files`, ``classes`` as there),
@@ -423,9 +442,13 @@ def read_image_folder(folder: str | os.PathLike, size: int | None = None, classe
         try:
             with Image.open(path) as opened:
                 image = opened.convert("L" if channels == 1 else "RGB")
+                cut = opened.format == "PNG" and _png_rows_missing(path)
             array = np.asarray(image if size is None else image.resize((size, size), Image.Resampling.BILINEAR))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise DataError(f"{path} is not a readable image ({exc})") from None
+        if cut:
+            raise DataError(f"{path}: its image data ends before the rows its header declares (a cut PNG, which "
+                            "would pack with black rows); re-save or remove it")
         return array[:, :, None] if array.ndim == 2 else array
 
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
@@ -433,6 +456,32 @@ def read_image_folder(folder: str | os.PathLike, size: int | None = None, classe
     if len({a.shape for a in arrays}) > 1:
         raise DataError(f"the images of {folder} differ in size; give size (--size) to resize them to one")
     return ImageDataset(np.stack(arrays), files.labels, files.class_names)
+
+
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _png_rows_missing(path: str) -> bool:
+    """Whether a PNG file's image data ends before the rows its header declares: Pillow reads such a file
+    without a word and leaves the missing rows black. The IDAT chunks, inflated, against the bytes the rows
+    need (a filter byte and the packed pixels per row, per Adam7 pass where interlaced)."""
+    with open_input(path, "image") as f:
+        data = f.read()
+    header, parts, at = b"", [], 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        header = data[at + 8:at + 21] if kind == b"IHDR" else header
+        parts += [data[at + 8:at + 8 + length]] if kind == b"IDAT" else []
+        at += 12 + length
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    bits = depth * {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(colour, 1)
+    passes = [(-(-(width - x) // dx), -(-(height - y) // dy)) for x, y, dx, dy in _ADAM7] if interlace else [
+        (width, height)]
+    need = sum(h * (1 + (w * bits + 7) // 8) for w, h in passes if w > 0 and h > 0)
+    try:
+        return len(zlib.decompressobj().decompress(b"".join(parts), need)) < need
+    except zlib.error:
+        return True
 
 
 def _header(path: str) -> tuple[str, tuple[int, int]]:
@@ -447,22 +496,23 @@ def _header(path: str) -> tuple[str, tuple[int, int]]:
 def check_memory(need: int, what: str) -> None:
     """A DataError where ``need`` bytes exceed the memory available now (``MemAvailable``; unchecked where the
     system does not say)."""
-    try:
-        with open("/proc/meminfo") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return
-    if need > free:
+    free = memory_available()
+    if free is not None and need > free:
         raise DataError(f"{what} need about {need / 2**30:.1f} GiB of memory; {free / 2**30:.1f} GiB are available "
                         "(pack fewer or smaller images: --size)")
 
 
 def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
     """Write ``train`` and ``test`` (ImageDatasets or torchvision datasets) as a packed ``.npz`` file;
-    ``png`` is lossless, ``jpeg`` smaller. Returns its path."""
+    ``png`` is lossless (1 to 4 channels), ``jpeg`` smaller (1 or 3). Returns its path."""
     check_choice("image format", format, ENCODINGS)
     train = as_image_dataset(train)
     test = as_image_dataset(test, train.class_names)
+    if train.channels not in ENCODED_CHANNELS[format]:
+        raise DataError(f"{format} holds images of {' or '.join(map(str, ENCODED_CHANNELS[format]))} channels, not "
+                        f"{train.channels}: " + ("pack them as png" if train.channels in ENCODED_CHANNELS["png"] else
+                                                 "keep them as an .npz of uint8 arrays train_x [N, H, W, C], "
+                                                 "train_y, test_x, test_y, which trains as it is"))
     arrays: dict[str, Any] = {"class_names": np.array(train.class_names, dtype=str), "encoding": np.array(format)}
     for split, dataset in (("train", train), ("test", test)):
         files: list[bytes] = [b""] * len(dataset)
@@ -535,6 +585,9 @@ def find_packed(name: str, data: str | os.PathLike | None = None) -> Path | None
         return path_of(data)
     if data is not None and not path_of(data).exists():
         raise DataError(f"--data {data}: no such file or folder")
+    if data is not None and not path_of(data).is_dir():
+        raise DataError(f"--data {data} is neither a regular file nor a folder (a FIFO or a device?); give a packed "
+                        ".npz file or the folder that holds it")
     for folder in data_folders(data):
         for file in (folder / f"{name}_jpeg.npz", folder / f"{name}.npz"):
             if file.is_file():
@@ -570,6 +623,8 @@ def load_dataset(name: str, data: str | os.PathLike | None = None,
             raise OSError("download=False")
         splits = [cifar(str(path_of(CACHE)), train=t, download=True) for t in (True, False)]
     except Exception as exc:  # torchvision raises URLError, RuntimeError, OSError... when it cannot download
-        raise DataError(f"no {name} data found ({looked}; the download failed: {' '.join(str(exc).split())[:200]}). "
+        default = ": cifar100 is the default dataset, --dataset names another" if name == "cifar100" else ""
+        failed = " ".join(str(exc).split())[:200]
+        raise DataError(f"no {name} data found{default} ({looked}; the download failed: {failed}). "
                         f"{where_to_put(name, data)}; or pass --data FILE_OR_FOLDER") from None
     return as_image_dataset(splits[0]), as_image_dataset(splits[1])

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import connlearn
 from connlearn import plots, render
 from connlearn.errors import ConfigError, DataError, check_choice
-from connlearn.files import path_of, remove_leftovers, write_text
+from connlearn.files import path_of, read_text, remove_leftovers, write_text
 from connlearn.gates import GATES
 from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
@@ -274,7 +274,7 @@ def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.
         path = path_of(config.connectivity)
         if path.resolve().parent == path_of(config.output).resolve():
             raise ConfigError(f"connectivity {path} lies in the run's own folder, whose checkpoints it overwrites")
-        text = path.read_text(encoding="utf-8-sig") if path.suffix == ".json" else load_checkpoint(path)["graph"]
+        text = read_text(path, "graph", ConfigError) if path.suffix == ".json" else load_checkpoint(path)["graph"]
         graph = BranchGraph.from_json(text)
         check_finite_gates(graph.validate(), f"connectivity {path}")
         if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
