@@ -389,7 +389,7 @@ def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Sta
     residual, conv_init = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init")
     if single:  # ResNeXt's own start; one branch's where asked
         body = cast(Any, BLOCKS.get(d["block"])).single_stream(in_ch, out_ch, stride, c, **d["params"], **shape)
-        if conv_init == "branch":
+        if conv_init == "branch" and _can(body, "init_conv_scale", "branch", "resnext", d["block"]):
             body.init_conv_scale(math.sqrt(c))
         return SingleStreamModule(body, proj)
     gate = None
