@@ -25,11 +25,11 @@ from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
-RECIPE = get_recipe("cifar").scaled(4)
-CHECKPOINT_KEYS = {"format", "version", "graph", "engine", "dtype", "model", "environment", "optimizer",
-                   "gate_optimizer", "scaler", "epoch", "step", "recipe", "history", "best_top1", "meta", "within_epoch",
-                   "rng", "frozen_from", "data_seed"}  # what the checkpoints of earlier versions hold
-WITHIN_EPOCH_KEYS = {"batch", "sums", "draws", "elapsed", "rng_at_start", "last_connectivity"}  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
+RECIPE = get_recipe("cifar").scaled(4)  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
+CHECKPOINT_KEYS = {"format", "version", "graph", "engine", "dtype", "model", "environment", "optimizer", "scaler",
+                   "gate_optimizer", "epoch", "step", "recipe", "history", "best_top1", "meta", "within_epoch", "rng",
+                   "frozen_from", "data_seed"}  # what the checkpoints of earlier versions hold
+WITHIN_EPOCH_KEYS = {"batch", "sums", "draws", "elapsed", "rng_at_start", "last_connectivity"}
 
 
 def _trainer(out, loader=None, recipe=RECIPE, **options):

@@ -33,12 +33,6 @@ WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
 CHECKPOINTS = ("last.pt", ".next.pt", "previous.pt", "best.pt")
 
 
-def _present(path: Path) -> bool:
-    """Whether there is anything at ``path``: a symlink that leads nowhere (or in a loop) too, which a resume
-    must refuse rather than start afresh over it."""
-    return os.path.lexists(path)
-
-
 class RunFolder:
     """The files of a run in ``path``; ``saved``: the (epochs, batches of the next epoch) that ``last.pt``
     holds, None before the first save."""
@@ -97,9 +91,9 @@ class RunFolder:
         stop between the renames of a save left, or, where ``last.pt`` is gone, ``previous.pt``)."""
         if resume not in (True, "auto"):
             return path_of(resume)  # type: ignore[arg-type]
-        following = self.path / ".next.pt"
-        found = (self.last if _present(self.last) else following if _present(following)
-                 else self.last if _present(self.path / "previous.pt") else None)
+        following, present = self.path / ".next.pt", os.path.lexists  # a link to nowhere too: refused, not replaced
+        found = (self.last if present(self.last) else following if present(following)
+                 else self.last if present(self.path / "previous.pt") else None)
         if resume is True and found is None:
             raise CheckpointError(f"resume=True, but {self.path} holds no checkpoint")
         some = float(found is not None)
@@ -128,7 +122,7 @@ class RunFolder:
         self.saved = saved
         if not self.is_main:
             return
-        if path.name == ".next.pt" and path.parent.resolve() == self.path.resolve() and not _present(self.last):
+        if path.name == ".next.pt" and path.parent.resolve() == self.path.resolve() and not os.path.lexists(self.last):
             os.replace(path, self.last)
         write_jsonl(self.path / "log.jsonl", history)
         snapshots = self.path / "gates.jsonl"

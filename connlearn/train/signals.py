@@ -28,7 +28,7 @@ from connlearn.train.ranks import on_every_rank, over_ranks
 
 #: Ctrl-C, a scheduler's SIGTERM and Slurm's ``--signal`` default, SIGUSR1.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-_active: tuple[signal.Signals, ...] = ()  # what a StopSignals block stops on now (its workers ignore them)
+_active: tuple[signal.Signals, ...] = ()  # what a StopRequests block stops on now (its workers ignore them)
 CHECK_EVERY = 10  # steps between the ranks' checks for a stop signal within an epoch under torch.distributed
 
 
@@ -65,16 +65,21 @@ def check_signals(signals: Iterable[Any] | None) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(out))
 
 
-class StopSignals:
-    """For a ``with`` block: notes the first of ``signals`` received (``received``: its number, else 0);
-    after it Ctrl-C gets its earlier handler back. ``say``: print that it was received."""
+class StopRequests:
+    """Why a ``fit`` stops before its end, asked by every rank together: the first of ``signals`` received (by
+    any rank; within an epoch under torch.distributed the ranks compare theirs every :data:`CHECK_EVERY`
+    steps) or, between epochs, ``time_limit`` (seconds from now) spent on any rank. A ``with`` block listens
+    for the signals; after the first, Ctrl-C gets its earlier handler back. ``say``: print that it came."""
 
-    def __init__(self, signals: Iterable[signal.Signals], *, say: bool = True) -> None:
-        self.signals, self.say, self.received = tuple(signals), say, 0
+    def __init__(self, signals: Iterable[Any] | None, time_limit: float | None, device: torch.device, *,
+                 say: bool) -> None:
+        self.signals, self.say, self.received = check_signals(signals), say, 0
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+        self.device = device
         self._earlier: dict[signal.Signals, Any] = {}
         self._outer: tuple[signal.Signals, ...] = ()
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> StopRequests:
         global _active
         for s in self.signals:
             if signal.getsignal(s) not in (signal.SIG_IGN, None):  # None: a handler set outside Python
@@ -99,30 +104,11 @@ class StopSignals:
             os.write(2, f"\nconnlearn: {signal.Signals(signum).name} received: stopping after this step, with a "
                         "checkpoint (Ctrl-C again stops at once)\n".encode())
 
-
-class StopRequests:
-    """Why a ``fit`` stops before its end, asked by every rank together: the first of ``signals`` received (by
-    any rank; within an epoch under torch.distributed the ranks compare theirs every :data:`CHECK_EVERY`
-    steps) or, between epochs, ``time_limit`` (seconds from now) spent on any rank. A ``with`` block listens."""
-
-    def __init__(self, signals: Iterable[Any] | None, time_limit: float | None, device: torch.device, *,
-                 say: bool) -> None:
-        self.signals = StopSignals(check_signals(signals), say=say)
-        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
-        self.device = device
-
-    def __enter__(self) -> StopRequests:
-        self.signals.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.signals.__exit__(*exc)
-
     def signal(self, step: int | None = None) -> int:
         """The stop signal received, else 0; ``step``: the step just taken within an epoch."""
-        if not self.signals.signals or (step is not None and distributed() and step % CHECK_EVERY):
+        if not self.signals or (step is not None and distributed() and step % CHECK_EVERY):
             return 0
-        return int(over_ranks(float(self.signals.received), "max", self.device))
+        return int(over_ranks(float(self.received), "max", self.device))
 
     def time_left(self) -> bool:
         return on_every_rank(self.deadline is None or time.perf_counter() < self.deadline, self.device)
