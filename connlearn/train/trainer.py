@@ -190,13 +190,12 @@ class Trainer:
         phase = self.recipe.phases[0]
         groups = param_groups(self.net, phase.lr, self.recipe.weight_decay, phase.gate_lr, self.recipe.gate_momentum)
         own = len(groups) > 1 and (self.recipe.gate_optimizer == "adam" or self.gate_loader is not None)
-        momentum, nesterov = self.recipe.momentum, self.recipe.nesterov
-        self.optimizer = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, momentum=momentum,
-                                         nesterov=nesterov)
+        momentum = self.recipe.momentum
+        self.optimizer = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, momentum=momentum)
         self.gate_optimizer = None if not own else (
             torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
             if self.recipe.gate_optimizer == "adam" else torch.optim.SGD(groups[1:], lr=phase.gate_lr,
-                                                                         momentum=momentum, nesterov=nesterov))
+                                                                         momentum=momentum))
         self.updater.attach(self.gate_optimizer or self.optimizer)
         self._last_connectivity = self.net.connectivity()
         self._wrap()
