@@ -274,6 +274,7 @@ CASES = [
     (lambda t: _compare("--arm", "a gate=random", "--arm", "a gate=topk", "--out", t), ConfigError,
      ["arm 'a' is given twice"]),
     (lambda t: parse_arm(""), ConfigError, ["--arm ''", "give a name and its options"]),
+    (lambda t: Study({"a": {}, "b": {}}, {}, (0, -1), t, "a"), ConfigError, ["seed must be in [0", "got -1"]),
     (lambda t: _compare("--arm", "a gate=random", "--arm", "b", "--parallel", 0, "--out", t / "s"), ConfigError,
      ["--parallel must be in [1", "got 0"]),
     (lambda t: _compare("--arm", "a gate=random", "--arm", "b", "--threads", -1, "--out", t / "s"), ConfigError,

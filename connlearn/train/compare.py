@@ -61,7 +61,7 @@ def check_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
-    """``"NAME key=value ..."`` (``gumbel gate=gumbel K=4 gate_lr=0.05``) as ``(name, options)``."""
+    """``"NAME key=value ..."`` (``gumbel gate=gumbel K=4 gate_warmup=2``) as ``(name, options)``."""
     if not text.split():
         raise ConfigError(f"--arm {text!r}: give a name and its options, e.g. --arm 'gumbel gate=gumbel K=4'")
     name, *pairs = text.split()
@@ -116,6 +116,8 @@ class Study:
             raise ConfigError(f"baseline {self.baseline!r} is not an arm; arms: {', '.join(self.arms)}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ConfigError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+        for seed in self.seeds:
+            OPTIONS["seed"].validate(seed)
         for name, options in self.arms.items():
             shared = [k for k in options if k in names(SHARED)]
             if shared:

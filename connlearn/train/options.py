@@ -324,9 +324,6 @@ class RunConfig:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
 
-    def __hash__(self) -> int:
-        return hash(tuple(map(repr, self.to_dict().items())))
-
     def __repr__(self) -> str:
         return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items() if v != OPTIONS[k].default)})"
 
