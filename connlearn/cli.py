@@ -29,8 +29,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
     for option in OPTIONS.values():
         if option.name in skip:
             continue
-        choices = f"; one of {', '.join(map(str, option.choices))}" if option.choices else ""
-        default = "" if option.default in (None, False) else f" (default {option.default})"
+        named = all(str(c) in option.help for c in option.choices)  # a help that names its choices lists them no more
+        choices = "" if named else f"; one of {', '.join(map(str, option.choices))}"
+        default = "" if option.default is None or option.default is False else f" (default {option.default})"
         parser.add_argument("--" + option.name.replace("_", "-"), default=None, help=option.help + choices + default,
                             **option.flag)
 

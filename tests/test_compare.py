@@ -102,25 +102,23 @@ def test_a_tiny_study_end_to_end_from_a_folder_holding_a_connlearn_folder(tmp_pa
     error = capsys.readouterr().err
     assert "random-s0 (K=2 there, 1 here); random-s1" in error and "--rerun-changed" in error
     assert (tmp_path / "topk-s0" / "summary.json").stat().st_mtime_ns == first
-    assert main([*argv, *changed, "--rerun-changed"]) == 0
-    assert json.loads((tmp_path / "random-s1" / "summary.json").read_text())["K"] == 1
-    assert (tmp_path / "random-s1.replaced-1" / "summary.json").is_file()
-    capsys.readouterr()
     assert main([*argv, *arms, "--print-commands"]) == 0
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 6 and all(" train " in c and "--seed" in c for c in commands)
     assert all("--connectivity" in c for c in commands[4:])  # the retrained runs come last
 
 
-def test_parallel_runs_go_to_the_least_busy_visible_gpu(tmp_path, monkeypatch):
-    seen = []
+def _instant_runs(monkeypatch):
+    """Runs that end at once with a summary; returns (folder, CUDA_VISIBLE_DEVICES) of each as it starts."""
+    started = []
 
-    class Finished:  # a run that ends at once, with its summary
+    class Finished:
         returncode, pid = 0, None
 
         def __init__(self, command, env, **_):
-            seen.append(env.get("CUDA_VISIBLE_DEVICES"))
-            (Path(command[command.index("--out") + 1]) / "summary.json").write_text('{"test_top1": 50.0, "run": {}}')
+            out = Path(command[command.index("--out") + 1])
+            started.append((out.name, env.get("CUDA_VISIBLE_DEVICES")))
+            (out / "summary.json").write_text('{"test_top1": 50.0, "run": {}}')
 
         def poll(self):
             return 0
@@ -129,12 +127,28 @@ def test_parallel_runs_go_to_the_least_busy_visible_gpu(tmp_path, monkeypatch):
             return 0
 
     monkeypatch.setattr(compare.subprocess, "Popen", Finished)
+    return started
+
+
+def test_parallel_runs_go_to_the_least_busy_visible_gpu(tmp_path, monkeypatch):
+    started = _instant_runs(monkeypatch)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     study = compare.Study({"a": {}, "b": {}, "c": {"device": "cuda:0"}}, {"dataset": "cifar10", "synthetic": True},
                           (0,), tmp_path, "a")
     assert compare.run_study(study, parallel=3) == []
-    assert seen == ["3", "5", "3,5"]  # a run that sets its device keeps the parent's view
+    assert [gpu for _, gpu in started] == ["3", "5", "3,5"]  # a run that sets its device keeps the parent's view
+
+
+def test_a_run_of_changed_settings_is_set_aside_and_trained_again_on_request(tmp_path, monkeypatch):
+    started = _instant_runs(monkeypatch)
+    _run(tmp_path / "a-s0", 50.0, gate="random", K=2)
+    _run(tmp_path / "b-s0", 51.0, gate="random")
+    study = compare.Study({"a": {"gate": "random", "K": 1}, "b": {"gate": "random"}},
+                          {"dataset": "cifar10", "epochs": 16}, (0,), tmp_path, "a")
+    assert compare.changed_runs(study) == {"a-s0": "K=2 there, 1 here"}
+    assert compare.run_study(study, rerun_changed=True) == []
+    assert started == [("a-s0", None)] and (tmp_path / "a-s0.replaced-1" / "summary.json").is_file()
 
 
 def test_a_report_of_mixed_settings_is_one_line_and_overwrites_nothing(tmp_path, capsys):
