@@ -44,8 +44,8 @@ from connlearn.errors import ConfigError, ConnlearnError, check_choice
 from connlearn.files import read_jsonl, write_text
 from connlearn.topologies import CONV_INITS, RESIDUAL_INITS, resnext
 from connlearn.train.checkpoint import folder_lock
+from connlearn.train.options import defaults as run_defaults
 from connlearn.train.protocol import RunConfig, run
-from connlearn.train.protocol import defaults as run_defaults
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES

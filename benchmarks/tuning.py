@@ -66,7 +66,7 @@ def write(K: int, out: Path, seed: int) -> None:
 
 def analyse(folders: list[Path]) -> str:
     from connlearn.train.compare import collect
-    from connlearn.train.protocol import GATE_TRAINING
+    from connlearn.train.options import GATE_TRAINING, defaults, names
 
     found, _ = collect(folders)
     done = {a: runs for a, runs in found.items() if set(SEEDS) <= set(runs)}
@@ -84,7 +84,7 @@ def analyse(folders: list[Path]) -> str:
         arms = tried if kind == "random search" else sorted(a for a in top1 if a.rsplit("_", 1)[0] == kind)
         for arm in arms:
             run = done[arm][SEEDS[0]]["run"]  # the knobs a configuration sets: where it leaves the paper's
-            knobs = ", ".join(f"{k[5:]} {run[k]}" for k, paper in GATE_TRAINING.items() if run[k] != paper)
+            knobs = ", ".join(f"{k[5:]} {run[k]}" for k in names(GATE_TRAINING) if run[k] != defaults()[k])
             lines.append(f"| {arm} | {knobs or '-'} | " + " | ".join(f"{v:.2f}" for v in top1[arm]) +
                          f" | {top1[arm].mean():.2f} | {(top1[arm] - random).mean():+.2f} |")
         if arms:

@@ -16,108 +16,51 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int, closest, number_or_text
+from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int
 from connlearn.files import check_target, path_of, read_text
-
-HELP = {
-    "dataset": "cifar10, cifar100, miniimagenet, imagenet, or custom: a packed file of your own (--data), "
-               "grey or RGB images of any size (default cifar100)",
-    "preset": "architecture {D,w,C} (default: the dataset's, e.g. cifar-29-8-8)",
-    "gate": "topk (GateConnect, default), real, random (Fixed-Random), full (ResNeXt), or a registered kind",
-    "K": "inputs per block (default C/2; C for full)",
-    "epochs": "total epochs: the paper's schedule scaled to it (default: the paper's, 320 for CIFAR)",
-    "phases": "epochs of each of the four phases (phase 1 learns the gates)",
-    "seed": "the weights, gates, data order and augmentation (default 0)",
-    "data": "a packed .npz file or a folder holding one (default: $CONNLEARN_DATA, ./data, ../shared/data, "
-            "~/.cache/connlearn; CIFAR downloads there); custom: the .npz file; imagenet: the folder of train/, val/",
-    "out": "the run's folder; the same command again resumes there (default runs/DATASET)",
-    "device": "cpu, cuda, cuda:1 (default: cuda where there is one)",
-    "compile": "torch.compile the network, in MODE (on a GPU: reduce-overhead)",
-    "gate_rule": "how the gates learn: plain (the paper's), centered, normalized, double-centered, renormalized",
-    "gate_init": "initial real gates: a value in [0, 1] or 'uniform' (default 0.5)",
-    "gate_optimizer": "sgd (the paper's: the gates in the weights' SGD at --gate-lr) or adam (the gates alone in "
-                      "Adam at --gate-lr, e.g. 0.01)",
-    "gate_holdout": "hold out this many training images (apart from --train-subset's) for the gates: each "
-                    "weight step is followed by a gate step on a held-out batch (first-order bilevel)",
-    "gate_warmup": "epochs at the start of phase 1 in which the gates do not learn (the draws go on; default 0). "
-                   "The gate options a run leaves unset take its gate kind's settings (docs/estimators.md)",
-    "gate_temperature": "sampling temperature of phase 1 (default 1, the paper's; below 1: closer to the top-K)",
-    "gate_temperature_end": "anneal the temperature geometrically over phase 1 to this value",
-    "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "
-                     "one: as built; zero",
-    "kernels": "unlike branches: branch j's middle kernel is the j-th of these sizes, cycled (e.g. 1 3 5)",
-    "conv_init": "the inner convolutions start at one branch's scale (branch, the default) or ResNeXt's (resnext)",
-    "connectivity": "train this checkpoint's (or graph JSON's) connectivity from scratch, with new weights",
-    "train_subset": "train on a class-balanced subset of this many images",
-    "test_subset": "evaluate on a class-balanced subset of this many images",
-    "val_split": "hold out this many training images and evaluate on them instead of the test set",
-    "synthetic": "train on a small generated stand-in of the dataset (a smoke run, not a result)",
-    "checkpoint_every": "also write last.pt every this many steps within epochs",
-    "eval_every": "evaluate after every this many epochs, and after the last (default 1)",
-    "recalibrate_bn": "before the last evaluation, recompute the batch-norm statistics of the final "
-                      "connectivity over this many training batches (default 0: not)",
-}
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """A flag for every option of :class:`~connlearn.train.protocol.RunConfig` but those in ``skip``."""
-    from connlearn.train.protocol import RunConfig
+    """A flag for every run option (:data:`~connlearn.train.options.OPTIONS`) but those in ``skip``."""
+    from connlearn.train.options import OPTIONS
 
-    parser.add_argument("--config", metavar="FILE", help="a JSON or TOML file of these options by their field "
-                                                          "names; flags override it")
-    for field in attrs.fields(RunConfig):
-        if field.name in skip:
+    parser.add_argument("--config", metavar="FILE", help="a JSON or TOML file of these options by their names "
+                                                          "(a relative data path from its folder); flags override it")
+    for option in OPTIONS.values():
+        if option.name in skip:
             continue
-        text, choices = HELP.get(field.name, ""), field.metadata.get("choices", [])
-        if not all(c in text for c in choices):  # the choices the help does not name yet
-            default = f" (default {field.default})" if isinstance(field.default, str) else ""
-            text = f"{text}{'; ' if text else ''}one of {', '.join(choices)}{default}"
-        flag, options = "--" + field.name.replace("_", "-"), dict[str, Any](help=text or None, default=None)
-        if field.name == "phases":
-            options.update(type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"))
-        elif field.name == "kernels":
-            options.update(type=int, nargs="+", metavar="K")
-        elif field.name == "compile":
-            options.update(nargs="?", const="default", metavar="MODE")
-        elif isinstance(field.default, bool):
-            options.update(action=argparse.BooleanOptionalAction)
-        else:  # a value of the field's type: "--out 007" is the folder 007
-            kinds = str(field.type)
-            options.update(type=number_or_text if field.name == "gate_init" else int if kinds.startswith("int") else
-                           float if kinds.startswith("float") else str)
-        parser.add_argument(flag, **options)
+        named = all(str(c) in option.help for c in option.choices)  # a help that names its choices lists them no more
+        choices = "" if named else f"; one of {', '.join(map(str, option.choices))}"
+        default = "" if option.default is None or option.default is False else f" (default {option.default})"
+        parser.add_argument("--" + option.name.replace("_", "-"), default=None, help=option.help + choices + default,
+                            **option.flag)
 
 
 def config_from(args: argparse.Namespace, dataset: str | None = None, only_given: bool = False) -> Any:
     """The RunConfig of parsed flags, on top of ``--config`` (``only_given``: just the options they set)."""
-    from connlearn.train.protocol import RunConfig
+    from connlearn.train.options import OPTIONS, RunConfig
 
-    fields = [f.name for f in attrs.fields(RunConfig)]
-    options: dict[str, Any] = _read_config(path_of(args.config), fields) if args.config else {}
-    options.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    options: dict[str, Any] = _read_config(path_of(args.config)) if args.config else {}
+    options.update({k: v for k, v in vars(args).items() if k in OPTIONS and v is not None})
     if dataset:
         options["dataset"] = dataset
     return options if only_given else RunConfig(**options)
 
 
-def _read_config(path: Path, fields: list[str]) -> dict[str, Any]:
+def _read_config(path: Path) -> dict[str, Any]:
+    """The options of a JSON or TOML file; a relative ``data`` path from its folder."""
     import tomllib
+
+    from connlearn.train.options import check_names, relative_to
 
     text = read_text(path, "config", ConfigError)
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"cannot read the config {path}: {exc}") from None
-    options = {str(k).replace("-", "_"): v for k, v in data.items()} if isinstance(data, dict) else None
-    if options is None:
+    if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold one object of options, e.g. {{\"epochs\": 30}}")
-    for key in options:
-        if key not in fields:
-            hint = closest(key, fields)
-            raise ConfigError(f"{path}: unknown option {key!r}" + (f"; did you mean {hint!r}?" if hint else ""))
-    return options
+    return relative_to(path.parent, check_names(f"{path}: ", data))
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -130,44 +73,62 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from connlearn.train import compare
+    from connlearn.train.options import finite_above
 
+    margin = finite_above(0.0)("--margin", args.margin)
     if args.report:
         if args.arms or args.arm:
             raise ConfigError("--report reads finished runs: give it the folders, without --arms or --arm")
         found, unfinished = compare.collect(args.report)
-        baseline = args.baseline or next(iter(found))
-        out = args.out or next((d for d in args.report if not compare._run_name(path_of(d).name)), None)
+        baseline, out = args.baseline or compare.recorded_baseline(args.report), args.out
+        if baseline is None:
+            raise ConfigError(f"--report: give --baseline NAME (no {compare.STUDY_FILE} in these folders names the "
+                              f"study's); arms: {', '.join(found)}")
     else:
-        common: dict[str, Any] = {}
-        arms: dict[str, dict[str, Any]] = {}
-        baseline = args.baseline
-        if args.arms:
-            common, arms, baseline = compare.read_study(args.arms)
-            baseline = args.baseline or baseline
-        for text in args.arm or ():
-            name, options = compare.parse_arm(text)
-            arms[name] = options
-        if not arms:
-            raise ConfigError("no arms: give --arms FILE.toml or --arm 'NAME key=value ...' (at least two)")
-        common.update({k: v for k, v in config_from(args, only_given=True).items() if k not in compare.PER_RUN})
-        study = compare.Study(arms, common, tuple(args.seeds), path_of(args.out or "runs/compare"),
-                              baseline or next(iter(arms)))
+        study = _study(args)
         if args.print_commands:
+            study.record()
             compare.print_commands(study)
             return 0
-        failed = compare.run_study(study, args.parallel, args.threads)
+        failed = compare.run_study(study, check_int("--parallel", args.parallel, 1),
+                                   check_int("--threads", args.threads, 1), args.rerun_changed)
         found, unfinished = compare.collect([study.out])
         baseline, out = study.baseline, study.out
         unfinished += [name for name in failed if name not in unfinished]
     if not found:
         raise DataError(f"no run has finished ({len(unfinished)} unfinished): nothing to report")
-    result = compare.report(found, baseline, args.margin)
+    result = compare.report(found, baseline, margin)
     print(compare.markdown(result), end="")
     if unfinished:
         print(f"not finished (left out): {', '.join(sorted(set(unfinished)))}")
     if out is not None:
         print("wrote " + ", ".join(map(str, compare.write_report(result, out))))
     return 1 if unfinished and not args.report else 0
+
+
+def _study(args: argparse.Namespace) -> Any:
+    """The study of ``compare``'s flags: the arms of ``--arms`` and ``--arm``, on the train flags given."""
+    from connlearn.train import compare
+    from connlearn.train.options import PER_RUN, names
+
+    common: dict[str, Any] = {}
+    arms: dict[str, dict[str, Any]] = {}
+    baseline = args.baseline
+    if args.arms:
+        common, arms, baseline = compare.read_study(args.arms)
+        baseline = args.baseline or baseline
+    for text in args.arm or ():
+        name, options = compare.parse_arm(text)
+        if name in arms:
+            raise ConfigError(f"arm {name!r} is given twice: name each arm once")
+        arms[name] = options
+    if not arms:
+        raise ConfigError("no arms: give --arms FILE.toml or --arm 'NAME key=value ...' (at least two)")
+    common.update({k: v for k, v in config_from(args, only_given=True).items() if k not in names(PER_RUN)})
+    study = compare.Study(arms, common, tuple(args.seeds), path_of(args.out or "runs/compare"),
+                          baseline or next(iter(arms)))
+    study.check_comparable()
+    return study
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -326,18 +287,22 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arm", action="append", metavar="'NAME key=value ...'",
                    help="an arm on the command line (repeatable), e.g. 'gumbel gate=gumbel K=4'; 'again "
                         "retrain=gumbel' trains the connectivity each seed of arm gumbel learned from scratch")
-    p.add_argument("--baseline", help="the arm the others are compared with (default: the file's, else the first)")
+    p.add_argument("--baseline", help="the arm the others are compared with (default: the file's, else the first; "
+                                      "with --report, the one the study recorded)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="paired seeds (default 0 1 2 3 4)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time, as local processes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run (default 1)")
     p.add_argument("--print-commands", action="store_true",
                    help="print one connlearn train command per run (for SLURM, submitit, ...) and run nothing")
     p.add_argument("--report", nargs="+", metavar="DIR", help="only report the finished runs in these folders "
-                                                              "(made anywhere)")
+                                                              "(made anywhere); it writes nothing without --out")
     p.add_argument("--margin", type=float, default=1.0, help="the equivalence margin of TOST, in points of "
                                                              "top-1 (default 1)")
+    p.add_argument("--rerun-changed", action="store_true", help="train again the finished runs whose recorded "
+                   "settings differ from this command's (by default they are refused); their folders are kept as "
+                   "NAME.replaced-N")
     p.add_argument("--out", help="the study's folder: run ARM of seed S in OUT/ARM-sS, the report beside them "
-                                 "(default runs/compare)")
+                                 "(default runs/compare); with --report, where the report goes")
     add_train_arguments(p, skip=("seed", "out"))
 
 

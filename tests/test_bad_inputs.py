@@ -56,11 +56,29 @@ def _mismatched_splits(tmp_path):
                                                                                           size=6)[1])
 
 
-def _runs(tmp_path, first, second):
+def _runs(tmp_path, first, second, top1=50.0, collected=True):
     for name, run in (("a-s0", first), ("b-s0", second)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text(json.dumps({"test_top1": 50.0, "run": run}))
-    return collect([tmp_path])
+        (tmp_path / name / "summary.json").write_text(json.dumps({"test_top1": top1, "run": run}))
+    return collect([tmp_path]) if collected else tmp_path
+
+
+def _compare(*argv):
+    from connlearn.cli import build_parser, cmd_compare
+
+    return cmd_compare(build_parser().parse_args(["compare", *map(str, argv)]))
+
+
+def _train(*argv):
+    from connlearn.cli import build_parser, config_from
+
+    return config_from(build_parser().parse_args(["train", *map(str, argv)]))
+
+
+def _network(**options):
+    from connlearn.train.protocol import network_graph
+
+    return network_graph(RunConfig(**options))
 
 
 def _images(tmp_path, classes=("a", "b"), n=2, size=8, mode="RGB"):
@@ -280,6 +298,25 @@ CASES = [
     (lambda _: RunConfig(workers=4), ConfigError, ["workers", "loader 'dataloader'"]),
     (lambda _: RunConfig(snapshot_every=-3), ConfigError, ["snapshot_every must be in [0", "got -3"]),
     (lambda _: RunConfig(out=7), ConfigError, ["out must be a path", "got 7"]),
+    (lambda _: RunConfig(epoch=3), ConfigError, ["unknown train option 'epoch'", "did you mean 'epochs'"]),
+    (lambda t: _train("--config", _file(t, "c.json", b'{"epoch": 2}')), ConfigError,
+     ["c.json: unknown train option 'epoch'", "did you mean 'epochs'"]),
+    (lambda _: _train("--M", 3000), ConfigError, ["M must be in [1, 300]", "got 3000"]),
+    (lambda _: _train("--C", 10000), ConfigError, ["C must be in [1, 256]", "got 10000"]),
+    (lambda _: _train("--width", 100000), ConfigError, ["width must be in [1, 4096]", "got 100000"]),
+    (lambda _: _train("--base-channels", 0), ConfigError, ["base_channels must be in [1", "got 0"]),
+    (lambda _: _train("--stem-channels", 10**6), ConfigError, ["stem_channels must be in [1, 65536]"]),
+    (lambda _: _train("--kernels", 3, 999), ConfigError, ["kernels must be in [1, 15]", "got 999"]),
+    (lambda _: _train("--K", 0), ConfigError, ["K must be in [1", "got 0"]),
+    (lambda _: _train("--gate-lr", "inf"), ConfigError, ["gate_lr must be a finite number >= 0", "inf"]),
+    (lambda _: _train("--gate-lr", -0.1), ConfigError, ["gate_lr must be a finite number >= 0", "-0.1"]),
+    (lambda _: _train("--lr", 0), ConfigError, ["lr must be a finite number > 0", "got 0"]),
+    (lambda _: _train("--lr", "nan"), ConfigError, ["lr must be a number", "nan"]),
+    (lambda _: _train("--device", "tpu"), ConfigError, ["unknown device 'tpu'", "cpu, cuda"]),
+    (lambda _: _train("--device", f"cuda:{torch.cuda.device_count()}"), ConfigError, ["this machine has cpu"]),
+    (lambda _: _train("--device", "meta"), ConfigError, ["device 'meta'", "this machine has cpu"]),
+    (lambda _: _network(width=4096), ConfigError, ["{D=29, w=4096, C=8} would hold", "up to 1,000,000,000"]),
+    (lambda _: _network(C=256), ConfigError, ["M=9 modules of C=256 branches", "up to 262,144"]),
     (lambda _: Trainer(connlearn.build(**tiny()), [], None, connlearn.train.get_recipe("cifar"), out_dir=".",
                        amp="fp32"), ConfigError, ["unknown amp mode 'fp32'", "'fp16'"]),
     (lambda t: (os.symlink("last.pt", t / "last.pt"), Trainer(connlearn.build(**tiny()), [], None,
@@ -293,15 +330,31 @@ CASES = [
      ["arm 'gumbel'", "unknown train option 'gate_lrr'", "did you mean 'gate_lr'"]),
     (lambda _: parse_arm("gumbel gate=gumbel seed=3"), ConfigError, ["'seed'", "compare sets seed and out per run"]),
     (lambda _: parse_arm("my-arm gate=topk"), ConfigError, ["arm name 'my-arm'", "letters, digits"]),
-    (lambda t: Study({"a": {"epochs": 4}}, {}, (0,), t, "a"), ConfigError, ["arm 'a' sets epochs", "set them for all"]),
-    (lambda t: Study({"a": {"gate": "gumbell"}}, {}, (0,), t, "a"), ConfigError, ["'gumbell'", "'gumbel'"]),
-    (lambda t: Study({"a": {}}, {}, (0,), t, "b"), ConfigError, ["baseline 'b' is not an arm"]),
-    (lambda t: Study({"a": {"M": 4}}, {}, (0,), t, "a"), ConfigError, ["multiple of 3", "M=4"]),
+    (lambda t: Study({"a": {"epochs": 4}, "b": {}}, {}, (0,), t, "a"), ConfigError,
+     ["arm 'a' sets epochs", "set them for all"]),
+    (lambda t: Study({"a": {"gate": "gumbell"}, "b": {}}, {}, (0,), t, "a"), ConfigError, ["'gumbell'", "'gumbel'"]),
+    (lambda t: Study({"a": {}, "c": {}}, {}, (0,), t, "b"), ConfigError, ["baseline 'b' is not an arm"]),
+    (lambda t: Study({"a": {"M": 4}, "b": {}}, {}, (0,), t, "a"), ConfigError, ["multiple of 3", "M=4"]),
+    (lambda t: _compare("--arm", "a gate=random", "--out", t), ConfigError, ["at least two (got a)", "another arm's"]),
+    (lambda t: _compare("--arm", "a gate=random", "--arm", "a gate=topk", "--out", t), ConfigError,
+     ["arm 'a' is given twice"]),
+    (lambda t: parse_arm(""), ConfigError, ["--arm ''", "give a name and its options"]),
+    (lambda t: Study({"a": {}, "b": {}}, {}, (0, -1), t, "a"), ConfigError, ["seed must be in [0", "got -1"]),
+    (lambda t: _compare("--arm", "a gate=random", "--arm", "b", "--parallel", 0, "--out", t / "s"), ConfigError,
+     ["--parallel must be in [1", "got 0"]),
+    (lambda t: _compare("--arm", "a gate=random", "--arm", "b", "--threads", -1, "--out", t / "s"), ConfigError,
+     ["--threads must be in [1", "got -1"]),
+    (lambda t: _compare("--report", t, "--margin", -1), ConfigError, ["--margin must be a finite number > 0", "-1"]),
+    (lambda t: _compare("--report", t, "--margin", "nan"), ConfigError, ["--margin must be a", "nan"]),
+    (lambda t: _compare("--report", _runs(t, {"seed": 0}, {"seed": 0}, collected=False)), ConfigError,
+     ["--report: give --baseline NAME", "arms: a, b"]),
+    (lambda t: collect([_runs(t, {"seed": 0}, {"seed": 0}, top1=math.nan, collected=False)]), DataError,
+     ["a-s0/summary.json is not a run's summary", "test_top1 nan"]),
     (lambda t: Study({"a": {}, "b": {"retrain": "c"}}, {}, (0,), t, "a"), ConfigError,
      ["arm 'b': retrain 'c' must name an arm of the study that learns", "arms: a"]),
     (lambda t: collect([t]), DataError, ["neither a run folder (ARM-sSEED) nor a folder holding them"]),
     (lambda t: collect([_file(t, "a-s0", b"")]), DataError, ["a-s0 is not a connlearn train run"]),
-    (lambda t: _runs(t, {"epochs": 16}, {"epochs": 32}), DataError,
+    (lambda t: _runs(t, {"epochs": 16, "seed": 0}, {"epochs": 32, "seed": 0}), DataError,
      ["arms 'a' and 'b' differ in their data or schedule", "epochs=16 against 32"]),
     # files being loaded
     (lambda t: load_checkpoint(t / "none.pt"), CheckpointError, ["no checkpoint at", "none.pt"]),

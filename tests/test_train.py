@@ -26,9 +26,9 @@ from connlearn.train.loaders import BatchLoader, make_loaders
 from connlearn.train.trainer import TIMING_KEYS
 
 RECIPE = get_recipe("cifar").scaled(4)  # one epoch of each phase: learned, frozen at 0.1, 0.01, 0.001
-CHECKPOINT_KEYS = {"format", "version", "graph", "engine", "dtype", "model", "environment", "optimizer", "scaler",
+CHECKPOINT_KEYS = {"format", "version", "graph", "dtype", "model", "environment", "optimizer", "scaler",
                    "gate_optimizer", "epoch", "step", "recipe", "history", "best_top1", "meta", "within_epoch", "rng",
-                   "frozen_from", "data_seed"}  # what the checkpoints of earlier versions hold
+                   "frozen_from", "data_seed"}  # what earlier versions' checkpoints hold, less their "engine"
 WITHIN_EPOCH_KEYS = {"batch", "sums", "draws", "elapsed", "rng_at_start", "last_connectivity"}
 
 

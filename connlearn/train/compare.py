@@ -22,6 +22,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -33,37 +34,36 @@ import attrs
 
 from connlearn.errors import ConfigError, DataError, closest, number_or_text
 from connlearn.files import path_of, write_text
+from connlearn.train.options import (
+    ARCHITECTURE,
+    OPTIONS,
+    PER_RUN,
+    SHARED,
+    RunConfig,
+    check_names,
+    names,
+    recorded,
+    relative_to,
+)
+from connlearn.train.protocol import network_graph, network_words, schedule_words
 
 NAME = re.compile(r"[A-Za-z0-9_.]+")
-#: the options a study sets per run, not per arm
-PER_RUN = ("seed", "out")
 #: an arm's option that is not a train option: ``retrain = ARM`` trains ARM's connectivity of the same seed anew
 RETRAIN = "retrain"
-#: what every run of one report must share: the data, the evaluation and the schedule
-SHARED = ("dataset", "epochs", "phases", "batch_size", "train_subset", "test_subset", "val_split", "eval_every",
-          "synthetic")
-
-
-def _fields() -> list[str]:
-    from connlearn.train.protocol import RunConfig
-
-    return [f.name for f in attrs.fields(RunConfig)]
+#: what a study records of itself in its folder: its arms, common options, seeds and baseline
+STUDY_FILE = "study.json"
 
 
 def check_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with ``-`` in names as ``_``; an unknown name is a ConfigError naming the closest."""
-    options = {str(k).replace("-", "_"): v for k, v in options.items()}
-    fields = [*_fields(), RETRAIN]
-    for key in options:
-        if key not in fields or key in PER_RUN:
-            hint = closest(key, [f for f in fields if f not in PER_RUN])
-            raise ConfigError(f"{where}: unknown train option {key!r}" + (f"; did you mean {hint!r}?" if hint else "")
-                              + ("" if key not in PER_RUN else " (compare sets seed and out per run)"))
-    return options
+    """``options`` with ``-`` in names as ``_``; an unknown name, or one compare sets per run, is a ConfigError
+    naming the closest."""
+    return check_names(f"{where}: ", options, [*(n for n, o in OPTIONS.items() if o.group != PER_RUN), RETRAIN])
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
-    """``"NAME key=value ..."`` (``gumbel gate=gumbel K=4 gate_lr=0.05``) as ``(name, options)``."""
+    """``"NAME key=value ..."`` (``gumbel gate=gumbel K=4 gate_warmup=2``) as ``(name, options)``."""
+    if not text.split():
+        raise ConfigError(f"--arm {text!r}: give a name and its options, e.g. --arm 'gumbel gate=gumbel K=4'")
     name, *pairs = text.split()
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -82,7 +82,7 @@ def check_name(name: str) -> str:
 
 def read_study(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str | None]:
     """``(common, arms, baseline)`` of a TOML file: top-level train options for every arm, ``baseline = NAME``,
-    and a table per arm under ``[arms.NAME]``."""
+    and a table per arm under ``[arms.NAME]``; a relative ``data`` path from its folder."""
     import tomllib
 
     path = path_of(path)
@@ -94,29 +94,32 @@ def read_study(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[
     if not isinstance(arms, dict) or not arms or not all(isinstance(v, dict) for v in arms.values()):
         raise ConfigError(f"{path} needs a table per arm, e.g. [arms.random] gate = \"random\"")
     baseline = data.pop("baseline", None)
-    return (check_options(str(path), data),
-            {check_name(n): check_options(f"{path}: arm {n!r}", o) for n, o in arms.items()}, baseline)
+    return (relative_to(path.parent, check_options(str(path), data)),
+            {check_name(n): relative_to(path.parent, check_options(f"{path}: arm {n!r}", o)) for n, o in arms.items()},
+            baseline)
 
 
 @attrs.frozen
 class Study:
-    """Arms (name -> train options) over paired seeds, on common options, in ``out``."""
+    """Arms (name -> train options) over paired seeds, on common options, in ``out``; ``plan``: what each run
+    trains, in words (checked as the study is made: a bad value is named before any run starts)."""
 
     arms: dict[str, dict[str, Any]]
     common: dict[str, Any]
     seeds: tuple[int, ...]
     out: Path
     baseline: str
+    plan: tuple[str, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        from connlearn.train.protocol import RunConfig
-
         if self.baseline not in self.arms:
             raise ConfigError(f"baseline {self.baseline!r} is not an arm; arms: {', '.join(self.arms)}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ConfigError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+        for seed in self.seeds:
+            OPTIONS["seed"].validate(seed)
         for name, options in self.arms.items():
-            shared = [k for k in options if k in SHARED]
+            shared = [k for k in options if k in names(SHARED)]
             if shared:
                 raise ConfigError(f"arm {name!r} sets {', '.join(shared)}: every arm shares the data, evaluation "
                                   "and schedule; set them for all")
@@ -124,7 +127,33 @@ class Study:
             if source is not None and (source not in self.arms or self.source(source) is not None):
                 raise ConfigError(f"arm {name!r}: retrain {source!r} must name an arm of the study that learns; "
                                   f"arms: {', '.join(a for a in self.arms if self.source(a) is None)}")
-            RunConfig(**self.options(name, self.seeds[0]))  # a bad value is named before any run starts
+        object.__setattr__(self, "plan", self._plan())
+
+    def _plan(self) -> tuple[str, ...]:
+        """Each arm's network and the schedule and data every run shares, in words (every arm's config checked)."""
+        configs = {name: RunConfig(**self.options(name, self.seeds[0])) for name in self.arms}
+        lines = []
+        for name, config in configs.items():
+            if self.source(name) is None:
+                graph = network_graph(config)
+                lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}")
+            else:
+                lines.append(f"{name}: the connectivity {self.source(name)} learns, trained from scratch")
+        config = configs[self.baseline]
+        data = f"{config.dataset}{' (a generated stand-in)' if config.synthetic else ''}"
+        subsets = ", ".join(f"{what} subset of {n}" for what, n in (("training", config.train_subset),
+                                                                       ("evaluation", config.test_subset)) if n)
+        paper = ", the paper's whole schedule as no --epochs was given," if config.epochs is config.phases is None \
+            else ""
+        return (f"every run trains {schedule_words(config)}{paper} on "
+                + (f"{data}: {subsets}" if subsets else f"all of {data}"), *lines)
+
+    def check_comparable(self) -> None:
+        """A study compares two arms or more: those it names, and those whose runs its folder already holds."""
+        others = {found[0] for p in self.out.glob("*-s*") if (found := _run_name(p.name)) and found[0] not in self.arms}
+        if len(self.arms) + len(others) < 2:
+            raise ConfigError(f"a study compares arms: give at least two (got {', '.join(self.arms)}), or add this "
+                              "one to a folder holding another arm's runs (--out)")
 
     def folder(self, arm: str, seed: int) -> Path:
         return self.out / f"{arm}-s{seed}"
@@ -134,23 +163,29 @@ class Study:
         return {**self.common, **self.arms[arm]}.get(RETRAIN)
 
     def options(self, arm: str, seed: int) -> dict[str, Any]:
-        from connlearn.train.protocol import ARCHITECTURE
-
         options = {**self.common, **self.arms[arm], "seed": seed, "out": str(self.folder(arm, seed))}
         source = options.pop(RETRAIN, None)
         if source is not None:  # the architecture is the source's: drop the common one, keep what the arm sets
-            options = {k: v for k, v in options.items() if k not in ARCHITECTURE or k in self.arms[arm]}
+            options = {k: v for k, v in options.items() if k not in names(ARCHITECTURE) or k in self.arms[arm]}
             options["connectivity"] = str(self.folder(source, seed) / "last.pt")
         return options
 
     def command(self, arm: str, seed: int) -> list[str]:
-        """The ``connlearn train`` command of one run."""
-        return [sys.executable, "-m", "connlearn.cli", "train", *flags(self.options(arm, seed))]
+        """The ``connlearn train`` command of one run: the installed connlearn, whatever the working folder
+        holds (``-P``: the working folder stays off ``sys.path``)."""
+        return [sys.executable, "-P", "-m", "connlearn.cli", "train", *flags(self.options(arm, seed))]
 
     def runs(self) -> list[tuple[str, int]]:
         """Every run, those that retrain a learned connectivity after all the others."""
         return sorted(((arm, seed) for seed in self.seeds for arm in self.arms),
                       key=lambda run: self.source(run[0]) is not None)
+
+    def record(self) -> Path:
+        """Write :data:`STUDY_FILE`: what ``--report`` reads the baseline from."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        return write_text(self.out / STUDY_FILE, json.dumps({"baseline": self.baseline, "arms": self.arms,
+                                                             "common": self.common, "seeds": list(self.seeds)},
+                                                            indent=2))
 
 
 def flags(options: dict[str, Any]) -> list[str]:
@@ -182,18 +217,84 @@ def visible_gpus() -> list[str]:
     return visible.split(",")[:count] if visible else [str(i) for i in range(count)]
 
 
-def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[str]:
+def changed_runs(study: Study) -> dict[str, str]:
+    """The finished runs whose recorded settings differ from the study's, each with how they differ."""
+    changed = {}
+    for arm, seed in study.runs():
+        summary = study.folder(arm, seed) / "summary.json"
+        if summary.is_file():
+            differ = _differ(_settings(_read_summary(summary.parent)["run"]),
+                             _settings(RunConfig(**study.options(arm, seed)).to_dict()), "{k}={a!r} there, {b!r} here")
+            if differ:
+                changed[summary.parent.name] = differ
+    return changed
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename a run's folder ``NAME.replaced-N`` (the first N free), out of the study's way."""
+    n = 1
+    while folder.with_name(f"{folder.name}.replaced-{n}").exists():
+        n += 1
+    return folder.rename(folder.with_name(f"{folder.name}.replaced-{n}"))
+
+
+def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_changed: bool = False) -> list[str]:
     """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each), each on the
     least busy GPU where there are several and the run sets no ``device``; returns the names of the runs that
-    failed (each reported as it ends; the others go on)."""
+    failed (each reported as it ends; the others go on). A finished run trained with other settings than the
+    study's is refused, or with ``rerun_changed`` set aside and trained again. A stop signal (Ctrl-C, SIGTERM,
+    SIGHUP), or any error here, stops the running runs (each with a checkpoint) before compare ends."""
+    changed = changed_runs(study)
+    if changed and not rerun_changed:
+        listed = "; ".join(f"{name} ({how})" for name, how in changed.items())
+        raise ConfigError(f"finished runs trained with other settings than this command's: {listed}: give another "
+                          "--out, or --rerun-changed to train them again (their folders kept as NAME.replaced-N)")
+    for name in changed:
+        print(f"compare: {name} was trained with other settings: kept as {set_aside(study.out / name).name}, "
+              "trained again", flush=True)
+    study.record()
     runs = study.runs()
     queue = [r for r in runs if not (study.folder(*r) / "summary.json").exists()]
-    done = len(runs) - len(queue)
     print(f"compare: {len(runs)} runs ({len(study.arms)} arms x {len(study.seeds)} seeds) in {study.out}; "
-          f"{done} finished, {len(queue)} to run, {parallel} at a time", flush=True)
+          f"{len(runs) - len(queue)} finished, {len(queue)} to run, {parallel} at a time", flush=True)
+    for line in study.plan:
+        print(f"compare: {line}", flush=True)
+    running: dict[str, tuple[subprocess.Popen, Any, float, str | None]] = {}
+    earlier = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run_queue(study, queue, running, parallel, threads)
+    finally:
+        for s, handler in earlier.items():
+            signal.signal(s, handler)
+        _stop_runs(running)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_runs(running: dict[str, tuple[subprocess.Popen, Any, float, str | None]]) -> None:
+    """Stop the running runs (SIGTERM to each one's process group: a checkpoint, then the end), and wait."""
+    if running:
+        print(f"compare: stopping {', '.join(running)} (each writes a checkpoint; the same command goes on)",
+              file=sys.stderr, flush=True)
+    for proc, *_ in running.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc, log, *_ in running.values():
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, Any], parallel: int,
+               threads: int | None) -> list[str]:
+    runs, done = study.runs(), len(study.runs()) - len(queue)
     env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
     gpus = visible_gpus()
-    running: dict[str, tuple[subprocess.Popen, Any, float, str | None]] = {}
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
 
@@ -215,9 +316,11 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
             log = open(folder / "output.log", "a")  # noqa: SIM115 (closed when the run ends)
             gpu = None if len(gpus) < 2 or study.options(arm, seed).get("device") else min(
                 gpus, key=lambda g: sum(r[3] == g for r in running.values()))
-            proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT, process_group=0,
                                     env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu})
             running[folder.name] = (proc, log, time.perf_counter(), gpu)
+            print(f"compare: {folder.name} started (pid {proc.pid}; its output in {folder / 'output.log'})",
+                  flush=True)
         time.sleep(0.5)
         for name, (proc, log, started, _) in list(running.items()):
             if proc.poll() is None:
@@ -244,25 +347,35 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1) -> list[
 # ------------------------------------------------------------------------------------------------ report
 def _settings(run: dict[str, Any]) -> dict[str, Any]:
     """A run's settings that a comparison holds fixed; an option the run predates counts at its default."""
-    from connlearn.train.protocol import MAY_CHANGE, defaults
-
-    run = {**defaults(), **run}
+    run = recorded(run)
     source = Path(run["connectivity"] or "").parent.name
     if source.endswith(f"-s{run['seed']}"):  # the connectivity its seed learned in another arm (retrain)
         run["connectivity"] = source.removesuffix(f"-s{run['seed']}") + "-s{seed}"
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in run.items()
-            if k not in PER_RUN and k not in MAY_CHANGE}
+    return {k: v for k, v in run.items() if OPTIONS[k].group != PER_RUN and not OPTIONS[k].resumable}
 
 
 def _shared(summary: dict[str, Any]) -> dict[str, Any]:
     """What every run of one report shares: its :data:`SHARED` settings and the facts of its data."""
     settings = _settings(summary["run"])
-    return {**{k: settings[k] for k in SHARED}, "data": summary.get("data")}
+    return {**{k: v for k, v in settings.items() if OPTIONS[k].group == SHARED}, "data": summary.get("data")}
+
+
+def _read_summary(folder: Path) -> dict[str, Any]:
+    """A run's ``summary.json``, with a finite top-1 and a recorded seed."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        top1, seed = float(summary["test_top1"]), summary["run"]["seed"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{folder}/summary.json is not a run's summary ({exc})") from None
+    if not math.isfinite(top1) or not isinstance(seed, int):
+        raise DataError(f"{folder}/summary.json is not a run's summary (test_top1 {top1}, seed {seed!r})")
+    return summary
 
 
 def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, dict[str, Any]]], list[str]]:
-    """``(arm -> seed -> summary, unfinished)`` of run folders (``ARM-sSEED``) and of folders holding them.
-    Runs of one arm must share their settings, and every run the data and schedule (:data:`SHARED`)."""
+    """``(arm -> seed -> summary, unfinished)`` of run folders (``ARM-sSEED``) and of folders holding them, each
+    run paired by the seed its summary records. Runs of one arm must share their settings, and every run the
+    data and schedule (:data:`SHARED`)."""
     found: dict[str, dict[int, dict[str, Any]]] = {}
     unfinished: list[str] = []
     for given in map(path_of, folders):
@@ -271,19 +384,16 @@ def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, d
         if not runs:
             raise DataError(f"{given} is neither a run folder (ARM-sSEED) nor a folder holding them")
         for folder in runs:
-            arm, seed = _run_name(folder.name) or ("", 0)
+            arm = (_run_name(folder.name) or ("", 0))[0]
             if not (folder / "summary.json").is_file():
                 if not (folder / "output.log").exists() and not (folder / "last.pt").exists():
                     raise DataError(f"{folder} is not a connlearn train run (no summary.json, last.pt or output.log)")
                 unfinished.append(folder.name)
                 continue
-            try:
-                summary = json.loads((folder / "summary.json").read_text())
-                float(summary["test_top1"]), dict(summary["run"])  # what a report reads
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise DataError(f"{folder}/summary.json is not a run's summary ({exc})") from None
+            summary = _read_summary(folder)
+            seed = summary["run"]["seed"]
             if seed in found.get(arm, {}):
-                raise DataError(f"{arm}-s{seed} is given twice ({folder})")
+                raise DataError(f"{arm} of seed {seed} is given twice ({folder})")
             found.setdefault(arm, {})[seed] = summary
     for arm, by_seed in found.items():
         first_seed, first = next(iter(by_seed.items()))
@@ -302,13 +412,27 @@ def collect(folders: Iterable[str | os.PathLike]) -> tuple[dict[str, dict[int, d
     return found, unfinished
 
 
+def recorded_baseline(folders: Iterable[str | os.PathLike]) -> str | None:
+    """The baseline that the studies in ``folders`` (or holding these run folders) were run with, where they
+    record one and agree."""
+    records = {path_of(f) / STUDY_FILE for f in folders} | {path_of(f).parent / STUDY_FILE for f in folders}
+    baselines = set()
+    for record in filter(Path.is_file, records):
+        try:
+            baselines.add(str(json.loads(record.read_text())["baseline"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{record} is not a study's record ({exc})") from None
+    return baselines.pop() if len(baselines) == 1 else None
+
+
 def _run_name(name: str) -> tuple[str, int] | None:
     found = re.fullmatch(rf"({NAME.pattern})-s(\d+)", name)
     return (found[1], int(found[2])) if found else None
 
 
-def _differ(a: dict[str, Any], b: dict[str, Any]) -> str:
-    return "; ".join(f"{k}={a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+def _differ(a: dict[str, Any], b: dict[str, Any], how: str = "{k}={a!r} against {b!r}") -> str:
+    """How ``a`` and ``b`` differ, each key in the words of ``how``: ``K=2 against 4``."""
+    return "; ".join(how.format(k=k, a=a.get(k), b=b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
 def holm(p: Sequence[float]) -> list[float]:
@@ -375,7 +499,8 @@ def report(found: dict[str, dict[int, dict[str, Any]]], baseline: str, margin: f
         tests[arm]["verdict"] = verdict(tests[arm], margin)
     shared = _shared(next(iter(found[baseline].values())))
     return {"baseline": baseline, "margin": margin, "alpha": 0.05, "power": 0.8, "arms": arms, "against": tests,
-            "setting": {k: shared[k] for k in SHARED}, "eval_images": (shared["data"] or {}).get("eval_images")}
+            "setting": {k: v for k, v in shared.items() if k != "data"},
+            "eval_images": (shared["data"] or {}).get("eval_images")}
 
 
 def verdict(test: dict[str, Any], margin: float) -> str:

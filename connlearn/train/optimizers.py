@@ -33,7 +33,7 @@ class Optimizers:
         phase = recipe.phases[0]
         groups = param_groups(net, phase.lr, recipe.weight_decay, phase.gate_lr, recipe.gate_momentum)
         own = len(groups) > 1 and (recipe.gate_optimizer == "adam" or gate_loader is not None)
-        sgd: dict[str, Any] = {"momentum": recipe.momentum, "nesterov": recipe.nesterov}
+        sgd: dict[str, Any] = {"momentum": recipe.momentum}
         self.weights = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, **sgd)
         self.gates: torch.optim.Optimizer | None = None
         if own and recipe.gate_optimizer == "adam":

@@ -13,20 +13,28 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from typing import Any
 
-import attrs
 import torch
 import torch.distributed as dist
 
 import connlearn
 from connlearn import plots, render
-from connlearn.errors import ConfigError, DataError, check_choice
+from connlearn.blocks import BLOCKS
+from connlearn.errors import ConfigError, DataError
 from connlearn.files import path_of, read_text, remove_leftovers, write_text
 from connlearn.gates import GATES
-from connlearn.graph import BranchGraph, active_branches, check_finite_gates, input_overlap, random_overlap
+from connlearn.graph import (
+    BranchGraph,
+    active_branches,
+    check_finite_gates,
+    input_overlap,
+    input_shape,
+    random_overlap,
+)
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
-from connlearn.topologies import CONV_INITS, PRESETS, RESIDUAL_INITS, resnext
+from connlearn.topologies import PRESETS, resnext
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
 from connlearn.train.data import (
     NUM_CLASSES,
@@ -38,173 +46,16 @@ from connlearn.train.data import (
     synthetic,
 )
 from connlearn.train.folders import folder_loaders, load_imagenet
-from connlearn.train.loaders import MAX_SEED, make_loaders
-from connlearn.train.recipe import GATE_OPTIMIZERS, Recipe, get_recipe
+from connlearn.train.loaders import make_loaders
+from connlearn.train.options import ARCHITECTURE, OPTIONS, PROTOCOLS, RunConfig, names, recorded
+from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
-from connlearn.train.trainer import AMP_MODES, COMPILE_MODES, Trainer
-from connlearn.updater import GRAD_MODES
+from connlearn.train.trainer import Trainer
 
-
-@attrs.frozen
-class DatasetProtocol:
-    """What a dataset's protocol fixes: its presets (the first the default), recipe, stored image size, and the
-    crop (random after ``pad`` zero padding in training, the centre one in evaluation)."""
-
-    presets: tuple[str, ...]
-    recipe: str
-    image_size: int | None  # None: the data's own
-    crop: int | None = None
-    pad: int = 4
-
-
-_CIFAR = tuple(p for p in PRESETS if p.startswith("cifar"))
-PROTOCOLS = {
-    "cifar10": DatasetProtocol(tuple(dict.fromkeys(("cifar-29-8-8", *_CIFAR))), "cifar", 32),
-    "cifar100": DatasetProtocol(tuple(dict.fromkeys(("cifar-29-8-8", *_CIFAR))), "cifar", 32),
-    "miniimagenet": DatasetProtocol(("miniimagenet-29-8-8", "miniimagenet-20-4-8"), "miniimagenet", 84, 64, 0),
-    "imagenet": DatasetProtocol(tuple(p for p in PRESETS if p.startswith("imagenet")), "imagenet", 224, None, 0),
-    "custom": DatasetProtocol(tuple(dict.fromkeys(("cifar-20-4-8", *_CIFAR))), "cifar", None),  # --data, any size
-}
-#: The options a resumed run may change (where to run, how fast, what to show); every other must stay.
-MAY_CHANGE = ("out", "data", "device", "amp", "compile", "workers", "progress", "tensorboard", "checkpoint_every",
-              "activation_checkpointing", "snapshot_every")
-#: The gate kind's training options, at the paper's values where a kind has none of its own (``Gate.trains_with``).
-GATE_TRAINING = {"gate_rule": "plain", "gate_optimizer": "sgd", "gate_lr": None, "gate_temperature_end": None,
-                 "gate_warmup": 0, "gate_holdout": None}
-#: The options that a connectivity file fixes (its architecture and gates).
-ARCHITECTURE = ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels", "kernels", "residual_init",
-                "conv_init")
-
-
-def _one_of(known: Any, default: Any) -> Any:
-    """A field whose value is one of ``known`` (or None); the choices are in its metadata, for ``--help``."""
-    return attrs.field(default=default, metadata={"choices": [str(k) for k in known if isinstance(k, str)]},
-                       validator=lambda _, a, value: value is None or check_choice(a.name, value, known))
-
-
-def _at_least(low: int) -> Any:
-    return lambda _, a, value: value is None or connlearn.errors.check_int(a.name, value, low)
-
-
-def _text(_: Any, a: attrs.Attribute, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{a.name} must be a path or a name (a string), got {value!r}")
-
-
-@attrs.frozen
-class RunConfig:
-    """One run of a dataset's protocol. Options left None take the protocol's value: ``preset`` its first,
-    ``gate`` topk, ``epochs`` the paper's schedule (CIFAR: 120/100/50/50), which any other ``epochs`` scales
-    (``phases`` gives each phase's epochs instead). ``train_subset``/``test_subset``: class-balanced subsets;
-    ``val_split``: hold that many training images out and evaluate on them. ``C``, ``M``, ``width``,
-    ``base_channels``, ``stem_channels`` override the preset. ``connectivity`` (a checkpoint or a graph JSON)
-    trains that connectivity from scratch: the architecture and each block's top-K inputs from the file, new
-    weights from ``seed``. ``synthetic``: train on a small generated stand-in of the dataset (a smoke run)."""
-
-    dataset: str = _one_of(PROTOCOLS, "cifar100")
-    preset: str | None = _one_of(PRESETS, None)
-    gate: str | None = None
-    K: int | None = attrs.field(default=None, validator=_at_least(1))
-    epochs: int | None = attrs.field(default=None, validator=_at_least(1))
-    phases: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
-    seed: int = attrs.field(default=0, validator=lambda _, a, v: connlearn.errors.check_int(a.name, v, 0, MAX_SEED))
-    data: str | None = attrs.field(default=None, validator=_text)
-    out: str | None = attrs.field(default=None, validator=_text)
-    batch_size: int | None = attrs.field(default=None, validator=_at_least(1))
-    device: str | None = attrs.field(default=None, validator=_text)
-    amp: str = _one_of(AMP_MODES, "auto")
-    compile: bool | str = _one_of((False, True, *COMPILE_MODES), False)
-    activation_checkpointing: bool = False
-    loader: str = _one_of(("auto", "dataloader"), "auto")
-    workers: int | None = attrs.field(default=None, validator=_at_least(0))
-    gate_rule: str = _one_of(GRAD_MODES, None)
-    gate_init: float | str = 0.5
-    gate_lr: float | None = None
-    gate_momentum: float | None = None
-    gate_optimizer: str = _one_of(GATE_OPTIMIZERS, None)
-    gate_warmup: int = attrs.field(default=None, validator=_at_least(0))
-    gate_holdout: int | None = attrs.field(default=None, validator=_at_least(1))
-    gate_temperature: float = 1.0
-    gate_temperature_end: float | None = None
-    residual_init: str | None = _one_of(RESIDUAL_INITS, None)
-    conv_init: str | None = _one_of(CONV_INITS, None)
-    connectivity: str | None = attrs.field(default=None, validator=_text)
-    train_subset: int | None = attrs.field(default=None, validator=_at_least(1))
-    test_subset: int | None = attrs.field(default=None, validator=_at_least(1))
-    val_split: int | None = attrs.field(default=None, validator=_at_least(1))
-    C: int | None = attrs.field(default=None, validator=_at_least(1))
-    M: int | None = attrs.field(default=None, validator=_at_least(1))
-    width: int | None = attrs.field(default=None, validator=_at_least(1))
-    base_channels: int | None = attrs.field(default=None, validator=_at_least(1))
-    stem_channels: int | None = attrs.field(default=None, validator=_at_least(1))
-    kernels: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
-    snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
-    checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
-    eval_every: int = attrs.field(default=1, validator=_at_least(1))
-    recalibrate_bn: int = attrs.field(default=0, validator=_at_least(0))
-    tensorboard: bool = False
-    progress: bool = True
-    synthetic: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        protocol = PROTOCOLS[self.dataset]
-        if self.preset is not None and self.preset not in protocol.presets:
-            raise ConfigError(f"preset {self.preset!r} is not one of {self.dataset}'s: {', '.join(protocol.presets)}")
-        if self.gate is not None:
-            GATES.get(self.gate)  # a typo is named before any data is read
-        kind = {} if self.connectivity else GATES.get(self.gate or "topk").trains_with
-        for name, default in GATE_TRAINING.items():  # what the run leaves unset: its gate kind's, else the paper's
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, kind.get(name, default))
-        fixed = [k for k in ARCHITECTURE if getattr(self, k) is not None]
-        if self.connectivity is not None and fixed:
-            raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
-                              f"{', '.join(fixed)}")
-        if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
-                self.gate is not None and not GATES.get(self.gate).learnable)):
-            raise ConfigError("gate_holdout gives learned gates held-out batches: it needs a gate kind that learns "
-                              "(not a fixed connectivity) and in-memory data (not imagenet)")
-        if self.workers is not None and self.loader == "auto" and self.dataset != "imagenet":
-            raise ConfigError("workers are DataLoader processes: give loader 'dataloader' too (the default loader "
-                              "makes its batches on the device, without workers)")
-        if self.dataset == "custom" and self.data is None and not self.synthetic:
-            raise ConfigError("dataset 'custom' trains on a packed file of your own: give data (--data FILE.npz)")
-        self.recipe()  # a phase split or a temperature out of range is named now
-        if self.connectivity is None:  # so is an architecture that cannot be built (M not a multiple of 3, K > C)
-            resnext(preset=self.preset or protocol.presets[0], gate=self.gate or "topk", **self.network_options())
-
-    def network_options(self) -> dict[str, Any]:
-        """The architecture options this run sets on top of its preset."""
-        return {k: getattr(self, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
-                                              "residual_init", "conv_init") if getattr(self, k) is not None}
-
-    @property
-    def output(self) -> str:
-        return self.out or f"runs/{self.dataset}"
-
-    def recipe(self) -> Recipe:
-        """The protocol's recipe scaled to ``epochs`` (or split as ``phases``), with this run's batch size and
-        gate settings."""
-        paper = get_recipe(PROTOCOLS[self.dataset].recipe)
-        recipe = (paper.with_phase_epochs(self.phases) if self.phases
-                  else paper.scaled(self.epochs or paper.total_epochs))
-        if self.epochs is not None and recipe.total_epochs != self.epochs:
-            raise ConfigError(f"phases {self.phases} add up to {recipe.total_epochs} epochs, not epochs={self.epochs}")
-        first = attrs.evolve(recipe.phases[0], temperature=self.gate_temperature,
-                             temperature_end=self.gate_temperature_end,
-                             gate_lr=recipe.phases[0].gate_lr if self.gate_lr is None else self.gate_lr)
-        return attrs.evolve(recipe, phases=(first, *recipe.phases[1:]), batch_size=self.batch_size or recipe.batch_size,
-                            gate_momentum=self.gate_momentum, gate_rule=self.gate_rule,
-                            gate_optimizer=self.gate_optimizer, gate_warmup=self.gate_warmup)
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-def defaults() -> dict[str, Any]:
-    """Each option's value where a run leaves it out and its gate kind sets nothing: what a run that predates an
-    option trained with."""
-    return {**{f.name: f.default for f in attrs.fields(RunConfig)}, **GATE_TRAINING}
+__all__ = ["PROTOCOLS", "RunConfig", "build_net", "load_data", "network_graph", "run", "run_loaders"]
+#: The largest network a run builds, checked on its graph before any weight exists: the gate edges of the graph
+#: (its M modules of C branches make (M - 1)·C² of them) and the parameters of its blocks.
+MAX_GATE_EDGES, MAX_PARAMETERS = 2**18, 10**9
 
 
 def _say(message: str) -> None:
@@ -241,11 +92,11 @@ def load_data(config: RunConfig) -> tuple[Any, Any, str, Any]:
                         f"{protocol.image_size}x{protocol.image_size}x3 (or train it as --dataset custom)")
     if config.val_split:
         train, test = train.split(config.val_split)
-        source += f" (a validation split of {len(test)} training images)"
+        source += f" (a validation split of {len(test)} training {noun(train)})"
     held = None
     if config.gate_holdout:
         train, held = train.split(config.gate_holdout)
-        source += f" (the gates' steps on {len(held)} held-out training images)"
+        source += f" (the gates' steps on {len(held)} held-out training {noun(train)})"
     train = train.subset(config.train_subset) if config.train_subset and config.train_subset < len(train) else train
     test = test.subset(config.test_subset) if config.test_subset and config.test_subset < len(test) else test
     return train, test, source, held
@@ -268,39 +119,99 @@ def run_loaders(config: RunConfig, train: Any, test: Any, held: Any = None, *, d
     return (*make_loaders(train, test, batch, eval_batch_size=eval_batch, **common), gate_loader)
 
 
-def build_net(config: RunConfig, train: ImageDataset | ImageFiles) -> connlearn.ConnectivityNet:
+def build_net(config: RunConfig, train: ImageDataset | ImageFiles | ArrayDataset) -> connlearn.ConnectivityNet:
     """The network ``config`` trains: its preset with the overrides, or the connectivity of its file."""
     if config.connectivity is not None:
-        path = path_of(config.connectivity)
-        if path.resolve().parent == path_of(config.output).resolve():
-            raise ConfigError(f"connectivity {path} lies in the run's own folder, whose checkpoints it overwrites")
-        text = read_text(path, "graph", ConfigError) if path.suffix == ".json" else load_checkpoint(path)["graph"]
-        graph = BranchGraph.from_json(text)
-        check_finite_gates(graph.validate(), f"connectivity {path}")
-        if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
-            graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
-            graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
-        net = connlearn.from_graph(graph, seed=config.seed).freeze()
-        if isinstance(train, ArrayDataset):
-            fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
-        else:  # images of any size: the loaders crop them
-            fits = net.dims == 2 and net.in_channels == (train.channels if isinstance(train, ImageDataset) else 3)
-        if not fits or net.num_classes != train.num_classes:
-            raise ConfigError(f"connectivity {path}: its network takes {describe(net.in_channels, net.input_size)} to "
-                              f"{net.num_classes} classes; the data is {describe(train)} in {train.num_classes} "
-                              "classes")
-        return net
+        return _connectivity_net(config, train)
     protocol = PROTOCOLS[config.dataset]
-    options = config.network_options()
+    shape: dict[str, Any] = {"num_classes": train.num_classes}
     if isinstance(train, ArrayDataset):  # signals or vectors: their own shape and channels
-        options.update(input_size=train.input_size, in_channels=train.channels)
+        shape.update(input_size=train.input_size, in_channels=train.channels)
     elif protocol.image_size is None and isinstance(train, ImageDataset):  # a dataset of its own size
-        options.update(image_size=min(train.image_size), in_channels=train.channels)  # the loaders crop the square
+        shape.update(image_size=min(train.image_size), in_channels=train.channels)  # the loaders crop the square
     elif protocol.crop:
-        options["image_size"] = protocol.crop
-    return connlearn.build("resnext", preset=config.preset or protocol.presets[0], gate=config.gate or "topk",
-                           num_classes=train.num_classes, seed=config.seed, gate_init=config.gate_init,
-                           **options)
+        shape["image_size"] = protocol.crop
+    return connlearn.from_graph(network_graph(config, **shape))
+
+
+def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
+    """The graph of ``config``'s network for data of ``shape`` (``num_classes``, ``in_channels``,
+    ``image_size`` or ``input_size``; default the protocol's), refused in one line where it is too large to build
+    (:data:`MAX_GATE_EDGES`, :data:`MAX_PARAMETERS`)."""
+    preset = config.preset or PROTOCOLS[config.dataset].presets[0]
+    C, M = config.C or PRESETS[preset]["C"], config.M or (PRESETS[preset]["depth"] - 2) // 3
+    if (M - 1) * C * C > MAX_GATE_EDGES:
+        raise ConfigError(f"M={M} modules of C={C} branches make {(M - 1) * C * C:,} gate edges; a run builds up to "
+                          f"{MAX_GATE_EDGES:,}: give fewer modules or branches")
+    options = {k: getattr(config, k) for k in names(ARCHITECTURE) if k not in ("preset", "gate", "connectivity")}
+    graph = resnext(preset=preset, gate=config.gate or "topk", seed=config.seed, gate_init=config.gate_init,
+                    **{k: v for k, v in options.items() if v is not None}, **shape)
+    count = block_parameters(graph)
+    if count > MAX_PARAMETERS:
+        raise ConfigError(f"{network_words(config, graph)} would hold {count:,} parameters in its blocks; a run builds "
+                          f"up to {MAX_PARAMETERS:,}: give a smaller width, C, M or channels")
+    return graph
+
+
+def block_parameters(graph: BranchGraph) -> int:
+    """The parameters of ``graph``'s blocks, counted on the meta device: no memory is taken."""
+    dims = len(input_shape(graph.nodes["input"]))
+    kinds = Counter(json.dumps([d["block"], d["in_channels"], d["out_channels"], d["stride"], d["params"]])
+                    for _, d in graph.nodes(data=True) if d["kind"] == "block")
+    total = 0
+    with torch.device("meta"):
+        for kind, count in kinds.items():
+            block, in_ch, out_ch, stride, params = json.loads(kind)
+            made = BLOCKS.get(block)(in_ch, out_ch, stride, 1, **params, **({} if dims == 2 else {"dims": dims}))
+            total += count * sum(p.numel() for p in made.parameters())
+    return total
+
+
+def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNet:
+    """The frozen connectivity of ``config.connectivity``, with new weights from the run's seed."""
+    path = path_of(config.connectivity)
+    if path.resolve().parent == path_of(config.output).resolve():
+        raise ConfigError(f"connectivity {path} lies in the run's own folder, whose checkpoints it overwrites")
+    text = read_text(path, "graph", ConfigError) if path.suffix == ".json" else load_checkpoint(path)["graph"]
+    graph = BranchGraph.from_json(text)
+    check_finite_gates(graph.validate(), f"connectivity {path}")
+    if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
+        graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
+        graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
+    net = connlearn.from_graph(graph, seed=config.seed).freeze()
+    if isinstance(train, ArrayDataset):
+        fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
+    else:  # images of any size: the loaders crop them
+        fits = net.dims == 2 and net.in_channels == (train.channels if isinstance(train, ImageDataset) else 3)
+    if not fits or net.num_classes != train.num_classes:
+        raise ConfigError(f"connectivity {path}: its network takes {describe(net.in_channels, net.input_size)} to "
+                          f"{net.num_classes} classes; the data is {describe(train)} in {train.num_classes} classes")
+    return net
+
+
+def network_words(config: RunConfig, graph: BranchGraph) -> str:
+    """The network in words: ``cifar-29-8-8 {D=29, w=8, C=8}``, the preset named only where the network is
+    the preset's (``{D=11, w=2, C=4}`` where options changed it; the file's name for a connectivity)."""
+    shape = graph.graph["options"]
+    words = f"{{D={shape['depth']}, w={shape['width']}, C={shape['C']}}}"
+    changed = any(getattr(config, k) is not None for k in ("C", "M", "width", "base_channels", "stem_channels",
+                                                             "kernels"))
+    name = config.connectivity or (None if changed else config.preset or PROTOCOLS[config.dataset].presets[0])
+    return f"{name} {words}" if name else words
+
+
+def schedule_words(config: RunConfig) -> str:
+    """The schedule in words: ``320 epochs (120/100/50/50)``, and the phases that too few epochs leave out."""
+    recipe, paper = config.recipe(), get_recipe(PROTOCOLS[config.dataset].recipe)
+    words = f"{recipe.total_epochs} epochs ({'/'.join(str(p.epochs) for p in recipe.phases)})"
+    left = len(paper.phases) - len(recipe.phases)
+    return words + (f"; {left} of the {len(paper.phases)} phases left out: each phase needs an epoch (give at least "
+                    f"{len(paper.phases)} epochs)" if left else "")
+
+
+def noun(data: Any) -> str:
+    """What a dataset holds: images, or examples (signals, vectors)."""
+    return "examples" if isinstance(data, ArrayDataset) else "images"
 
 
 def data_facts(train: Any, test: Any) -> dict[str, Any]:
@@ -325,9 +236,9 @@ def describe(data: Any, input_size: tuple[int, ...] | None = None) -> str:
 
 
 def _check_settings(ckpt: dict[str, Any], config: RunConfig, facts: dict[str, Any]) -> None:
-    started = ckpt["meta"].get("run", {})
-    differ = [f"{k}={started[k]!r} there, {v!r} here" for k, v in config.to_dict().items()
-              if k not in MAY_CHANGE and k in started and started[k] != v]
+    started = recorded(ckpt["meta"].get("run", {}))
+    differ = [f"{k}={started[k]!r} there, {v!r} here" for k, v in recorded(config.to_dict()).items()
+              if not OPTIONS[k].resumable and started[k] != v]
     differ += [f"data {k}={ckpt['meta']['data'].get(k)!r} there, {v!r} here" for k, v in facts.items()
                if ckpt["meta"].get("data", {}).get(k) != v]
     if differ:
@@ -373,16 +284,13 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     if world > 1 and not rank:
         dist.barrier()
     net = build_net(config, train)
+    graph = net.graph()
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
     train_loader, test_loader, gate_loader = run_loaders(config, train, test, held, device=device, rank=rank,
                                                          world=world)
-    protocol = PROTOCOLS[config.dataset]
-    shape = net.graph().graph["options"]
-    _say(f"connlearn: {config.connectivity or config.preset or protocol.presets[0]} {{D={shape['depth']}, "
-         f"w={shape['width']}, C={shape['C']}}} gate={net.gate_kind} K={net.K} on "
-         f"{source}: {len(train)} train / {len(test)} eval images, {recipe.total_epochs} epochs "
-         f"({'/'.join(str(p.epochs) for p in recipe.phases)}), {world} process(es) on {device}")
+    _say(f"connlearn: {network_words(config, graph)} gate={net.gate_kind} K={net.K} on {source}: {len(train)} train "
+         f"/ {len(test)} eval {noun(train)}, {schedule_words(config)}; {world} process(es) on {device}")
     facts = data_facts(train, test)
     trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=config.amp,
                       compile=config.compile,

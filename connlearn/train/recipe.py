@@ -80,7 +80,6 @@ class Recipe:
     batch_size: int = attrs.field(default=128, validator=_positive)
     momentum: float = attrs.field(default=0.9, validator=_momentum)
     weight_decay: float = attrs.field(default=5e-4, validator=_rate)
-    nesterov: bool = False
     gate_momentum: float | None = attrs.field(default=None, validator=_momentum)
     gate_rule: str = attrs.field(default="plain", validator=_gate_rule)
     gate_optimizer: str = attrs.field(default="sgd", validator=lambda _, a, v: check_choice(a.name, v, GATE_OPTIMIZERS))
