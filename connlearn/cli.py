@@ -48,6 +48,7 @@ HELP = {
     "residual_init": "each branch's output starts at sqrt(K): sqrt_k, or auto where the block can (the default); "
                      "one: as built; zero",
     "kernels": "unlike branches: branch j's middle kernel is the j-th of these sizes, cycled (e.g. 1 3 5)",
+    "uninformative": "a planted control: these branches of module 1 output noise at their own scale (e.g. 5 6 7 8)",
     "conv_init": "the inner convolutions start at one branch's scale (branch, the default) or ResNeXt's (resnext)",
     "connectivity": "train this checkpoint's (or graph JSON's) connectivity from scratch, with new weights",
     "train_subset": "train on a class-balanced subset of this many images",
@@ -77,7 +78,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
         flag, options = "--" + field.name.replace("_", "-"), dict[str, Any](help=text or None, default=None)
         if field.name == "phases":
             options.update(type=int, nargs=4, metavar=("P1", "P2", "P3", "P4"))
-        elif field.name == "kernels":
+        elif field.name in ("kernels", "uninformative"):
             options.update(type=int, nargs="+", metavar="K")
         elif field.name == "compile":
             options.update(nargs="?", const="default", metavar="MODE")

@@ -45,7 +45,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
             input_size: tuple[int, ...] | list[int] | None = None,
             residual_init: str = "auto", conv_init: str = "branch", gate_options: dict[str, Any] | None = None,
-            kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False) -> BranchGraph:
+            kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False,
+            uninformative: tuple[int, ...] | list[int] = ()) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -71,6 +72,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             ``kernels[(j - 1) % len(kernels)]`` (odd sizes, e.g. ``(1, 3, 5)``); its modules then hold unlike
             blocks, which the fused engine runs in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
+        uninformative: a planted control: these branches of module 1 (1-based) output Gaussian noise at the scale
+            of the output they replace, in training and evaluation (recorded on their nodes).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
                                                                     if preset is not None else {})}
@@ -129,6 +132,13 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
     g.add_node("output", kind="output", in_channels=prev, num_classes=classes)
     g.add_edges_from(((block_name(module, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
+    # -- planted control (uninformative): the branches of module 1 whose outputs the network replaces by noise
+    if set(uninformative) - set(range(1, C + 1)) or (uninformative and gate == "full"):
+        raise ConfigError(f"uninformative takes branches of module 1, 1 to C={C}, of a gated network; got "
+                          f"{list(uninformative)} with gate {gate!r}")
+    for j in uninformative:
+        g.nodes[block_name(1, j)]["uninformative"] = True
+    # -- end planted control
     return g
 
 

@@ -74,7 +74,7 @@ GATE_TRAINING = {"gate_rule": "plain", "gate_optimizer": "sgd", "gate_lr": None,
                  "gate_warmup": 0, "gate_holdout": None}
 #: The options that a connectivity file fixes (its architecture and gates).
 ARCHITECTURE = ("preset", "gate", "K", "C", "M", "width", "base_channels", "stem_channels", "kernels", "residual_init",
-                "conv_init")
+                "conv_init", "uninformative")
 
 
 def _one_of(known: Any, default: Any) -> Any:
@@ -140,6 +140,8 @@ class RunConfig:
     base_channels: int | None = attrs.field(default=None, validator=_at_least(1))
     stem_channels: int | None = attrs.field(default=None, validator=_at_least(1))
     kernels: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    uninformative: tuple[int, ...] | None = attrs.field(default=None,
+                                                        converter=lambda v: None if v is None else tuple(v))
     snapshot_every: int = attrs.field(default=100, validator=_at_least(0))
     checkpoint_every: int = attrs.field(default=0, validator=_at_least(0))
     eval_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -178,7 +180,8 @@ class RunConfig:
     def network_options(self) -> dict[str, Any]:
         """The architecture options this run sets on top of its preset."""
         return {k: getattr(self, k) for k in ("C", "M", "width", "base_channels", "stem_channels", "K", "kernels",
-                                              "residual_init", "conv_init") if getattr(self, k) is not None}
+                                              "residual_init", "conv_init", "uninformative")
+                if getattr(self, k) is not None}
 
     @property
     def output(self) -> str:
@@ -375,6 +378,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     if world > 1 and not rank:
         dist.barrier()
     net = build_net(config, train)
+    torch.manual_seed(config.seed)  # the global stream (a planted network's noise) is the run's; a resume restores it
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
     train_loader, test_loader, gate_loader = run_loaders(config, train, test, held, device=device, rank=rank,
