@@ -132,14 +132,17 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     classes = check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1)
     g.add_node("output", kind="output", in_channels=prev, num_classes=classes)
     g.add_edges_from(((block_name(module, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
-    # -- planted control (uninformative): the branches of module 1 whose outputs the network replaces by noise
+    _plant(g, uninformative, C, gate)
+    return g
+
+
+def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int, gate: str) -> None:
+    """Mark the branches of module 1 whose outputs the network replaces by noise (a planted control)."""
     if set(uninformative) - set(range(1, C + 1)) or (uninformative and gate == "full"):
         raise ConfigError(f"uninformative takes branches of module 1, 1 to C={C}, of a gated network; got "
                           f"{list(uninformative)} with gate {gate!r}")
     for j in uninformative:
         g.nodes[block_name(1, j)]["uninformative"] = True
-    # -- end planted control
-    return g
 
 
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
