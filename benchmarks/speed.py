@@ -3,7 +3,7 @@
 A step is forward + backward + SGD step at ``--batch`` on random data, timed as the median of ``--repeats`` steps
 after ``--warmup``, every configuration in one run so that ratios compare like with like. On CUDA: bf16 autocast
 and cuDNN autotuning, as the Trainer. The plain ResNeXt is the tests' oracle (``tests/plain_resnext.py``).
-``--compile`` adds topk and full under ``torch.compile``; ``--memory`` the peak memory of a step above what was
+``--compile`` adds topk and full under ``torch.compile``; ``--memory`` their peak memory of a step above what was
 allocated before it (activations and gradients), with and without activation checkpointing, and its time; every
 run ends with eval-mode inference of a Fixed-Random K=1 network before and after pruning its dead blocks.
 
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
         configs["plain ResNeXt"] = lambda a=arch: plain_resnext(a)
         for label in ("topk", "full") if args.compile else ():
             configs[f"{label}, compiled"] = lambda make=configs[label]: torch.compile(make(), mode=args.compile)
-        row = results[arch] = {label: measure(make(), args, args.memory) for label, make in configs.items()}
+        row = results[arch] = {label: measure(make(), args, args.memory and label in ("topk", "full"))
+                               for label, make in configs.items()}
         for label in ("topk", "full") if args.memory else ():
             net = configs[label]()
             net.activation_checkpointing = True

@@ -70,8 +70,14 @@ def test_uninformative_branches_output_noise_at_their_own_scale_and_the_others_a
     assert not torch.allclose(outs[1][:, 2:], outs[2][:, 2:])  # fresh noise in every pass, evaluation included
 
 
-def test_a_planted_connectivity_stays_planted_through_json_and_pruning():
+def test_a_planted_connectivity_stays_planted_through_the_command_line_json_and_pruning():
+    from connlearn.cli import build_parser, config_from
     from connlearn.prune import prune_dead_blocks
+    from connlearn.train.data import synthetic
+    from connlearn.train.protocol import build_net
+
+    config = config_from(build_parser().parse_args(["train", "--C", "4", "--M", "3", "--uninformative", "3", "4"]))
+    assert build_net(config, synthetic(10, 20, 10)[0]).stages[0].noise.tolist() == [False, False, True, True]
 
     net = connlearn.build(**tiny(C=4, K=1, gate="random", seed=3, uninformative=(2, 4)))
     again = connlearn.from_graph(net.graph().to_json())
@@ -146,13 +152,21 @@ def test_the_kernels_read_count_each_live_blocks_k_inputs_by_their_branch_kernel
 # ---------------------------------------------------------------------------------------------- every script runs
 @pytest.fixture(scope="module")
 def planted_run(tmp_path_factory):
-    """A tiny finished run of learned gates on a planted network with unlike branches."""
-    from connlearn.train.protocol import RunConfig, run
+    """A tiny run of learned gates on a planted network with unlike branches: the files a run folder holds."""
+    from conftest import RandomLoader
+
+    from connlearn.graph import active_branches
+    from connlearn.train.recipe import Phase, Recipe
+    from connlearn.train.trainer import Trainer
 
     out = tmp_path_factory.mktemp("runs") / "planted-s0"
-    run(RunConfig(dataset="cifar10", synthetic=True, phases=(2, 1, 1, 1), C=4, K=2, M=3, width=2, base_channels=8,
-                  stem_channels=8, kernels=(1, 3), uninformative=(3, 4), train_subset=100, test_subset=50,
-                  batch_size=25, snapshot_every=2, out=str(out), progress=False))
+    net = connlearn.build(**tiny(C=4, kernels=(1, 3), uninformative=(3, 4)))
+    recipe = Recipe("tiny", [Phase(2, 0.1, gate_lr=0.2), Phase(1, 0.01, frozen=True)])
+    history = Trainer(net, RandomLoader(n=8, batch=4, size=16), RandomLoader(n=8, batch=4, seed=1, size=16), recipe,
+                      out_dir=out, snapshot_every=1, progress=False).fit()
+    (out / "summary.json").write_text(json.dumps({
+        "gate": "topk", "K": net.K, "test_top1": history[-1]["test_top1"],
+        "active_branches": {str(m): n for m, n in active_branches(net.graph()).items()}}))
     return out
 
 
@@ -165,14 +179,19 @@ def test_the_run_analyses_report_a_planted_run(planted_run, tmp_path):
 
 
 def test_the_measuring_scripts_run(tmp_path):
-    speed = script("speed").main(["--archs", "cifar-20-4-8", "--batch", "2", "--warmup", "0", "--repeats", "1",
-                                  "--memory", "--json", str(tmp_path / "speed.json")])
-    timed = speed["train_step"]["cifar-20-4-8"]
-    assert {"topk", "random", "full", "plain ResNeXt", "full, checkpointed"} <= timed.keys()
-    script("epoch").main(["--synthetic", "--train-subset", "32", "--batch", "16", "--archs", "cifar-20-4-8",
+    speed = script("speed").main(["--archs", "cifar-20-4-8", "--gates", "topk", "--batch", "1", "--warmup", "0",
+                                  "--repeats", "1", "--json", str(tmp_path / "speed.json")])
+    assert speed["train_step"]["cifar-20-4-8"].keys() == {"topk", "full", "plain ResNeXt"}
+    script("epoch").main(["--synthetic", "--train-subset", "10", "--batch", "5", "--archs", "cifar-20-4-8",
                           "--arms", "random4", "--paths", "resident"])
     script("folder_loader").main(["--images", "8", "--batch-size", "4", "--workers", "0", "--repeats", "1"])
     assert "cifar-20-4-8" in script("k1_pruning").main(["--presets", "cifar-20-4-8", "--seeds", "0"])[2]
+
+
+def test_a_steps_peak_memory_counts_what_it_allocates_and_not_what_was_there():
+    held = torch.ones(2_000_000)
+    peak = script("speed").peak_bytes(lambda: torch.ones(1_000_000).sum(), torch.device("cpu"))
+    assert 4_000_000 <= peak < 8_000_000 and held.numel()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash, timeout")
