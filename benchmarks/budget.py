@@ -3,18 +3,15 @@ and 64 epochs (the recipe's 6/5/3/2 split scaled), and at the longest the sampli
 arm's draws with a gate learning rate of 0, so the gates never move, then the freeze. If the control matches
 the learned arm, phase 1's gain is the regularisation of its sampling, not the connectivity it learns.
 
-    python benchmarks/budget.py write benchmarks/studies/tuning_k4/gumbel.toml gumbel_3 --out benchmarks/studies/budget
     connlearn compare --arms benchmarks/studies/budget/e64.toml --seeds 0 1 2 3 4 \
-        --out benchmarks/studies/budget/results_e64 --parallel 2
+        --out benchmarks/studies/budget/results_e64 --parallel 2          # and e8, e16, e32
     python benchmarks/budget.py analyse benchmarks/studies/budget
 
-``write`` writes ``eE.toml`` per budget (every run of one report shares its epochs): the arm ``learned`` with the
-options of ARM in FILE (a tuned configuration), ``random`` (Fixed-Random with its network and K), and, at the
-longest, ``sampling`` (``learned`` with ``gate_lr = 0``). The other options are the ceiling's
-(``benchmarks/ceiling.py``'s :data:`COMMON`) with ``eval_every`` set to the budget: one evaluation, at the end.
-``analyse`` prints, per budget found (``results_eE``), each arm minus ``random`` (and ``learned`` minus
-``sampling``), paired by seed, and a line fitted to learned − random against log2 of the epochs: does learning
-pay more as training grows longer?
+``eE.toml`` holds a budget's arms (every run of one report shares its epochs): ``learned``, the tuning's best
+configuration, ``random``, Fixed-Random with its network and K, and at the longest ``sampling``. ``analyse``
+prints, per budget found (``results_eE``), each arm minus ``random`` (and ``learned`` minus ``sampling``), paired
+by seed, and a line fitted to learned − random against log2 of the epochs: does learning pay more as training
+grows longer?
 """
 
 from __future__ import annotations
@@ -24,41 +21,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ceiling import COMMON, arms_toml
 from scipy import stats
 
-from connlearn.train.compare import read_study
+from connlearn.train.compare import collect, report
 
 BUDGETS = (8, 16, 32, 64)
-NETWORK_KEYS = ("preset", "M", "C", "width", "base_channels", "stem_channels", "K", "kernels", "engine")
-
-
-def tuned(file: Path, arm: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(learned, random)``: ARM's options in FILE, with the common ones that are not the schedule's, and
-    Fixed-Random on its network."""
-    common, arms, _ = read_study(file)
-    learned = {**{k: v for k, v in common.items() if k not in COMMON}, **arms[arm]}
-    return learned, {"gate": "random", **{k: learned[k] for k in NETWORK_KEYS if k in learned}}
-
-
-def write(file: Path, arm: str, out: Path) -> None:
-    learned, random = tuned(file, arm)
-    out.mkdir(parents=True, exist_ok=True)
-    for epochs in BUDGETS:
-        study = {"random": random, "learned": learned}
-        if epochs == BUDGETS[-1]:
-            study["sampling"] = {**learned, "gate_lr": 0.0}
-        (out / f"e{epochs}.toml").write_text(arms_toml(
-            f"the budget (benchmarks/budget.py): {arm} of {file} against Fixed-Random, {epochs} epochs",
-            {**COMMON, "epochs": epochs, "eval_every": epochs, "baseline": "random"}, study))
-    print(f"wrote {', '.join(f'e{e}.toml' for e in BUDGETS)} to {out}")
 
 
 def against(folder: Path, margin: float, baseline: str = "random") -> tuple[dict[str, Any] | None, int]:
     """compare's report of a study folder against ``baseline`` (None while the folder or a finished run of the
     baseline is missing), and how many of the folder's runs are unfinished."""
-    from connlearn.train.compare import collect, report
-
     if not folder.is_dir():
         return None, 0
     runs, unfinished = collect([folder])
@@ -91,20 +63,12 @@ def analyse(root: Path, margin: float = 1.0) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("write", help="the arms files of every budget")
-    p.add_argument("file", type=Path, help="an arms file holding the learned configuration")
-    p.add_argument("arm", help="its name in FILE")
-    p.add_argument("--out", type=Path, required=True)
-    p = sub.add_parser("analyse", help="each budget's arms against random")
-    p.add_argument("root", type=Path, help="the folder holding results_e8 ... results_e64")
-    args = parser.parse_args()
-    if args.command == "write":
-        write(args.file, args.arm, args.out)
-    else:
-        print(analyse(args.root))
+    sub.add_parser("analyse", help="each budget's arms against random").add_argument(
+        "root", type=Path, help="the folder holding results_e8 ... results_e64")
+    print(analyse(parser.parse_args(argv).root))
 
 
 if __name__ == "__main__":

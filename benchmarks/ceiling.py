@@ -2,17 +2,15 @@
 random connectivities x weight seeds, each seed's starting weights, data order and augmentation shared by
 every connectivity, so that the spread splits into what the connectivity explains and what the seed does.
 
-    S=benchmarks/studies/ceiling                    # what `prepare --out $S` wrote, committed
+    S=benchmarks/studies/ceiling
     connlearn compare --arms $S/random.toml --seeds 0 1 2 --out $S/results --parallel 2
     connlearn compare --arms $S/balanced.toml --seeds 0 1 2 --out $S/results --parallel 2
     python benchmarks/ceiling.py analyse $S/results
     python benchmarks/ceiling.py complement RUN/last.pt --name NAME --out $S     # then train $S/NAME.toml
 
-``prepare`` writes ``--random`` Fixed-Random connectivities (drawn from seeds 1000, 1001, ...) and
-``--balanced`` degree-balanced ones (every branch read by exactly K blocks of the next module) as graph JSON,
-and two arms files (random, balanced) whose arms each train one of them from scratch (``connectivity = FILE``)
-with the options of :data:`COMMON`: 5,000 training images, 16 epochs (6/5/3/2) at batch 32, evaluated once, at
-the end, on a 10,000-image validation split of the training set (CIFAR-10's test set stays untouched).
+The arms train the connectivities of ``$S/connectivities`` from scratch: ``rNN``, Fixed-Random ones (the graph
+of ``connlearn.build(gate="random", seed=1000 + NN)`` on the study's network), and ``bNN``, degree-balanced ones
+(every branch read by exactly K blocks of the next module).
 
 ``complement`` writes a learned run's connectivity and the one it rejected (every block reads the inputs its
 gates did not keep: at K = C/2 again a valid K-of-C choice), and an arms file that retrains both beside the
@@ -37,71 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from scipy import stats
 
-import connlearn
-
-NETWORK = {"preset": "cifar-20-4-8", "M": 3, "C": 8, "width": 2, "base_channels": 16, "stem_channels": 16,
-           "num_classes": 10, "K": 4}
-COMMON = {"dataset": "cifar10", "epochs": 16, "batch_size": 32, "train_subset": 5000, "val_split": 10000,
-          "eval_every": 16, "snapshot_every": 50, "progress": False}
+from connlearn.train.compare import collect, paired, read_study
 
 
-def balanced_mask(C_out: int, C_in: int, K: int, generator: torch.Generator) -> torch.Tensor:
-    """A ``[C_out, C_in]`` 0/1 matrix with K ones per row and ``C_out * K / C_in`` per column, uniformly among
-    the circulant ones up to a row and a column permutation."""
-    base = torch.zeros(C_out, C_in)
-    for row in range(C_out):
-        for j in range(K):
-            base[row, (row * C_in // C_out + j) % C_in] = 1.0
-    rows, cols = torch.randperm(C_out, generator=generator), torch.randperm(C_in, generator=generator)
-    return base[rows][:, cols]
-
-
-def _place(node: str) -> tuple[int, int]:
-    """``(module, branch)`` of a block's id ``mM.bB``."""
-    module, branch = node.removeprefix("m").split(".b")
-    return int(module), int(branch)
-
-
-def prepare(out: Path, random: int, balanced: int) -> None:
-    folder = out / "connectivities"
-    folder.mkdir(parents=True, exist_ok=True)
-    arms = []
-    for i in range(random):
-        net = connlearn.build(gate="random", seed=1000 + i, **NETWORK)  # type: ignore[arg-type]
-        (folder / f"r{i:02d}.json").write_text(net.graph().to_json())
-        arms.append(f"r{i:02d}")
-    for i in range(balanced):
-        net = connlearn.build(gate="random", seed=2000 + i, **NETWORK)  # type: ignore[arg-type]
-        graph, g = net.graph(), torch.Generator().manual_seed(2000 + i)
-        data = json.loads(graph.to_json())
-        masks = {m: balanced_mask(NETWORK["C"], NETWORK["C"], NETWORK["K"], g) for m in range(2, 1 + NETWORK["M"])}
-        for edge in data["edges"]:  # module 1 reads the stem alone
-            if edge["kind"] == "gate" and edge["target"].startswith("m") and edge["target"][:2] != "m1":
-                (module, target), source = _place(edge["target"]), _place(edge["source"])[1]
-                edge["active"] = bool(masks[module][target - 1, source - 1])
-                edge["gate"] = float(edge["active"])
-        (folder / f"b{i:02d}.json").write_text(json.dumps(data))
-        arms.append(f"b{i:02d}")
-    for name, prefix in (("random", "r"), ("balanced", "b")):
-        write_arms(out / f"{name}.toml", folder, [a for a in arms if a.startswith(prefix)])
-    print(f"wrote {len(arms)} connectivities to {folder}, and {out / 'random.toml'} and {out / 'balanced.toml'}")
-
-
-def arms_toml(comment: str, common: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+def _toml(comment: str, common: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     """The text of an arms file for ``connlearn compare``: ``common`` options, then a table per arm."""
     lines = [f"# {comment}", *(f"{k} = {json.dumps(v)}" for k, v in common.items()), ""]
     for name, options in arms.items():
         lines += [f"[arms.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in options.items()), ""]
     return "\n".join(lines)
-
-
-def write_arms(path: Path, folder: Path, arms: list[str]) -> None:
-    """An arms file on :data:`COMMON` whose arm NAME trains ``folder/NAME.json`` from scratch."""
-    path.write_text(arms_toml("the connectivity ceiling (benchmarks/ceiling.py): every arm one connectivity trained "
-                              "from scratch", COMMON, {a: {"connectivity": str(folder / f"{a}.json")} for a in arms}))
 
 
 def complement(checkpoint: Path, out: Path, name: str) -> None:
@@ -126,7 +70,10 @@ def complement(checkpoint: Path, out: Path, name: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(learned)
     (folder / f"{name}_complement.json").write_text(json.dumps(data))
-    write_arms(out / f"{name}.toml", folder, [name, f"{name}_complement"])
+    common = read_study(out / "random.toml")[0]
+    (out / f"{name}.toml").write_text(_toml("the connectivity ceiling (benchmarks/ceiling.py): every arm one "
+                                            "connectivity trained from scratch", common, {
+        a: {"connectivity": str(folder / f"{a}.json")} for a in (name, f"{name}_complement")}))
     print(f"wrote {name} (the connectivity of {checkpoint}) and {name}_complement to {folder}, and {out / name}.toml")
 
 
@@ -152,8 +99,6 @@ def conn_test(table: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
     """``(p, upper)``: the F-test's p-value that the connectivity explains nothing (sigma_conn = 0), and the
     one-sided ``1 - alpha`` upper confidence bound on sigma_conn, by the modified large-sample method for
     ``(MS_conn - MS_e) / seeds`` (Ting, Burdick, Graybill, Jeyaratnam and Lu 1990)."""
-    from scipy import stats
-
     a, b = table.shape
     n1, n2 = a - 1, (a - 1) * (b - 1)
     s1, _, s2 = mean_squares(table)
@@ -179,8 +124,6 @@ def versus(table: np.ndarray, other: np.ndarray) -> tuple[float, float, float, f
 
 
 def analyse(folder: Path, prefix: str, family: str, boots: int) -> str:
-    from connlearn.train.compare import collect, paired
-
     found, _ = collect([folder])
     top1 = {(a, s): run["test_top1"] for a, runs in found.items() for s, run in runs.items()}
     by_arm = {a: set(runs) for a, runs in found.items()}
@@ -228,13 +171,9 @@ def analyse(folder: Path, prefix: str, family: str, boots: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/studies/ceiling"))
-    p.add_argument("--random", type=int, default=12)
-    p.add_argument("--balanced", type=int, default=6)
     p = sub.add_parser("complement", help="a learned run's connectivity and the inputs it rejected, as graph JSON")
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--name", required=True, help="the learned connectivity's arm (the complement's: NAME_complement)")
@@ -244,10 +183,8 @@ def main() -> None:
     p.add_argument("--prefix", default="r", help="the arms of the table: r (random) or b (degree-balanced)")
     p.add_argument("--family", default="b", help="another family of connectivities to set against the table's")
     p.add_argument("--boots", type=int, default=2000)
-    args = parser.parse_args()
-    if args.command == "prepare":
-        prepare(args.out, args.random, args.balanced)
-    elif args.command == "complement":
+    args = parser.parse_args(argv)
+    if args.command == "complement":
         complement(args.checkpoint, args.out, args.name)
     else:
         print(analyse(args.folder, args.prefix, args.family, args.boots))

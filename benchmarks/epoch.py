@@ -1,6 +1,6 @@
 """Epoch time on CIFAR-10 per arm: the device-resident BatchLoader vs the torch DataLoader path.
 
-For each architecture and arm of the accuracy sweep (``topk4`` by default, batch 128) it times a
+For each architecture and arm of the accuracy sweep (``topk4`` by default, batch ``--batch``) it times a
 training epoch through the trainer (bf16 on CUDA, optionally channels-last or ``torch.compile``), after
 one that is not timed (it autotunes and compiles); ``--repeats N`` times N epochs and reports their
 median. Each is timed once per loader path, beside the loaders alone (images/s without a model).
@@ -25,15 +25,16 @@ import time
 from datetime import date
 
 import torch
-from accuracy import ARMS
 
 import connlearn
-from connlearn.train.data import load_dataset
+from connlearn.train.data import load_dataset, synthetic
 from connlearn.train.loaders import make_loaders
 from connlearn.train.recipe import Phase, Recipe
 from connlearn.train.trainer import COMPILE_MODES, Trainer
 
 FULL_EPOCH = 50_000
+ARMS = {"full": ("full", None), "topk4": ("topk", 4), "random4": ("random", 4), "real4": ("real", 4),
+        "topk1": ("topk", 1), "random1": ("random", 1)}
 
 
 def loader_throughput(loader) -> float:
@@ -50,7 +51,8 @@ def epoch_times(arch: str, arm: str, loader, device: torch.device, compile: str 
                 repeats: int = 1) -> list[float]:
     """Seconds of ``repeats`` phase-1 training epochs (gates learning) of ``arm`` on ``arch`` with ``loader``,
     after one more that is not timed: it pays for cuDNN's autotuning and, with ``compile``, for compilation."""
-    net = connlearn.build(preset=arch, gate=ARMS[arm]["gate"], K=ARMS[arm]["K"], num_classes=10)
+    gate, K = ARMS[arm]
+    net = connlearn.build(preset=arch, gate=gate, K=K, num_classes=10)
     recipe = Recipe("bench", [Phase(1 + repeats, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
@@ -58,9 +60,11 @@ def epoch_times(arch: str, arm: str, loader, device: torch.device, compile: str 
         return [r["epoch_time"] for r in trainer.fit()[1:]]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
+    parser.add_argument("--synthetic", action="store_true", help="a generated stand-in of CIFAR-10 (a smoke run)")
+    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--archs", nargs="+", default=["cifar-20-4-8", "cifar-29-8-8"])
     parser.add_argument("--arms", nargs="+", default=["topk4"], choices=list(ARMS))
     parser.add_argument("--paths", nargs="+", default=["resident", "dataloader"], choices=("resident", "dataloader"))
@@ -72,18 +76,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed epochs per configuration (the median is "
                         "reported, every time in the JSON); default 1")
     parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     device = torch.device(args.device)
-    train, test = load_dataset("cifar10", args.data)
+    train, test = synthetic(10, 500, 100, 32, 0) if args.synthetic else load_dataset("cifar10", args.data)
     if args.train_subset:
         train = train.subset(args.train_subset)
     scale = FULL_EPOCH / len(train)
     cuda = device.type == "cuda"
     makers = {
-        "resident": lambda: make_loaders(train, test, 128, device=device, channels_last=args.channels_last)[0],
-        "dataloader": lambda: make_loaders(train, test, 128, device=device, path="dataloader",
+        "resident": lambda: make_loaders(train, test, args.batch, device=device, channels_last=args.channels_last)[0],
+        "dataloader": lambda: make_loaders(train, test, args.batch, device=device, path="dataloader",
                                            num_workers=args.workers, pin_memory=cuda,
                                            channels_last=args.channels_last)[0],
     }
@@ -105,7 +109,7 @@ def main() -> None:
     note += f", median of {args.repeats} epochs" if args.repeats > 1 else ""
     options = f", torch.compile ({args.compile})" if args.compile else ""
     options += ", channels-last" if args.channels_last else ""
-    print(f"\n{name}, {date.today()}, batch 128{options}{note}\n")
+    print(f"\n{name}, {date.today()}, batch {args.batch}{options}{note}\n")
     both = len(paths) == 2
     header = " | ".join(f"{k} loader" for k in paths) + (" | DataLoader / resident |" if both else " |")
     print("| arch | arm | " + header)

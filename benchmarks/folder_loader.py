@@ -49,14 +49,14 @@ def images_per_second(loader: FolderLoader, repeats: int) -> tuple[float, list[f
     return statistics.median(times), times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     results = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "torch": torch.__version__, "images": args.images,

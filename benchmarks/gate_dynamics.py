@@ -1,13 +1,12 @@
-"""How the real gates move during phase 1, under each gate-gradient rule: a small controlled experiment.
+"""How the real gates move during phase 1: a report of runs' gate snapshots (``--snapshot-every``).
 
-Phase 1 only (weights lr 0.1, gates lr 0.2, SGD momentum 0.9, the paper's rule or a remedy), the same
-network, seed, data order and augmentation for every rule; gate snapshots every ``--snapshot-every`` steps;
-evaluated on a class-balanced validation split held out of the CIFAR-10 training set (never the test
-set). Writes ``OUT/<rule>/`` (log, snapshots, checkpoints), ``OUT/dynamics.md`` (a table of the gate
-statistics at the end of phase 1 and the validation top-1) and ``OUT/gate_dynamics.png``.
+Writes ``OUT/dynamics.md`` (the gate statistics at the last snapshot, how far the gates moved, split into each
+row's mean and the within-row structure, and the eval top-1) and ``OUT/gate_dynamics.png`` (their course).
+Runs are ordinary ``connlearn train`` or ``connlearn compare`` runs, e.g. the gate rules side by side:
 
-    python benchmarks/gate_dynamics.py --epochs 6 --train-subset 5000 --out runs/gates
-    python benchmarks/gate_dynamics.py --runs runs/sweep30/topk4-s0 runs/sweep30/topk1-s0 --out runs/dyn
+    connlearn compare --arm "plain gate=topk" --arm "centered gate=topk gate_rule=centered" --dataset cifar10 \
+        --phases 5 1 1 1 --val-split 5000 --train-subset 5000 --snapshot-every 50 --seeds 0 --out runs/rules
+    python benchmarks/gate_dynamics.py runs/rules/plain-s0 runs/rules/centered-s0 --out runs/gates
 
 Questions it answers: do the gates of a row drift together towards the clip bound (a flat sampling
 distribution), how far does the within-row spread grow, how many blocks still change their top-K, and from
@@ -17,26 +16,16 @@ which epoch on is the top-K the one phase 1 ends with?
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 from pathlib import Path
 
-import attrs
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 
-import connlearn
 from connlearn.files import read_jsonl
 from connlearn.plots import gate_statistics, settled_epoch
-from connlearn.topologies import RESIDUAL_INITS
 from connlearn.train.checkpoint import net_from_checkpoint
-from connlearn.train.data import load_dataset
-from connlearn.train.loaders import BatchLoader, make_loaders
-from connlearn.train.recipe import Phase, Recipe
-from connlearn.train.trainer import Trainer
-from connlearn.updater import GRAD_MODES
 
 
 def movement(snapshots: list[dict]) -> dict[str, float]:
@@ -143,7 +132,7 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
 
 
 def from_runs(folders: list[str], out: Path) -> None:
-    """The report of runs trained elsewhere (e.g. by accuracy.py): their gates.jsonl, log.jsonl and K (from
+    """The report of runs: their gates.jsonl, log.jsonl and K (from
     summary.json, or from last.pt while a run is unfinished; a finished run needs no checkpoint)."""
     stats, logs, moves, widths = {}, {}, {}, set()
     paths = [Path(f) for f in folders]
@@ -160,123 +149,12 @@ def from_runs(folders: list[str], out: Path) -> None:
     write_report(out, header, max(widths), stats, logs, moves)
 
 
-def gradient_split(net: connlearn.ConnectivityNet, batches) -> list[dict[str, float | int | str]]:
-    """The raw gradient of the real gates (the paper's rule, before any remedy) of each sampled module of
-    ``net``, summed per row over the entries drawn in that step and over those not drawn, averaged over the
-    rows of the module and over ``batches`` (``(images, labels)`` pairs); also the mean within-row std and
-    the module's mean gate.
-
-    Gradient descent moves a row's gates by minus these sums: a negative ``undrawn`` raises the gates of the
-    inputs a block did not use. Behind a projection shortcut ``drawn`` vanishes (scale invariance, see the
-    tests), so a common drift there comes from the undrawn entries only. The weights are not updated (the
-    batch norms' running statistics are: the forward passes run in training mode).
-    """
-    net.train()
-    gated = [(i, stage) for i, stage in enumerate(net.stages) if stage.gate is not None and stage.gate.stochastic]
-    if not gated:
-        raise SystemExit(f"the network has gate kind {net.gate_kind!r} and no sampled gates: only a topk network "
-                         "in phase 1 has them (a finished run's connectivity is frozen)")
-    sums = {i: torch.zeros(3) for i, _ in gated}
-    count = 0
-    for images, labels in batches:
-        net.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(net(images), labels).backward()
-        for i, stage in gated:  # net.last_draw: the connectivity this forward pass drew, by stage position
-            grad, drawn = stage.gate.real.grad.detach().float().cpu(), (net.last_draw[i] != 0).cpu()
-            sums[i] += torch.stack([(grad * drawn).sum(1).mean(), (grad * ~drawn).sum(1).mean(),
-                                    grad.std(1).mean()])
-        count += 1
-    if not count:
-        raise SystemExit("no batches: nothing to average")
-    return [{"module": net.module_ids[i], "shortcut": "projection" if stage.proj is not None else "identity",
-             "drawn": float(sums[i][0] / count), "undrawn": float(sums[i][1] / count),
-             "within_row_std": float(sums[i][2] / count), "gate_mean": float(stage.gate.real.detach().mean())}
-            for i, stage in gated]
-
-
-def gradients_of_runs(folders: list[str], data: str | None, batches: int, out: Path) -> None:
-    """:func:`gradient_split` of each run's ``last.pt`` on ``batches`` training batches, as ``out/gradients.md``."""
-    train, _ = load_dataset("cifar10", data)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    lines = [f"raw gate gradients, mean over {batches} augmented training batches of 128 (the sum over a row's "
-             f"drawn / undrawn entries, mean over a module's rows); {device}",
-             "", "| run | module | shortcut | gate mean | drawn | undrawn | within-row std |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for folder in folders:
-        if not (Path(folder) / "last.pt").is_file():
-            print(f"skipped {folder}: no last.pt")
-            continue
-        net = net_from_checkpoint(Path(folder) / "last.pt").to(device)
-        loader = BatchLoader(train, 128, train=True, device=device, seed=0)
-        rows = gradient_split(net, itertools.islice(loader.epoch(0), batches))
-        lines += [f"| {folder} | {r['module']} | {r['shortcut']} | {r['gate_mean']:.3f} | {r['drawn']:+.2e} | "
-                  f"{r['undrawn']:+.2e} | {r['within_row_std']:.2e} |" for r in rows]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gradients.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="CIFAR-10 location (else $CONNLEARN_DATA, else download)")
-    parser.add_argument("--rules", nargs="+", default=list(GRAD_MODES), choices=GRAD_MODES)
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--train-subset", type=int, default=5000)
-    parser.add_argument("--val-split", type=int, default=5000)
-    parser.add_argument("--gate-lr", type=float, default=0.2)
-    parser.add_argument("--gate-momentum", type=float,
-                        help="the gates' own SGD momentum (default: the weights', 0.9; 0: Algorithm 1's plain step)")
-    parser.add_argument("--gate-init", type=lambda v: v if v == "uniform" else float(v), default=0.5)
-    parser.add_argument("--residual-init", choices=RESIDUAL_INITS, default="auto",
-                        help="the branches' starting scale ('one' reproduces the studies made before the option)")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="of the weights (gates never decay)")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--snapshot-every", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--net", default="M=3,C=8,K=4,width=2,base_channels=16,stem_channels=16",
-                        help="build() options of the network (default: a small {C=8, K=4} CPU-sized net)")
-    parser.add_argument("--out", default="runs/gates")
-    parser.add_argument("--runs", nargs="+", metavar="RUN_DIR",
-                        help="train nothing: report the gate dynamics of these finished or partial runs")
-    parser.add_argument("--gradients", nargs="+", metavar="RUN_DIR",
-                        help="train nothing: split the raw gate gradients of these runs' last.pt (in phase 1) into "
-                             "drawn and undrawn entries, over --batches training batches")
-    parser.add_argument("--batches", type=int, default=50)
-    args = parser.parse_args()
-    if args.batches < 1:
-        parser.error(f"--batches must be at least 1, got {args.batches}")
-    if args.gradients:
-        gradients_of_runs(args.gradients, args.data, args.batches, Path(args.out))
-        return
-    if args.runs:
-        from_runs(args.runs, Path(args.out))
-        return
-    options = {k: int(v) for k, v in (kv.split("=") for kv in args.net.split(","))}
-    train, _ = load_dataset("cifar10", args.data)
-    train, val = train.split(args.val_split)
-    train = train.subset(args.train_subset)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    recipe = Recipe("phase1", [Phase(args.epochs, 0.1, gate_lr=args.gate_lr)], batch_size=args.batch_size,
-                    weight_decay=args.weight_decay, gate_momentum=args.gate_momentum)
-    out = Path(args.out)
-    stats, logs, moves = {}, {}, {}
-    for rule in args.rules:
-        loaders = make_loaders(train, val, recipe.batch_size, device=device, seed=args.seed)
-        net = connlearn.build(preset="cifar-20-4-8", num_classes=10, seed=args.seed, gate_init=args.gate_init,
-                              residual_init=args.residual_init,
-                              **options)
-        trainer = Trainer(net, *loaders, attrs.evolve(recipe, gate_rule=rule), out_dir=out / rule, device=device,
-                          snapshot_every=args.snapshot_every, progress=False)
-        logs[rule] = trainer.fit()
-        snapshots = read_jsonl(out / rule / "gates.jsonl")
-        stats[rule], moves[rule] = gate_statistics(snapshots, net.K), movement(snapshots)
-    gate_momentum = recipe.momentum if args.gate_momentum is None else args.gate_momentum
-    header = (f"phase 1 only, {args.epochs} epochs of {len(train)} images at batch {args.batch_size}, gate lr "
-              f"{args.gate_lr}, gate momentum {gate_momentum}, gate init {args.gate_init}, residual init "
-              f"{args.residual_init}, weight decay "
-              f"{args.weight_decay}, seed {args.seed}, "
-              f"net {args.net}; validation split of {len(val)} training images; {device}")
-    write_report(out, header, options.get("C", 8), stats, logs, moves)
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished or partial runs with gate snapshots")
+    parser.add_argument("--out", type=Path, default=Path("runs/gates"))
+    args = parser.parse_args(argv)
+    from_runs(args.runs, args.out)
 
 
 if __name__ == "__main__":

@@ -1,73 +1,35 @@
-"""The gate kinds' tuning budget, declared before any run: the same number of configurations for every kind,
-drawn from one search space with a fixed seed, each trained on the same validation seeds. Random search over
-connectivities gets as many runs: the Fixed-Random connectivities of ``benchmarks/ceiling.py``.
+"""The gate kinds' tuning budget, declared before any run: the same number of configurations for every kind
+(``benchmarks/studies/tuning_k{1,2,4}/KIND.toml``: arms ``KIND_0`` ... ``KIND_7``, drawn from one search space
+with a fixed seed: the gates' optimizer and lr, SGD at 0.2 or Adam at 1e-3 to 1e-1; the sampling temperature's
+end; a warm-up of 0 or 2 epochs; the gates' steps on 5,000 held-out images or on the training batches), each
+trained on validation seeds 0 and 1. Random search over connectivities gets as many runs: the ceiling's first
+Fixed-Random connectivities (``benchmarks/ceiling.py``).
 
-    python benchmarks/tuning.py write --K 4 --out benchmarks/studies/tuning_k4
-    connlearn compare --arms benchmarks/studies/tuning_k4/gumbel.toml --seeds 0 1 \
+    connlearn compare --arms benchmarks/studies/tuning_k4/gumbel.toml --seeds 0 1 \\
         --out benchmarks/studies/tuning_k4/results --parallel 2
     python benchmarks/tuning.py analyse benchmarks/studies/tuning_k4/results benchmarks/studies/ceiling/results
 
-writes one arms file per kind (``KIND.toml``: :data:`CONFIGS` configurations, arms ``KIND_0`` ...), on the
-options of ``benchmarks/ceiling.py``'s :data:`COMMON` (the reduced {20,4,8}, 5,000 training images, 16 epochs,
-the 10,000-image validation split evaluated once at the end) and ``NETWORK``. The space (:func:`configuration`):
-the gates' optimizer and learning rate (the paper's SGD at 0.2, or Adam at 1e-3 to 1e-1, log-uniform), the
-sampling temperature's end (none, or 0.1 to 0.5 for the kinds that draw), a warm-up of 0 or 2 epochs before
-the gates learn, and the gates' steps on held-out batches (5,000 images apart from the training subset) or on
-the training batches. The best configuration of each kind on the validation split goes on to the verdict.
-
-``analyse`` prints every configuration's validation top-1 on seeds 0 and 1 minus the mean of the random
-connectivities that random search tried (the first :data:`CONFIGS` of the ceiling's, on the same seeds), each
-kind's best, and random search's best: every winner is the best of :data:`CONFIGS` tries on the same seeds, so
-each carries the same optimism of picking a maximum.
+``analyse`` prints every configuration's validation top-1 minus the mean of the connectivities random search
+tried (on the same seeds), each kind's best, and random search's best: every winner is the best of
+:data:`CONFIGS` tries on the same seeds, so each carries the same optimism of picking a maximum.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import random
 from pathlib import Path
 
 import numpy as np
-from ceiling import COMMON, NETWORK, arms_toml
+
+from connlearn.train.compare import collect
+from connlearn.train.options import GATE_TRAINING, defaults, names
 
 KINDS = ("topk", "gumbel", "simple", "imle", "magnitude")
 CONFIGS = 8
 SEEDS = (0, 1)  # the validation seeds
-DRAWS = ("topk", "gumbel", "simple", "imle")  # the kinds whose phase 1 samples, so a temperature matters
-
-
-def configuration(kind: str, rng: random.Random) -> dict[str, object]:
-    """One draw from the search space for ``kind``."""
-    adam = rng.random() < 0.75
-    options: dict[str, object] = {"gate_optimizer": "adam", "gate_lr": round(10 ** rng.uniform(-3, -1), 5)} if adam \
-        else {"gate_lr": 0.2}
-    if kind in DRAWS and rng.random() < 0.5:
-        options["gate_temperature_end"] = round(math.exp(rng.uniform(math.log(0.1), math.log(0.5))), 3)
-    if kind == "topk":
-        options["gate_rule"] = "centered"  # the paper's plain rule saturates (BENCHMARKS.md, the gate rules)
-    if rng.random() < 0.5:
-        options["gate_warmup"] = 2
-    if rng.random() < 0.5:
-        options["gate_holdout"] = 5000
-    return options
-
-
-def write(K: int, out: Path, seed: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    network = {k: v for k, v in NETWORK.items() if k != "num_classes"} | {"K": K}
-    for kind in KINDS:
-        rng = random.Random(f"{seed}-{kind}")
-        arms = {f"{kind}_{i}": {**network, "gate": kind, **configuration(kind, rng)} for i in range(CONFIGS)}
-        (out / f"{kind}.toml").write_text(arms_toml(f"{kind}, K={K}: {CONFIGS} configurations drawn with seed {seed} "
-                                                    "(benchmarks/tuning.py)", COMMON, arms))
-    print(f"wrote {len(KINDS)} arms files of {CONFIGS} configurations to {out}")
 
 
 def analyse(folders: list[Path]) -> str:
-    from connlearn.train.compare import collect
-    from connlearn.train.options import GATE_TRAINING, defaults, names
-
     found, _ = collect(folders)
     done = {a: runs for a, runs in found.items() if set(SEEDS) <= set(runs)}
     top1 = {a: np.array([runs[s]["test_top1"] for s in SEEDS]) for a, runs in done.items()}
@@ -96,20 +58,12 @@ def analyse(folders: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("write", help="the arms files of the declared configurations")
-    p.add_argument("--K", type=int, default=4)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p = sub.add_parser("analyse", help="the configurations' results against random search's")
-    p.add_argument("folders", type=Path, nargs="+", help="the tuning's results and the ceiling's")
-    args = parser.parse_args()
-    if args.command == "write":
-        write(args.K, args.out, args.seed)
-    else:
-        print(analyse(args.folders))
+    sub.add_parser("analyse", help="the configurations' results against random search's").add_argument(
+        "folders", type=Path, nargs="+", help="the tuning's results and the ceiling's")
+    print(analyse(parser.parse_args(argv).folders))
 
 
 if __name__ == "__main__":

@@ -3,22 +3,18 @@ Fixed-Random of the same K, learned in place and its connectivity retrained from
 network and again with unlike branches (middle kernels 1, 3, 5 cycling over each module's branches), on fresh
 seeds, read on CIFAR-10's test set.
 
-    python benchmarks/verdict.py write benchmarks/studies/tuning_k4/gumbel.toml gumbel_3 \
-        --out benchmarks/studies/verdict
     connlearn compare --arms benchmarks/studies/verdict/alike.toml --seeds 100 101 102 103 104 105 106 107 \
-        108 109 --out benchmarks/studies/verdict/results_alike --parallel 2
-
+        108 109 --out benchmarks/studies/verdict/results_alike --parallel 2        # and unlike.toml
     python benchmarks/verdict.py analyse benchmarks/studies/verdict
     python benchmarks/verdict.py kernels benchmarks/studies/verdict/results_unlike
 
-``write`` writes ``alike.toml`` and ``unlike.toml``, each with the arms ``random``, ``learned`` (ARM's options
-in FILE) and ``retrained`` (``retrain = "learned"``), baseline ``random``, on the ceiling's options
-(``benchmarks/ceiling.py``'s :data:`COMMON`) without its validation split: the test set, never tuned on.
+``alike.toml`` and ``unlike.toml`` each hold the arms ``random``, ``learned`` (the tuning's best configuration)
+and ``retrained`` (``retrain = "learned"``), baseline ``random``, evaluated on the test set, never tuned on.
 ``analyse`` reads ``results_alike`` and ``results_unlike`` and prints the four comparisons with their
 p-values Holm-corrected across all four, as declared. While a comparison has not run (fewer than two
-pairs), it counts as p = 1 in the correction, which can only raise the others' corrected p-values. ``kernels`` (not a
-declared comparison) reads each run's ``last.pt`` and says from branches of which middle kernel its live blocks
-read their inputs, against the share of those branches among the candidates: did learning prefer some?
+pairs), it counts as p = 1 in the correction, which can only raise the others' corrected p-values. ``kernels``
+(not a declared comparison) reads each run's ``last.pt`` and says from branches of which middle kernel its live
+blocks read their inputs, against the share of those branches among the candidates: did learning prefer some?
 """
 
 from __future__ import annotations
@@ -29,33 +25,20 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from budget import against, tuned
-from ceiling import COMMON, arms_toml
+from connlearn.graph import BranchGraph, live_blocks
+from connlearn.train.checkpoint import load_checkpoint
+from connlearn.train.compare import collect, holm, markdown, report, verdict
 
-SEEDS = tuple(range(100, 110))
 DECLARED = 4  # learned in place and retrained, branches alike and unlike
 
 
-def write(file: Path, arm: str, out: Path) -> None:
-    learned, random = tuned(file, arm)
-    common = {k: v for k, v in COMMON.items() if k != "val_split"} | {"baseline": "random"}
-    out.mkdir(parents=True, exist_ok=True)
-    for name, kernels in (("alike", {}), ("unlike", {"kernels": [1, 3, 5]})):
-        study = {"random": random | kernels, "learned": learned | kernels, "retrained": {"retrain": "learned"}}
-        (out / f"{name}.toml").write_text(arms_toml(
-            f"the verdict (benchmarks/verdict.py): {arm} of {file} against Fixed-Random, branches {name}, "
-            f"test set, seeds {SEEDS[0]} to {SEEDS[-1]}", common, study))
-    print(f"wrote alike.toml and unlike.toml to {out}")
-
-
 def analyse(root: Path, margin: float = 1.0) -> str:
-    from connlearn.train.compare import holm, markdown, verdict
-
     arms: dict[str, Any] = {}
     tests: dict[str, Any] = {}
     for name in ("alike", "unlike"):
-        result = against(root / f"results_{name}", margin)[0]
-        if result is not None:
+        runs = collect([root / f"results_{name}"])[0] if (root / f"results_{name}").is_dir() else {}
+        if "random" in runs:
+            result = report(runs, "random", margin)
             arms |= {f"{name}: {arm}": a for arm, a in result["arms"].items()}
             tests |= {f"{name}: {arm}": t for arm, t in result["against"].items() if "p" in t}
     left = DECLARED - len(tests)
@@ -70,8 +53,6 @@ def analyse(root: Path, margin: float = 1.0) -> str:
 def source_kernels(graph: Any, active: bool = True) -> Counter[int]:
     """How many gate inputs of ``graph``'s live blocks come from branches of each middle kernel: the active
     ones, or (``active=False``) every candidate."""
-    from connlearn.graph import live_blocks
-
     return Counter(graph.nodes[u]["params"].get("kernel") for n in live_blocks(graph)
                    for u, _, d in graph.gate_edges(n) if d.get("active") or not active)
 
@@ -79,9 +60,6 @@ def source_kernels(graph: Any, active: bool = True) -> Counter[int]:
 def kernels(folder: Path) -> str:
     """Per arm, the mean ± sd over its runs of the share of live blocks' inputs read from each kernel's
     branches, below the candidates' shares (what a uniform choice gives)."""
-    from connlearn.graph import BranchGraph
-    from connlearn.train.checkpoint import load_checkpoint
-
     shares: dict[str, list[dict[int, float]]] = defaultdict(list)
     candidates: Counter[int] = Counter()
     for path in sorted(folder.glob("*-s*/last.pt")):
@@ -100,22 +78,15 @@ def kernels(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("write", help="the arms files of the primary comparisons")
-    p.add_argument("file", type=Path, help="an arms file holding the tuned configuration")
-    p.add_argument("arm", help="its name in FILE")
-    p.add_argument("--out", type=Path, required=True)
-    p = sub.add_parser("analyse", help="the four comparisons, Holm across them")
-    p.add_argument("root", type=Path, help="the folder holding results_alike and results_unlike")
-    p = sub.add_parser("kernels", help="from which kernels' branches each arm's blocks read")
-    p.add_argument("folder", type=Path, help="a study's folder of runs (their last.pt)")
-    args = parser.parse_args()
-    if args.command == "write":
-        write(args.file, args.arm, args.out)
-    else:
-        print(analyse(args.root) if args.command == "analyse" else kernels(args.folder), end="")
+    sub.add_parser("analyse", help="the four comparisons, Holm across them").add_argument(
+        "root", type=Path, help="the folder holding results_alike and results_unlike")
+    sub.add_parser("kernels", help="from which kernels' branches each arm's blocks read").add_argument(
+        "folder", type=Path, help="a study's folder of runs (their last.pt)")
+    args = parser.parse_args(argv)
+    print(analyse(args.root) if args.command == "analyse" else kernels(args.folder), end="")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,13 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torc
     return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, *spatial)
 
 
+def replace_by_noise(y: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``y`` ``[B, C, ch, *S]`` with the branches where ``noise`` (``[C]`` bool) is set replaced by Gaussian noise
+    (the global RNG) at each one's root mean square over the batch, detached: outputs that carry nothing."""
+    rms = y.detach().float().pow(2).mean(dim=(0, *range(2, y.dim())), keepdim=True).sqrt().to(y.dtype)
+    return torch.where(noise.view(1, -1, *[1] * (y.dim() - 2)), torch.randn_like(y) * rms, y)
+
+
 def _layer(dims: int, in_ch: int, out_ch: int, kernel: int, stride: int) -> nn.Module:
     """The blocks' one-branch :func:`~connlearn.blocks.conv` over ``dims`` (0: a linear map of vectors),
     Kaiming-normal (fan-out, ReLU)."""
@@ -90,11 +97,14 @@ class Head(nn.Module):
 class FusedModule(nn.Module):
     """All branches of a module as one tensor ``[B, C·ch, H, W]``."""
 
+    noise: torch.Tensor | None
+
     def __init__(self, block: nn.Module, proj: nn.Module | None, gate: Gate | None, in_ch: int, out_ch: int,
                  branches: int) -> None:
         super().__init__()
         self.block, self.proj, self.gate = block, proj, gate
         self.in_ch, self.out_ch, self.branches = in_ch, out_ch, branches
+        self.register_buffer("noise", None, persistent=False)  # [C] bool: module 1's uninformative branches
 
     def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
         c, ch = self.branches, self.in_ch
@@ -104,7 +114,8 @@ class FusedModule(nn.Module):
             out = self.block(x)
             short = inputs[0] if self.proj is None else self.proj(inputs[0])
             after = short.shape[2:]
-            return (out.reshape(b, c, self.out_ch, *after) + short.unsqueeze(1)).reshape(b, c * self.out_ch, *after)
+            y = out.reshape(b, c, self.out_ch, *after) + short.unsqueeze(1)
+            return (y if self.noise is None else replace_by_noise(y, self.noise)).reshape(b, c * self.out_ch, *after)
         x = mix_branches(inputs, mix, ch)
         b, spatial = x.shape[0], x.shape[2:]
         out = self.block(x)
@@ -153,6 +164,9 @@ class ConnectivityNet(nn.Module):
         self.stem = Stem(inp["in_channels"], inp["out_channels"], **inp["stem"], dims=self.dims)
         single = _single_stream(graph.gate_kind, plans)
         self.stages = cast("list[Stage]", nn.ModuleList(_stage(p, graph, self.dims, single) for p in plans))
+        noise = [bool(graph.nodes[n].get("uninformative")) for n in graph.branches(self.module_ids[0])]
+        if any(noise):  # planted control: these branches of module 1 output noise (topology option uninformative)
+            self.stages[0].noise = torch.tensor(noise)
         self.head = Head(out["in_channels"], out["num_classes"])
         self.generator = draw_generator(graph.seed)
         ties = tie_generator(graph.seed)

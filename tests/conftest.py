@@ -1,6 +1,5 @@
 import os
 import shutil
-import sys
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ settings.register_profile("default", deadline=None, max_examples=20, derandomize
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))  # plain_resnext: an oracle
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 

@@ -256,6 +256,8 @@ CASES = [
     (lambda _: connlearn.build(block_params={"width": 3}), ConfigError, ["may not set 'width'"]),
     (lambda _: connlearn.build(kernels=(1, 4)), ConfigError, ["kernels must be odd sizes", "(1, 4)"]),
     (lambda _: connlearn.build(block="basic", kernels=(1, 3)), ConfigError, ["block kind 'basic' takes no 'kernel'"]),
+    (lambda _: connlearn.build(C=4, uninformative=(4, 5)), ConfigError, ["uninformative", "1 to C=4", "[4, 5]"]),
+    (lambda _: connlearn.build(gate="full", uninformative=(1,)), ConfigError, ["of a network with branches", "'full'"]),
     (lambda _: connlearn.build(Cc=8), TypeError, ["unexpected keyword argument 'Cc'"]),
     (lambda _: connlearn.build(gate="topk", gate_options={"tau": 0.5}), ConfigError,
      ["unknown gate option 'tau'", "known: (none)"]),

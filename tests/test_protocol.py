@@ -15,7 +15,8 @@ from connlearn.cli import main
 from connlearn.train import ImageDataset, RunConfig, load_checkpoint, make_checkpoint, net_from_checkpoint, run
 from connlearn.train.checkpoint import save_checkpoint
 from connlearn.train.data import pack, synthetic
-from connlearn.train.protocol import build_net
+from connlearn.train.metrics import evaluate
+from connlearn.train.protocol import build_net, load_data, run_loaders
 
 TINY = ["--synthetic", "--M", "3", "--C", "4", "--K", "2", "--width", "2", "--base-channels", "8", "--stem-channels",
         "4", "--train-subset", "200", "--test-subset", "100", "--batch-size", "32", "--no-progress", "--snapshot-every",
@@ -86,10 +87,12 @@ def test_every_subcommand_works_on_a_runs_files(finished, tmp_path, capsys):
 
 
 def test_a_finished_run_evaluates_again_to_its_logged_top1(finished):
-    from recalibrate import before_and_after  # benchmarks/, on the path from conftest
-
-    logged, as_trained, _ = before_and_after(finished, batches=2)
-    assert as_trained == pytest.approx(logged, abs=1e-6)
+    summary = json.loads((finished / "summary.json").read_text())
+    config = RunConfig(**summary["run"])
+    train, test, _, _ = load_data(config)
+    test_loader = run_loaders(config, train, test, device=torch.device("cpu"))[1]
+    as_trained = evaluate(net_from_checkpoint(finished / "last.pt"), test_loader)["test_top1"]
+    assert as_trained == pytest.approx(summary["test_top1"], abs=1e-6)
 
 
 def test_onnx_export_computes_the_same_outputs(finished, tmp_path):

@@ -46,7 +46,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             base_channels: int | None = None, in_channels: int = 3, image_size: int | None = None,
             input_size: tuple[int, ...] | list[int] | None = None,
             residual_init: str = "auto", conv_init: str | None = None, gate_options: dict[str, Any] | None = None,
-            kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False) -> BranchGraph:
+            kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False,
+            uninformative: tuple[int, ...] | list[int] = ()) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -70,6 +71,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         kernels: branch j of every module gets the middle kernel ``kernels[(j - 1) % len(kernels)]`` (odd
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
+        uninformative: a planted control: these branches of module 1 (1-based) output Gaussian noise at the scale
+            of the output they replace, in training and evaluation (recorded on their nodes).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
                                                                     if preset is not None else {})}
@@ -98,6 +101,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1),
                num_classes=check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1))
     g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
+    _plant(g, uninformative, C)
     return g
 
 
@@ -142,6 +146,15 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
             stage_modules.append(module)
             prev = base_ch * 2**s
     return module
+
+
+def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int) -> None:
+    """Mark the branches of module 1 whose outputs the network replaces by noise (a planted control)."""
+    if set(uninformative) - set(range(1, C + 1)) or (uninformative and GATES.get(g.gate_kind).single_stream):
+        raise ConfigError(f"uninformative takes branches of module 1, 1 to C={C}, of a network with branches; got "
+                          f"{list(uninformative)} with gate {g.gate_kind!r}")
+    for j in uninformative:
+        g.nodes[block_name(1, j)]["uninformative"] = True
 
 
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:

@@ -188,6 +188,9 @@ _OPTIONS = [
     Option("stem_channels", None, ARCHITECTURE, "the stem's output channels", at_least(1, 65536), flag=INT),
     Option("kernels", None, ARCHITECTURE, "unlike branches: branch j's middle kernel is the j-th of these odd sizes, "
            "cycled (e.g. 1 3 5)", sizes(1, 15), flag={"type": int, "nargs": "+", "metavar": "K"}),
+    Option("uninformative", None, ARCHITECTURE, "a planted control: these branches of module 1 output Gaussian "
+           "noise at their own scale, in training and evaluation (e.g. 5 6 7 8)", sizes(1, 256),
+           flag={"type": int, "nargs": "+", "metavar": "J"}),
     Option("residual_init", None, ARCHITECTURE, "each branch's output starts at sqrt(K): sqrt_k, or auto where the "
            "block can (the default); one: as built; zero", choices=RESIDUAL_INITS),
     Option("conv_init", None, ARCHITECTURE, "the inner convolutions start at one branch's scale (branch, the "

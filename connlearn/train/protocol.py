@@ -284,6 +284,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     if world > 1 and not rank:
         dist.barrier()
     net = build_net(config, train)
+    torch.manual_seed(config.seed)  # the global stream (a planted network's noise) is the run's; a resume restores it
     graph = net.graph()
     net.activation_checkpointing = config.activation_checkpointing
     out.mkdir(parents=True, exist_ok=True)
