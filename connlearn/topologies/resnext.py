@@ -71,8 +71,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         kernels: branch j of every module gets the middle kernel ``kernels[(j - 1) % len(kernels)]`` (odd
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
-        uninformative: a planted control: these branches of module 1 (1-based) output Gaussian noise at the scale
-            of the output they replace, in training and evaluation (recorded on their nodes).
+        uninformative: a planted control: these branches of module 1 output noise at their own scale.
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
                                                                     if preset is not None else {})}
@@ -82,16 +81,14 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     stages = _stages(lay, M, base["depth"] if M is None and depth is None else depth)
     K = _fan_in(gate, K, C)
     gate_init = gate_init if gate_init == "uniform" else check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
-    check_choice("residual_init", residual_init, RESIDUAL_INITS)
-    starts = {"residual_init": residual_init, **({} if conv_init is None else {
-        "conv_init": check_choice("conv_init", conv_init, CONV_INITS)})}
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
     base_ch = check_int("base_channels", base_channels if base_channels is not None else 256 if wide else 64, 1)
     shape, size = _input_shape(input_size, lay["image_size"] if image_size is None else image_size)
     block = "vector" if not shape and block == "bottleneck" else block  # the default kind, in its vector form
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="dense" if dense else
-                    "resnext", **starts, **({"gate_options": dict(gate_options)} if gate_options else {}),
+                    "resnext", **_starts(residual_init, conv_init),
+                    **({"gate_options": dict(gate_options)} if gate_options else {}),
                     options={"preset": preset, "layout": layout or base["layout"], "depth": 2 + 3 * sum(stages),
                              "width": width, "C": C})
     _add_input(g, lay["stem"] if shape else (1, 1, False), shape, size, check_int("in_channels", in_channels, 1),
@@ -101,8 +98,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1),
                num_classes=check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1))
     g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
-    _plant(g, uninformative, C)
-    return g
+    return _plant(g, uninformative, C)
 
 
 def _add_input(g: BranchGraph, stem: tuple[int, int, bool], shape: tuple[int, ...], size: int, in_channels: int,
@@ -148,13 +144,22 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
     return module
 
 
-def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int) -> None:
-    """Mark the branches of module 1 whose outputs the network replaces by noise (a planted control)."""
+def _starts(residual_init: str, conv_init: str | None) -> dict[str, str]:
+    """The graph's attributes of how the branches start: ``conv_init`` only where given."""
+    check_choice("residual_init", residual_init, RESIDUAL_INITS)
+    return {"residual_init": residual_init} if conv_init is None else {
+        "residual_init": residual_init, "conv_init": check_choice("conv_init", conv_init, CONV_INITS)}
+
+
+def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int) -> BranchGraph:
+    """``g`` with the branches of module 1 marked whose outputs the network replaces by Gaussian noise at the
+    scale of the output they replace, in training and evaluation (a planted control)."""
     if set(uninformative) - set(range(1, C + 1)) or (uninformative and GATES.get(g.gate_kind).single_stream):
         raise ConfigError(f"uninformative takes branches of module 1, 1 to C={C}, of a network with branches; got "
                           f"{list(uninformative)} with gate {g.gate_kind!r}")
     for j in uninformative:
         g.nodes[block_name(1, j)]["uninformative"] = True
+    return g
 
 
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
