@@ -2,10 +2,10 @@
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,7 +185,8 @@ def test_an_arms_file_gives_relative_data_from_its_own_folder(tmp_path, monkeypa
     assert common["data"] == str(Path("study") / "cifar10.npz") and set(arms) == {"a", "b"}
 
 
-def test_a_stop_of_compare_stops_its_runs(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_a_stop_of_compare_stops_its_runs(tmp_path, stop):
     argv = [sys.executable, "-m", "connlearn.cli", "compare", "--arm", "a gate=random", "--arm", "b", "--seeds", "0",
             "--dataset", "cifar10", "--synthetic", "--epochs", "2", *TINY, "--out", str(tmp_path)]
     study = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -193,8 +194,19 @@ def test_a_stop_of_compare_stops_its_runs(tmp_path):
         if " started (pid " in line:
             break
     child = int(line.split("(pid ")[1].split(";")[0])
-    study.send_signal(signal.SIGTERM)
-    assert study.wait(timeout=300) == 128 + signal.SIGTERM
-    with pytest.raises(ProcessLookupError):  # compare waited for it to end
-        os.kill(child, 0)
+    study.send_signal(stop)
+    assert study.wait(timeout=300) == (128 + stop if stop == signal.SIGTERM else -stop)
+    for _ in range(600):  # a TERM: compare waited for it; a KILL: the run ends on its own, with a checkpoint
+        if not _alive(child):
+            break
+        time.sleep(0.5)
+    assert not _alive(child)
     assert not (tmp_path / "a-s0" / "summary.json").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -17,6 +17,7 @@ seeds detect with power 0.8 at the seen spread.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -269,6 +270,12 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_ch
         _stop_runs(running)
 
 
+def _end_with_compare() -> None:
+    """In a run's process before it starts (Linux): a SIGTERM (a checkpoint, then the end) when compare's process
+    ends, however it ends, so that no run goes on holding its folder's lock."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _stop(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -317,7 +324,8 @@ def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, An
             gpu = None if len(gpus) < 2 or study.options(arm, seed).get("device") else min(
                 gpus, key=lambda g: sum(r[3] == g for r in running.values()))
             proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT, process_group=0,
-                                    env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu})
+                                    env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu},
+                                    preexec_fn=_end_with_compare if sys.platform == "linux" else None)
             running[folder.name] = (proc, log, time.perf_counter(), gpu)
             print(f"compare: {folder.name} started (pid {proc.pid}; its output in {folder / 'output.log'})",
                   flush=True)
