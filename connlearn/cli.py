@@ -125,8 +125,9 @@ def _study(args: argparse.Namespace) -> Any:
     if not arms:
         raise ConfigError("no arms: give --arms FILE.toml or --arm 'NAME key=value ...' (at least two)")
     common.update({k: v for k, v in config_from(args, only_given=True).items() if k not in names(PER_RUN)})
-    study = compare.Study(arms, common, tuple(args.seeds), path_of(args.out or "runs/compare"),
-                          baseline or next(iter(arms)))
+    out = path_of(args.out or "runs/compare")  # a study added to keeps the baseline it was run with
+    study = compare.Study(arms, common, tuple(args.seeds), out,
+                          baseline or compare.recorded_baseline([out]) or next(iter(arms)))
     study.check_comparable()
     return study
 

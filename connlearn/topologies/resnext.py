@@ -65,8 +65,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         residual_init: each branch's output starts at ``sqrt_k``: sqrt(K), the fan-in of the mean reading it
             (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
-        conv_init: the convolutions before each branch's last one start at ``branch`` scale (one branch's
-            Kaiming draw) or ``resnext`` (1/sqrt(C) of it); left out, each block at its own (gated: branch).
+        conv_init: a gated branch's convolutions before its last one start at ``branch`` scale (one branch's
+            Kaiming draw, the default) or ``resnext`` (1/sqrt(C) of it); Fixed-Full keeps ResNeXt's own.
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
         kernels: branch j of every module gets the middle kernel ``kernels[(j - 1) % len(kernels)]`` (odd
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
