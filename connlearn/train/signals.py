@@ -55,11 +55,8 @@ def check_signals(signals: Iterable[Any] | None) -> tuple[signal.Signals, ...]:
                                                                 signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE)}
     out = []
     for s in signals or ():
-        if isinstance(s, str):
-            name = s.upper() if s.upper().startswith("SIG") else f"SIG{s.upper()}"
-            out.append(names[check_choice("stop signal", name, names)])
-        else:
-            out.append(names[check_choice("stop signal", signal.Signals(s).name, names)])
+        name = "SIG" + s.upper().removeprefix("SIG") if isinstance(s, str) else signal.Signals(s).name
+        out.append(names[check_choice("stop signal", name, names)])
     if out and threading.current_thread() is not threading.main_thread():
         raise ConfigError("stop signals are caught in the main thread only; in another thread give stop_signals=()")
     return tuple(dict.fromkeys(out))
