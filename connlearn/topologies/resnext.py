@@ -165,14 +165,9 @@ def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int) -
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
     """``(spatial shape, the stem's input length)`` of ``input_size`` (``()``, ``(L,)``, ``(S, S)``), else of
     square images of ``image_size``."""
-    if input_size is None or len(input_size) == 2:
-        shape = tuple(input_size or (image_size, image_size))
-        if shape[0] != shape[1]:
-            raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
-        side = check_int("image_size" if input_size is None else "input_size", shape[0], 1)
-        return (side, side), side
-    shape = tuple(check_int("input_size", n, 1) for n in input_size)
-    if len(shape) > 1:
+    name, sizes = ("image_size", (image_size,) * 2) if input_size is None else ("input_size", input_size)
+    shape = tuple(check_int(name, n, 1) for n in sizes)
+    if len(shape) > 2 or len(set(shape)) > 1:
         raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
     return shape, shape[0] if shape else 1
 
