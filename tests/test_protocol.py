@@ -134,7 +134,7 @@ def test_without_data_the_examples_stop_with_one_line_saying_where_they_looked(t
     done = subprocess.run([sys.executable, script, "--out", str(tmp_path / "run")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "no cifar100 data found (looked in" in done.stderr and "--data" in done.stderr
+    assert all(f in done.stderr for f in ("no cifar100 data found", "the default dataset", "(looked in", "--data"))
     assert not (tmp_path / "run" / "last.pt").exists()
 
 
