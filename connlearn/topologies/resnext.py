@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from connlearn import wiring
 from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
 from connlearn.gates import GATES
@@ -47,7 +48,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             input_size: tuple[int, ...] | list[int] | None = None,
             residual_init: str = "auto", conv_init: str | None = None, gate_options: dict[str, Any] | None = None,
             kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False,
-            uninformative: tuple[int, ...] | list[int] = ()) -> BranchGraph:
+            uninformative: tuple[int, ...] | list[int] = (), density: float | None = None) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -72,6 +73,9 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
         uninformative: a planted control: these branches of module 1 output noise at their own scale.
+        density: one budget of edges over the whole network instead of each block's K: the share, in (0, 1],
+            of all candidate gate edges kept (``dnw``, ``dnw_masked``: by |weight|; ``random``: drawn
+            uniformly). The edges then carry signed weights (see :mod:`connlearn.gates`).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
                                                                     if preset is not None else {})}
@@ -79,7 +83,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     C = check_int("C", base["C"] if C is None else C, 1)
     width = check_int("width", base["width"] if width is None else width, 1)
     stages = _stages(lay, M, base["depth"] if M is None and depth is None else depth)
-    K = _fan_in(gate, K, C)
+    K = _fan_in(gate, K, C) if density is None else wiring.check_density(gate, K, density, C)
     gate_init = gate_init if gate_init == "uniform" else check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
@@ -89,6 +93,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="dense" if dense else
                     "resnext", **_starts(residual_init, conv_init),
                     **({"gate_options": dict(gate_options)} if gate_options else {}),
+                    **wiring.weighting_attributes(gate, density),
                     options={"preset": preset, "layout": layout or base["layout"], "depth": 2 + 3 * sum(stages),
                              "width": width, "C": C})
     _add_input(g, lay["stem"] if shape else (1, 1, False), shape, size, check_int("in_channels", in_channels, 1),
@@ -98,6 +103,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1),
                num_classes=check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1))
     g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
+    if density is not None:
+        wiring.spend(g)
     return _plant(g, uninformative, C)
 
 
@@ -117,7 +124,7 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
     """Add the modules of ``stages`` to ``g`` (C blocks each, stage s of ``base_ch·2^s`` outputs, the first
     module of every stage but the first halving the resolution where the input ``halves``), with their edges
     and initial gates; returns the last module."""
-    kind, values_rng = GATES.get(g.gate_kind), torch.Generator().manual_seed(g.seed)
+    kind, values_rng = wiring.gate_class(g), torch.Generator().manual_seed(g.seed)
     module, prev, res = 0, g.nodes["input"]["out_channels"], g.nodes["input"]["resolution"]
     for s, count in enumerate(stages):
         stage_modules: list[int] = []
