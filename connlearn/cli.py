@@ -125,8 +125,9 @@ def _study(args: argparse.Namespace) -> Any:
     if not arms:
         raise ConfigError("no arms: give --arms FILE.toml or --arm 'NAME key=value ...' (at least two)")
     common.update({k: v for k, v in config_from(args, only_given=True).items() if k not in names(PER_RUN)})
-    study = compare.Study(arms, common, tuple(args.seeds), path_of(args.out or "runs/compare"),
-                          baseline or next(iter(arms)))
+    out = path_of(args.out or "runs/compare")  # a study added to keeps the baseline it was run with
+    study = compare.Study(arms, common, tuple(args.seeds), out,
+                          baseline or compare.recorded_baseline([out]) or next(iter(arms)))
     study.check_comparable()
     return study
 
@@ -194,14 +195,17 @@ def _top1(ckpt: dict[str, Any]) -> float | None:
 def cmd_info(args: argparse.Namespace) -> int:
     from connlearn.graph import active_branches, input_overlap
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
+    from connlearn.topologies import PRESETS
     from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     net = net_from_checkpoint(ckpt)
     graph, meta = net.graph(), ckpt.get("meta", {})
     options = graph.graph.get("options", {})
+    preset = PRESETS.get(options.get("preset"), {})  # named only where the network is the preset's
+    named = options["preset"] if preset and all(preset[k] == options.get(k) for k in ("depth", "width", "C")) else ""
     report = None if freezing_changes_outputs(net) else prune_dead_blocks(net, freeze=True)[1]
-    info = {"architecture": f"{graph.graph.get('topology')} {options.get('preset') or ''} {{D={options.get('depth')}, "
+    info = {"architecture": f"{graph.graph.get('topology')} {named} {{D={options.get('depth')}, "
                             f"w={options.get('width')}, C={options.get('C')}}}".replace("  ", " "),
             "input": "x".join(map(str, (net.in_channels, *net.input_size))),
             "gate": graph.gate_label(), "K": net.K,

@@ -98,8 +98,7 @@ def topk_mask(values: torch.Tensor, K: int, order: torch.Tensor | None = None) -
                               stable=True).indices
         ranked = torch.sort(values.gather(-1, by_order), dim=-1, descending=True, stable=True).indices
         idx = by_order.gather(-1, ranked[..., :K])
-    return torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter(
-        -1, idx, torch.ones(idx.shape, dtype=torch.bool, device=values.device))
+    return torch.zeros_like(values, dtype=torch.bool).scatter(-1, idx, True)
 
 
 def random_tie_order(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
@@ -306,9 +305,6 @@ class FixedGate(Gate):
 
     def active(self) -> torch.Tensor:
         return self.mask
-
-    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
-        return self.mask.to(self.gate_values.dtype)
 
 
 class EdgeWeights(Gate):

@@ -148,7 +148,7 @@ class BranchGraph(nx.DiGraph):
     def gate_label(self) -> str:
         """The gate kind for titles: ``frozen from topk`` for a learned connectivity that was frozen."""
         learned = self.graph.get("frozen_from")
-        return f"frozen from {learned}" if self.gate_kind == "frozen" and learned else self.gate_kind
+        return f"frozen from {learned}" if learned else self.gate_kind
 
     def used_edges(self) -> list[tuple[str, str]]:
         """The edges the network's function reads: the active ones, or where it weights its inputs by their

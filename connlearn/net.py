@@ -344,9 +344,10 @@ class ConnectivityNet(nn.Module):
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if (state.get("K"), state.get("gate")) != (self.K, self.gate_kind):
+            frozen = state.get("gate") in GATES and GATES.get(state["gate"]) is FrozenGate
             raise CheckpointError(f"this state is of a network with K={state.get('K')} gate={state.get('gate')}; "
                                   f"this one has K={self.K} gate={self.gate_kind}"
-                                  + ("; call freeze() on this one first" if state.get("gate") == "frozen" else ""))
+                                  + ("; call freeze() on this one first" if frozen else ""))
         self.generator.set_state(state["generator"])
         self.sample_temperature = state["temperature"]
 
@@ -396,7 +397,7 @@ def _alike(plan: ModulePlan) -> bool:
 
 def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Stage:
     """The module of ``plan`` (inputs of ``dims`` spatial axes), on ResNeXt's single stream where ``single``,
-    started as ``graph``'s ``residual_init`` and ``conv_init`` say."""
+    its gated blocks started as ``graph``'s ``residual_init`` and ``conv_init`` say."""
     d, c = plan.nodes[0], len(plan.nodes)
     in_ch, out_ch, stride = d["in_channels"], d["out_channels"], d["stride"]
     for name in dict.fromkeys(n["block"] for n in plan.nodes):
@@ -406,10 +407,8 @@ def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Sta
     shape = {"dims": dims} if dims != 2 else {}  # images: the default of every kind
     proj = Projection(in_ch, out_ch, stride, dims) if in_ch != out_ch or stride != 1 else None
     residual, conv_init = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init")
-    if single:  # ResNeXt's own start; one branch's where asked
+    if single:  # ResNeXt's own start, as published, whatever the starts of gated blocks say
         body = cast(Any, BLOCKS.get(d["block"])).single_stream(in_ch, out_ch, stride, c, **d["params"], **shape)
-        if conv_init == "branch" and _can(body, "init_conv_scale", "branch", "resnext", d["block"]):
-            body.init_conv_scale(math.sqrt(c))
         return SingleStreamModule(body, proj)
     gate = None
     if plan.gates is not None:

@@ -184,12 +184,8 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
 
 def settled_epoch(stats: list[dict[str, Any]]) -> float | None:
     """The epoch of the earliest snapshot from which on every block's top-K is the last snapshot's."""
-    settled = None
-    for record in reversed(stats):
-        if record["final_topk_share"] < 1:
-            break
-        settled = record["epoch"]
-    return settled
+    held = list(itertools.takewhile(lambda record: record["final_topk_share"] >= 1, reversed(stats)))
+    return held[-1]["epoch"] if held else None
 
 
 def plot_gate_evolution(snapshots: Records, path: str | os.PathLike, K: int) -> Path:

@@ -175,6 +175,10 @@ def test_a_report_keeps_the_studys_baseline_and_writes_only_where_out_says(tmp_p
     assert main(["compare", "--report", str(tmp_path), "--out", str(tmp_path / "r")]) == 0
     result = json.loads((tmp_path / "r" / "report.json").read_text())
     assert result["baseline"] == "topk" and result["against"]["random"]["diffs"] == [-2.0, -2.0]
+    argv = ["--dataset", "cifar10", "--synthetic", "--epochs", "1", "--out", str(tmp_path), "--print-commands"]
+    assert main(["compare", "--arm", "real gate=real", "--seeds", "0", "1", *argv]) == 0  # an arm added later
+    record = json.loads((tmp_path / compare.STUDY_FILE).read_text())
+    assert record["baseline"] == "topk" and "real" in record["arms"]
 
 
 def test_an_arms_file_gives_relative_data_from_its_own_folder(tmp_path, monkeypatch):

@@ -56,12 +56,6 @@ class ResNeXtBottleneck(nn.Module):
         for layer in (self.conv1, self.conv2, self.conv3):
             nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
 
-    def init_conv_scale(self, scale: float) -> None:
-        """Scale the convolutions before the last one (``conv_init="branch"``: sqrt(C), one branch's scale)."""
-        with torch.no_grad():
-            for layer in (self.conv1, self.conv2):
-                layer.weight.mul_(scale)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.relu(self.bn2(self.conv2(x)))

@@ -66,8 +66,8 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
         residual_init: each branch's output starts at ``sqrt_k``: sqrt(K), the fan-in of the mean reading it
             (C for the last module), so that the mean starts at unit scale as ResNeXt's one BN of the sum does;
             ``auto``: sqrt_k where the block can (the built-in ones); ``one``: as built; ``zero``.
-        conv_init: the convolutions before each branch's last one start at ``branch`` scale (one branch's
-            Kaiming draw) or ``resnext`` (1/sqrt(C) of it); left out, each block at its own (gated: branch).
+        conv_init: a gated branch's convolutions before its last one start at ``branch`` scale (one branch's
+            Kaiming draw, the default) or ``resnext`` (1/sqrt(C) of it); Fixed-Full keeps ResNeXt's own.
         gate_options: the gate kind's knobs (e.g. ``{"tau": 0.5}`` for ``gumbel``; see connlearn.estimators).
         kernels: branch j of every module gets the middle kernel ``kernels[(j - 1) % len(kernels)]`` (odd
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
@@ -172,14 +172,9 @@ def _plant(g: BranchGraph, uninformative: tuple[int, ...] | list[int], C: int) -
 def _input_shape(input_size: Any, image_size: int) -> tuple[tuple[int, ...], int]:
     """``(spatial shape, the stem's input length)`` of ``input_size`` (``()``, ``(L,)``, ``(S, S)``), else of
     square images of ``image_size``."""
-    if input_size is None or len(input_size) == 2:
-        shape = tuple(input_size or (image_size, image_size))
-        if shape[0] != shape[1]:
-            raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
-        side = check_int("image_size" if input_size is None else "input_size", shape[0], 1)
-        return (side, side), side
-    shape = tuple(check_int("input_size", n, 1) for n in input_size)
-    if len(shape) > 1:
+    name, sizes = ("image_size", (image_size,) * 2) if input_size is None else ("input_size", input_size)
+    shape = tuple(check_int(name, n, 1) for n in sizes)
+    if len(shape) > 2 or len(set(shape)) > 1:
         raise ConfigError(f"input_size must be (), (L,) or square (S, S); got {input_size!r}")
     return shape, shape[0] if shape else 1
 

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from connlearn.errors import ConfigError, DataError, closest, number_or_text
-from connlearn.files import path_of, write_text
+from connlearn.files import path_of, read_text, write_text
 from connlearn.train.options import (
     ARCHITECTURE,
     OPTIONS,
@@ -113,7 +113,7 @@ class Study:
     plan: tuple[str, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.baseline not in self.arms:
+        if self.baseline not in self.arms and not any(self.out.glob(f"{self.baseline}-s*")):
             raise ConfigError(f"baseline {self.baseline!r} is not an arm; arms: {', '.join(self.arms)}")
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ConfigError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
@@ -140,7 +140,7 @@ class Study:
                 lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}")
             else:
                 lines.append(f"{name}: the connectivity {self.source(name)} learns, trained from scratch")
-        config = configs[self.baseline]
+        config = configs.get(self.baseline, next(iter(configs.values())))  # all share the schedule and data
         data = f"{config.dataset}{' (a generated stand-in)' if config.synthetic else ''}"
         subsets = ", ".join(f"{what} subset of {n}" for what, n in (("training", config.train_subset),
                                                                        ("evaluation", config.test_subset)) if n)
@@ -182,11 +182,12 @@ class Study:
                       key=lambda run: self.source(run[0]) is not None)
 
     def record(self) -> Path:
-        """Write :data:`STUDY_FILE`: what ``--report`` reads the baseline from."""
+        """Write :data:`STUDY_FILE`: what ``--report`` reads the baseline from; the arms recorded before stay."""
         self.out.mkdir(parents=True, exist_ok=True)
-        return write_text(self.out / STUDY_FILE, json.dumps({"baseline": self.baseline, "arms": self.arms,
-                                                             "common": self.common, "seeds": list(self.seeds)},
-                                                            indent=2))
+        path = self.out / STUDY_FILE
+        arms = {**(json.loads(read_text(path, "study record")).get("arms", {}) if path.is_file() else {}), **self.arms}
+        return write_text(path, json.dumps({"baseline": self.baseline, "arms": arms, "common": self.common,
+                                            "seeds": list(self.seeds)}, indent=2))
 
 
 def flags(options: dict[str, Any]) -> list[str]:

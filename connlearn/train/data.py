@@ -85,14 +85,12 @@ class ClassBalanced:
 def whole_labels(values: Any) -> np.ndarray:
     """``values`` as int64, refused unless every one is a whole number."""
     array = np.asarray(values)
-    if array.dtype.kind not in "iub":
-        floats = array.astype(np.float64) if array.dtype.kind == "f" else None
-        bad = np.flatnonzero(floats != np.round(floats)) if floats is not None else [0]
-        if floats is None:
-            raise DataError(f"labels must be whole numbers; label 0 is {array.flat[0].item()!r} (for named classes: "
-                            "labels 0..C-1 and the names as class_names)")
-        if len(bad):
-            raise DataError(f"labels must be whole numbers; label {bad[0]} is {array.flat[bad[0]].item()!r}")
+    if array.dtype.kind not in "iubf":
+        raise DataError(f"labels must be whole numbers; label 0 is {array.flat[0].item()!r} (for named classes: "
+                        "labels 0..C-1 and the names as class_names)")
+    if array.dtype.kind == "f" and (array != np.round(array)).any():
+        bad = np.flatnonzero(array != np.round(array))[0]
+        raise DataError(f"labels must be whole numbers; label {bad} is {array.flat[bad].item()!r}")
     return array.astype(np.int64)
 
 
@@ -101,7 +99,7 @@ class ImageDataset(ClassBalanced):
     """uint8 ``images [N, H, W, C]`` and int64 ``labels [N]`` in ``0 .. len(class_names) - 1``."""
 
     images: np.ndarray = attrs.field(converter=np.ascontiguousarray)
-    labels: np.ndarray = attrs.field(converter=lambda v: whole_labels(v))
+    labels: np.ndarray = attrs.field(converter=whole_labels)
     class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
 
     def __attrs_post_init__(self) -> None:
@@ -135,7 +133,7 @@ class ArrayDataset(ClassBalanced):
     ``0 .. len(class_names) - 1``: time series, audio features, embeddings, tabular rows."""
 
     x: np.ndarray = attrs.field(converter=lambda v: np.ascontiguousarray(v, dtype=np.float32))
-    labels: np.ndarray = attrs.field(converter=lambda v: whole_labels(v))
+    labels: np.ndarray = attrs.field(converter=whole_labels)
     class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
 
     def __attrs_post_init__(self) -> None:
@@ -420,7 +418,6 @@ def as_image_dataset(dataset: Any, class_names: Sequence[str] | None = None) -> 
 
 
 GREY_MODES = ("1", "L", "I", "I;16", "F")
-
 
 
 def read_image_folder(folder: str | os.PathLike, size: int | None = None, classes: Sequence[str] | None = None,

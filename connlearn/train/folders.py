@@ -28,8 +28,7 @@ from PIL import Image
 from connlearn.errors import DataError
 from connlearn.files import path_of
 from connlearn.train.data import ImageFiles, data_folders, image_files
-from connlearn.train.loaders import ShardedBatches, epoch_generator
-from connlearn.train.signals import start_workers, worker_init
+from connlearn.train.loaders import ShardedBatches
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _EIGENVALUES = (0.2175, 0.0188, 0.0045)
@@ -131,13 +130,7 @@ class FolderLoader(ShardedBatches):
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = self.order(epoch)[start * self.batch_size:].tolist()
-        loader = torch.utils.data.DataLoader(
-            _FolderSamples(self), batch_size=self.batch_size, sampler=[(epoch, i) for i in order],
-            drop_last=self.drop_last, num_workers=self.num_workers, pin_memory=self.pin_memory,
-            worker_init_fn=worker_init(), generator=epoch_generator(self.seed, epoch))
-        for x, y in start_workers(loader):
-            yield self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
+        return self._from_workers(_FolderSamples(self), epoch, self.order(epoch)[start * self.batch_size:].tolist())
 
 
 def folder_loaders(train: ImageFiles, test: ImageFiles, batch_size: int, *, device: str | torch.device, seed: int = 0,

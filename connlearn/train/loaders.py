@@ -36,6 +36,9 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 class ShardedBatches:
     """What every loader shares: batch size, train/eval defaults, device, seed, the DDP split, ``len()``."""
 
+    num_workers: int  # of the loaders that read by DataLoader workers
+    pin_memory: bool
+
     def __init__(self, count: int, batch_size: int, *, train: bool, device: str | torch.device = "cpu",
                  seed: int = 0, drop_last: bool | None = None, shuffle: bool | None = None, rank: int = 0,
                  world_size: int = 1, channels_last: bool = False) -> None:
@@ -62,6 +65,16 @@ class ShardedBatches:
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+    def _from_workers(self, samples: torch.utils.data.Dataset, epoch: int,
+                      order: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``samples[(epoch, i)]`` for ``i`` in ``order``, read by ``self.num_workers`` workers."""
+        loader = torch.utils.data.DataLoader(
+            samples, batch_size=self.batch_size, sampler=[(epoch, i) for i in order], drop_last=self.drop_last,
+            num_workers=self.num_workers, pin_memory=self.pin_memory, worker_init_fn=worker_init(),
+            generator=epoch_generator(self.seed, epoch))  # not the global RNG
+        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True))
+                for x, y in start_workers(loader))
 
 
 class _Augmented(ShardedBatches):
@@ -165,13 +178,7 @@ class DataLoaderPath(_Augmented):
         self.num_workers, self.pin_memory = num_workers, pin_memory
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = self.plan(epoch)[0][start * self.batch_size:].tolist()
-        loader = torch.utils.data.DataLoader(
-            _Samples(self), batch_size=self.batch_size, sampler=[(epoch, i) for i in order], drop_last=self.drop_last,
-            num_workers=self.num_workers, pin_memory=self.pin_memory, worker_init_fn=worker_init(),
-            generator=epoch_generator(self.seed, epoch))  # not the global RNG
-        return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True))
-                for x, y in start_workers(loader))
+        return self._from_workers(_Samples(self), epoch, self.plan(epoch)[0][start * self.batch_size:].tolist())
 
 
 class ArrayLoader(ShardedBatches):

@@ -23,10 +23,10 @@ from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 class Optimizers:
     """``weights``: SGD over the weights (and the gates, unless they have their own); ``gates``: the gates'
-    own optimizer, or None (none of their own, or frozen); ``scaler``: fp16's GradScaler, or None."""
+    own optimizer, or None (none of their own, or frozen); ``scaler``: fp16's GradScaler (else a disabled one)."""
 
     def __init__(self, net: ConnectivityNet, recipe: Recipe, gate_loader: Loader | None,
-                 scaler: torch.amp.GradScaler | None) -> None:
+                 scaler: torch.amp.GradScaler) -> None:
         self.recipe, self.gate_loader, self.scaler = recipe, gate_loader, scaler
         self._held_out: tuple[int, Iterator[Any]] | None = None  # the next gate step's index, its batches
         self.updater = GateUpdater(net, grad_mode=recipe.gate_rule)
@@ -85,11 +85,6 @@ class Optimizers:
         """Backward from ``objective`` and a step of ``optimizers``; the others' gradients are dropped."""
         for optimizer in self.all:
             optimizer.zero_grad(set_to_none=True)
-        if self.scaler is None:
-            objective.backward()
-            for optimizer in optimizers:
-                optimizer.step()
-            return
         self.scaler.scale(objective).backward()
         for optimizer in optimizers:
             self.scaler.step(optimizer)
@@ -104,11 +99,11 @@ class Optimizers:
         """The checkpoint's entries ``optimizer``, ``gate_optimizer`` and ``scaler``."""
         return {"optimizer": self.weights.state_dict(),
                 "gate_optimizer": None if self.gates is None else self.gates.state_dict(),
-                "scaler": None if self.scaler is None else self.scaler.state_dict()}
+                "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, ckpt: dict[str, Any]) -> None:
         self.weights.load_state_dict(ckpt["optimizer"])
         if self.gates is not None and ckpt.get("gate_optimizer"):
             self.gates.load_state_dict(ckpt["gate_optimizer"])
-        if self.scaler is not None and ckpt["scaler"]:
+        if ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])

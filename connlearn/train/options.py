@@ -203,8 +203,8 @@ _OPTIONS = [
            flag={"type": int, "nargs": "+", "metavar": "J"}),
     Option("residual_init", None, ARCHITECTURE, "each branch's output starts at sqrt(K): sqrt_k, or auto where the "
            "block can (the default); one: as built; zero", choices=RESIDUAL_INITS),
-    Option("conv_init", None, ARCHITECTURE, "the inner convolutions start at one branch's scale (branch, the "
-           "default) or ResNeXt's (resnext)", choices=CONV_INITS),
+    Option("conv_init", None, ARCHITECTURE, "a gated branch's inner convolutions start at one branch's scale "
+           "(branch, the default) or ResNeXt's (resnext); Fixed-Full keeps ResNeXt's own", choices=CONV_INITS),
     Option("connectivity", None, ARCHITECTURE, "train this checkpoint's (or graph JSON's) connectivity from scratch, "
            "with new weights", text),
     Option("gate_lr", None, GATE_TRAINING, "the gates' learning rate in phase 1 (default: the recipe's, 0.2; 0 "
@@ -235,7 +235,8 @@ _OPTIONS = [
            resumable=True),
     Option("amp", "auto", MACHINE, "mixed precision (auto: bf16 or fp16 on a GPU)", choices=AMP_MODES,
            resumable=True),
-    Option("compile", False, MACHINE, "torch.compile the network, in MODE (on a GPU: reduce-overhead)", compile_mode,
+    Option("compile", False, MACHINE, "torch.compile the network, in MODE: " + ", ".join(COMPILE_MODES) + " (on a "
+           "GPU: reduce-overhead)", compile_mode,
            flag={"nargs": "?", "const": "default", "metavar": "MODE"}, resumable=True),
     Option("activation_checkpointing", False, MACHINE, "recompute each module's activations in the backward pass "
            "(less memory, more time)", switch, flag=BOOL, resumable=True),

@@ -203,7 +203,8 @@ def network_words(config: RunConfig, graph: BranchGraph) -> str:
 def schedule_words(config: RunConfig) -> str:
     """The schedule in words: ``320 epochs (120/100/50/50)``, and the phases that too few epochs leave out."""
     recipe, paper = config.recipe(), get_recipe(PROTOCOLS[config.dataset].recipe)
-    words = f"{recipe.total_epochs} epochs ({'/'.join(str(p.epochs) for p in recipe.phases)})"
+    epochs = f"{recipe.total_epochs} epoch{'s' * (recipe.total_epochs > 1)}"
+    words = f"{epochs} ({'/'.join(str(p.epochs) for p in recipe.phases)})"
     left = len(paper.phases) - len(recipe.phases)
     return words + (f"; {left} of the {len(paper.phases)} phases left out: each phase needs an epoch (give at least "
                     f"{len(paper.phases)} epochs)" if left else "")

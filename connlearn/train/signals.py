@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from connlearn.errors import ConfigError, check_choice
+from connlearn.errors import check_choice
 from connlearn.train.metrics import distributed
 from connlearn.train.ranks import on_every_rank, over_ranks
 
@@ -50,18 +50,13 @@ class TrainingStopped(SystemExit):
 
 def check_signals(signals: Iterable[Any] | None) -> tuple[signal.Signals, ...]:
     """``signals`` (numbers, ``signal.Signals`` or names such as ``"SIGTERM"``) checked: each one a process can
-    catch and that asks it to stop, in the main thread (where Python runs signal handlers)."""
+    catch and that asks it to stop (in the main thread: Python runs signal handlers there alone)."""
     names = {s.name: s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD,
                                                                 signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE)}
     out = []
     for s in signals or ():
-        if isinstance(s, str):
-            name = s.upper() if s.upper().startswith("SIG") else f"SIG{s.upper()}"
-            out.append(names[check_choice("stop signal", name, names)])
-        else:
-            out.append(names[check_choice("stop signal", signal.Signals(s).name, names)])
-    if out and threading.current_thread() is not threading.main_thread():
-        raise ConfigError("stop signals are caught in the main thread only; in another thread give stop_signals=()")
+        name = "SIG" + s.upper().removeprefix("SIG") if isinstance(s, str) else signal.Signals(s).name
+        out.append(names[check_choice("stop signal", name, names)])
     return tuple(dict.fromkeys(out))
 
 

@@ -142,8 +142,8 @@ class Execution:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         return torch.compile(model, mode=self.compile) if self.compile else model
 
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return torch.amp.GradScaler(self.device.type) if self.amp is torch.float16 else None
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device.type, enabled=self.amp is torch.float16)
 
     def autocast(self) -> Any:
         return autocast(self.device, self.amp)
