@@ -30,7 +30,7 @@ from torch import nn
 
 from connlearn.blocks import BLOCKS, BranchBlock, LoopedBlock, block_dims, conv, norm
 from connlearn.errors import CheckpointError, ConfigError
-from connlearn.gates import GATES, Gate, draw_generator, random_tie_order, tie_generator
+from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, ModulePlan, input_shape
 from connlearn.wiring import budget, gate_class
 
