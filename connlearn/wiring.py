@@ -69,14 +69,18 @@ def edge_counts(graph: BranchGraph) -> tuple[int, int]:
     return sum(bool(graph.edges[e].get("active")) for e in edges), len(edges)
 
 
-def spend(graph: BranchGraph) -> None:
-    """Set the initial kept edges of ``graph``'s budget, as its kind spends it (from the graph's seed)."""
+def spend(graph: BranchGraph) -> BranchGraph:
+    """``graph`` with the initial kept edges of its budget, as its kind spends it (from the graph's seed);
+    without a budget, as it is."""
     edges, count = gate_edges(graph), budget(graph)
+    if count is None:
+        return graph
     values = torch.tensor([float(graph.edges[e]["gate"]) for e in edges])
     generator = torch.Generator().manual_seed((graph.seed * 0x5851F42D4C957F2D + 0x14057B7EF767814F) % 2**63)
-    kept = gate_class(graph).spend(values, count or 0, generator)
+    kept = gate_class(graph).spend(values, count, generator)
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
+    return graph
 
 
 def rewire(graph: BranchGraph, seed: int = 0, swaps: int | None = None) -> BranchGraph:
