@@ -12,10 +12,10 @@ kind       train forward                                               eval forw
 ``random`` K random inputs, drawn once from the seed                   same                      no
 ``full``   every input (ResNeXt)                                       same                      no
 ``frozen`` a fixed binary connectivity (what ``freeze()`` leaves)      same                      no
-``dnw``    signed edge weights on the top edges by |value| (per block  same top edges            yes
-           its K, or ``density``: one budget over the network),         (with the weights'
-           straight-through: every edge gets its dense gradient         optimizer)
-``dnw_masked`` as ``dnw``, but edges not kept get no gradient (ablation)  same                      yes
+``dnw``    signed edge weights on the top edges by |value| (each       the same top edges        yes, as
+           block its K, or one budget: ``density``); every edge gets                             weights
+           its dense gradient, straight-through (``dnw_masked``: the
+           kept edges only)
 =========  ==========================================================  ========================  =========
 
 Edge weights (Discovering Neural Wirings, Wortsman et al. 2019): a ``dnw`` gate's values are signed weights
@@ -35,8 +35,8 @@ A kind is one :class:`Gate` subclass (``register_gate(name, cls)``), and everyth
 is read through its protocol, nowhere else:
 
 - how it starts: the classmethods ``initial(rows, cols, K, gate_init, generator)`` (a module's initial
-  values and active flags, for the topologies) and ``kept(K, inputs)`` (how many inputs a row reads: K; a
-  kind that spends one budget over the whole network would say so here);
+  values and active flags, for the topologies) and ``kept(K, inputs)`` (how many inputs a row reads: K; under a
+  ``density``, whatever the budget gives it);
 - how it weights: ``averaged`` (the kept inputs are averaged by 1/K; else they are multiplied by the values,
   signed edge weights), ``weighting()`` (the class that compiles the kind on a graph of edge weights, the
   graph attribute ``edge_weights``: the kind itself, the fixed :class:`EdgeWeights` for ``random`` and
@@ -49,10 +49,10 @@ is read through its protocol, nowhere else:
   keeps its parameters in [0, 1]), ``single_stream`` (every block reads every input: the compiler emits
   ResNeXt's one stream where the block kind has that form);
 - what it computes: built per module as ``cls(values, active, K, **gate_options)`` (its ``knobs``, checked
-  here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, equal values
-  ranked by ``ties()``), ``matrix(drawn)`` (the forward pass's matrix) and ``freeze(active)`` (the fixed
-  gate it leaves); a stochastic kind draws in the
-  classmethod ``draw`` (one call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
+  here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, or the
+  budget's edges; equal values ranked by ``ties()``), ``matrix(drawn)`` (the forward pass's matrix) and
+  ``freeze(active)`` (the fixed gate it leaves); a stochastic kind draws in the classmethod ``draw`` (one
+  call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
 - what the training loop adds: ``surrogate(drawn, losses)`` (0 but for kinds whose gradient needs the loss
   itself, added through ``net.surrogate_loss``) and ``trains_with`` (its tuned ``gate_*`` run options, among
   them the temperature schedule's ``gate_temperature_end``).
