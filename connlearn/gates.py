@@ -12,7 +12,20 @@ kind       train forward                                               eval forw
 ``random`` K random inputs, drawn once from the seed                   same                      no
 ``full``   every input (ResNeXt)                                       same                      no
 ``frozen`` a fixed binary connectivity (what ``freeze()`` leaves)      same                      no
+``dnw``    signed edge weights on the top edges by |value| (each       the same top edges        yes, as
+           block its K, or one budget: ``density``); every edge gets                             weights
+           its dense gradient, straight-through (``dnw_masked``: the
+           kept edges only)
 =========  ==========================================================  ========================  =========
+
+Edge weights (Discovering Neural Wirings, Wortsman et al. 2019): a ``dnw`` gate's values are signed weights
+that multiply their inputs, ``x_j = ReLU(Σ_k m_jk w_jk y_k)`` with no 1/K and no clipping, ``m`` the kept edges;
+they are ordinary weights (the weights' param group, with its weight decay). ``density`` (a build option) spends
+one budget of ``round(density · candidates)`` edges over every gate edge of the network, by |w|: K is then free
+per block, and a block that keeps no edge reads zeros (it computes its block of 0; unread, it is pruned).
+``random`` with ``density`` is DNW's random graph, the fair baseline of ``dnw``: that many edges drawn uniformly
+over all candidate edges once from the seed, then fixed, each carrying a trainable signed weight started as
+``dnw``'s are (uniform in [-1, 1]). Freezing keeps the kept edges and their weights (the function does not change).
 
 Straight-through: the binary draw is used forward and every real gate, drawn or not, receives
 ``∂ℓ/∂G_jk = ⟨∂ℓ/∂s_j, y_k⟩ / K`` (``s_j`` the gated sum). Gates below 0 count as 0 when sampling; a row of
@@ -22,17 +35,24 @@ A kind is one :class:`Gate` subclass (``register_gate(name, cls)``), and everyth
 is read through its protocol, nowhere else:
 
 - how it starts: the classmethods ``initial(rows, cols, K, gate_init, generator)`` (a module's initial
-  values and active flags, for the topologies) and ``kept(K, inputs)`` (how many inputs a row reads: K; a
-  kind that spends one budget over the whole network would say so here);
+  values and active flags, for the topologies) and ``kept(K, inputs)`` (how many inputs a row reads: K; under a
+  ``density``, whatever the budget gives it);
+- how it weights: ``averaged`` (the kept inputs are averaged by 1/K; else they are multiplied by the values,
+  signed edge weights), ``weighting()`` (the class that compiles the kind on a graph of edge weights, the
+  graph attribute ``edge_weights``: the kind itself, the fixed :class:`EdgeWeights` for ``random`` and
+  ``frozen``, None where it has no such form), and for a kind that spends a budget, ``spend(values, budget,
+  generator)`` (the initial kept edges of the whole network) and ``share(gates, budget)`` (its gates choose
+  their top edges together);
 - what it is: ``learnable`` (holds parameters, ``real_parameters()``), ``stochastic`` (draws a connectivity
   every training step), ``weighted`` (its values weight the inputs, as unfrozen ``real`` gates do; else they
   only select ``kept`` inputs, averaged by 1/K), ``clipped`` (the :class:`~connlearn.updater.GateUpdater`
   keeps its parameters in [0, 1]), ``single_stream`` (every block reads every input: the compiler emits
   ResNeXt's one stream where the block kind has that form);
 - what it computes: built per module as ``cls(values, active, K, **gate_options)`` (its ``knobs``, checked
-  here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, equal values
-  ranked by ``ties()``) and ``matrix(drawn)`` (the forward pass's matrix); a stochastic kind draws in the
-  classmethod ``draw`` (one call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
+  here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, or the
+  budget's edges; equal values ranked by ``ties()``), ``matrix(drawn)`` (the forward pass's matrix) and
+  ``freeze(active)`` (the fixed gate it leaves); a stochastic kind draws in the classmethod ``draw`` (one
+  call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
 - what the training loop adds: ``surrogate(drawn, losses)`` (0 but for kinds whose gradient needs the loss
   itself, added through ``net.surrogate_loss``) and ``trains_with`` (its tuned ``gate_*`` run options, among
   them the temperature schedule's ``gate_temperature_end``).
@@ -138,6 +158,7 @@ class Gate(nn.Module):
     weighted: ClassVar[bool] = False
     clipped: ClassVar[bool] = True
     single_stream: ClassVar[bool] = False
+    averaged: ClassVar[bool] = True
     knobs: ClassVar[dict[str, Any]] = {}  # the keyword options it takes (the graph's gate_options), by default
     #: how ``connlearn train`` trains it where a run leaves them unset: its ``gate_optimizer``, ``gate_lr``,
     #: ``gate_rule``, ``gate_warmup``, ``gate_holdout``, ``gate_temperature_end`` (docs/estimators.md)
@@ -169,9 +190,27 @@ class Gate(nn.Module):
                   else torch.full((rows, cols), float(gate_init)))
         return values, topk_mask(values, K)
 
+    @classmethod
+    def weighting(cls) -> type[Gate] | None:
+        """The class that compiles this kind on a graph of edge weights (``edge_weights``); None: it has none."""
+        return None
+
+    @classmethod
+    def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator) -> torch.Tensor:
+        """The kept edges (boolean, like ``values``: every gate edge of the network, flat) of one budget."""
+        raise NotImplementedError
+
+    def share(self, gates: Sequence[Gate], budget: int) -> None:
+        """Make ``gates`` (this kind's, of one network, this one among them) spend one budget together."""
+
     def values(self) -> torch.Tensor:
         """The real gate values ``[rows, cols]``, for display and for ``freeze``."""
         raise NotImplementedError
+
+    def freeze(self, active: torch.Tensor) -> Gate:
+        """What ``freeze()`` leaves of this gate: the fixed connectivity ``active``."""
+        values = self.values()
+        return FrozenGate(values, active, self.K).to(values.device)
 
     def active(self) -> torch.Tensor:
         """The evaluation connectivity: boolean ``[rows, cols]``, K ones per row."""
@@ -268,8 +307,113 @@ class FixedGate(Gate):
         return self.mask
 
 
+class EdgeWeights(Gate):
+    """A fixed set of kept edges (the buffer ``mask``), each weighting its input by a trainable signed weight
+    (the parameter ``weight``, a weight like any other): a frozen ``dnw`` network, and DNW's random graph."""
+
+    averaged = False
+    mask: torch.Tensor
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
+        self.register_buffer("mask", active.detach().clone().bool())
+        self.weight = nn.Parameter(values.detach().clone().to(values.dtype if values.is_floating_point() else
+                                                              torch.float32))
+
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Signed weights uniform in [-1, 1] (the kept ones start near the scale of the mean the other kinds
+        take), and their top-K by magnitude."""
+        values = 2 * torch.rand(rows, cols, generator=generator) - 1
+        return values, topk_mask(values.abs(), K)
+
+    @classmethod
+    def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator) -> torch.Tensor:
+        """``budget`` edges drawn uniformly from all of them."""
+        kept = torch.zeros(values.shape, dtype=torch.bool)
+        kept[torch.randperm(values.numel(), generator=generator)[:budget]] = True
+        return kept
+
+    def values(self) -> torch.Tensor:
+        return self.weight.detach()
+
+    def active(self) -> torch.Tensor:
+        return self.mask
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.weight * self.mask
+
+
+class WiringGate(Gate):
+    """Discovering Neural Wirings: signed edge weights (the parameter ``weight``, in the weights' param group);
+    the forward pass keeps the top edges by |weight| (each block its K, or one budget over the network) and
+    every edge gets the gradient of the dense matrix at it (straight-through, DNW's ChooseTopEdges)."""
+
+    learnable = True
+    clipped = False
+    averaged = False
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
+        self.weight = nn.Parameter(values.detach().clone().to(values.dtype if values.is_floating_point() else
+                                                              torch.float32))
+        self.budget: int | None = None  # None: each block its K
+        self.scope: list[WiringGate] = [self]  # the gates of the network that spend the budget, in order
+
+    @classmethod
+    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return EdgeWeights.initial(rows, cols, K, gate_init, generator)
+
+    @classmethod
+    def weighting(cls) -> type[Gate]:
+        return cls
+
+    @classmethod
+    def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The ``budget`` edges of largest magnitude (equal ones: the lower index first)."""
+        order = torch.sort(values.detach().abs(), descending=True, stable=True).indices
+        return torch.zeros(values.shape, dtype=torch.bool, device=values.device).index_fill_(0, order[:budget], True)
+
+    def share(self, gates: Sequence[Gate], budget: int) -> None:
+        self.scope, self.budget = cast("list[WiringGate]", list(gates)), budget
+
+    def freeze(self, active: torch.Tensor) -> Gate:
+        """The kept edges, each with its weight (the same parameter: an optimizer holding it goes on)."""
+        frozen = EdgeWeights(self.values(), active, self.K).to(active.device)
+        frozen.weight = self.weight
+        return frozen
+
+    def values(self) -> torch.Tensor:
+        return self.weight.detach()
+
+    def active(self) -> torch.Tensor:
+        if self.budget is None:
+            return topk_mask(self.weight.abs(), self.K)
+        kept = self.spend(torch.cat([g.weight.flatten() for g in self.scope]), self.budget)
+        mine = kept.split([g.weight.numel() for g in self.scope])[self.scope.index(self)]
+        return mine.view(self.shape)
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.weight
+        return w.detach() * self.active() + (w - w.detach())  # forward: the kept weights; backward: to every edge
+
+
+class MaskedWiringGate(WiringGate):
+    """Ablation of ``dnw``: the same forward pass, but edges not kept get no gradient."""
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.weight * self.active()
+
+
 class RandomGate(FixedGate):
-    """Fixed-Random: K random inputs per block, drawn once from the seed."""
+    """Fixed-Random: K random inputs per block, drawn once from the seed (with ``density``: DNW's random
+    graph, :class:`EdgeWeights`)."""
+
+    @classmethod
+    def weighting(cls) -> type[Gate]:
+        return EdgeWeights
 
     @classmethod
     def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
@@ -285,6 +429,10 @@ class FrozenGate(FixedGate):
     def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError("gate 'frozen' is what freeze() leaves; build 'topk' (and freeze it) or 'random'")
+
+    @classmethod
+    def weighting(cls) -> type[Gate]:
+        return EdgeWeights
 
 
 class FullGate(FixedGate):
@@ -309,5 +457,5 @@ def _check_kind(name: str, cls: Any) -> None:
 
 GATES: Registry[type[Gate]] = Registry("gate kind", "connlearn.gates", check=_check_kind)
 for _name, _cls in (("topk", TopKGate), ("real", RealGate), ("random", RandomGate), ("frozen", FrozenGate),
-                    ("full", FullGate)):
+                    ("full", FullGate), ("dnw", WiringGate), ("dnw_masked", MaskedWiringGate)):
     GATES.register(_name, _cls)

@@ -17,8 +17,11 @@ A ``networkx.DiGraph`` with
   where an edge has none, the seed ranks them);
 - fixed edges ``input → m1.b*`` and ``m{M}.b* → output`` (``kind="fixed"``), always read.
 
-Graph attributes: ``gate`` (gate kind), ``K`` (fan-in), ``seed``, ``residual_init`` and ``conv_init`` (how the
-branches start; where absent ``"one"`` and each block's own), ``topology`` and ``options`` (how it was made);
+Graph attributes: ``gate`` (gate kind), ``K`` (fan-in; under a ``density``, the mean kept fan-in, rounded),
+``edge_weights`` (the gate values are signed weights on the kept edges) and ``density`` (one budget of
+``round(density · candidate gate edges)`` over the network; see :mod:`connlearn.wiring`), ``seed``,
+``residual_init`` and ``conv_init`` (how the branches start; where absent ``"one"`` and each block's own),
+``topology`` and ``options`` (how it was made);
 ``weighted_inputs`` (unfrozen ``real`` gates: the function weights every input by its gate) and, once
 frozen, ``frozen_from`` (the gate kind that learned it).
 """
@@ -165,6 +168,11 @@ class BranchGraph(nx.DiGraph):
                 raise GraphError(f"the graph has no {key!r} attribute")
         _count("the graph's K", self.graph["K"])
         check_choice("gate kind", self.gate_kind, GATES.names(), GraphError)
+        weights = self.graph.get("edge_weights") or "density" in self.graph
+        if weights and GATES.get(self.gate_kind).weighting() is None:
+            raise GraphError(f"gate kind {self.gate_kind!r} has no form with edge weights (edge_weights, density)")
+        if "density" in self.graph and not (self.graph.get("edge_weights") and 0 < self.graph["density"] <= 1):
+            raise GraphError(f"graph density {self.graph['density']!r}: a share in (0, 1] of a graph of edge_weights")
         for key, known in (("residual_init", RESIDUAL_INITS), ("conv_init", CONV_INITS)):
             check_choice(f"graph {key}", self.graph.get(key, known[0]), known, GraphError)
         places: set[tuple[int, int]] = set()
@@ -237,7 +245,7 @@ class BranchGraph(nx.DiGraph):
             if len(sources) < self.K:
                 raise GraphError(f"fan-in K={self.K} is larger than the {len(sources)} inputs of block {node}")
             active, kept = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node)), kind.kept(self.K, len(cols))
-            if not (kind.learnable or kind.stochastic) and active != kept:  # a fixed connectivity: as the kind keeps
+            if not (kind.learnable or kind.stochastic or "density" in self.graph) and active != kept:  # as it keeps
                 raise GraphError(f"block {node} has {active} active inputs; a {self.gate_kind} connectivity has {kept}")
 
     # ------------------------------------------------------------------------------------------------ JSON
@@ -295,8 +303,15 @@ def live_blocks(graph: BranchGraph) -> set[str]:
 
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks none of whose outputs reaches the head: what the pruner removes."""
-    return set(graph.block_nodes()) - live_blocks(graph)
+    """Blocks none of whose outputs reaches the head: what the pruner removes. Where every candidate of a
+    module with live blocks is dead (its blocks keep no edge: they read zeros), its first candidate stays, as
+    the input its blocks read with weight 0."""
+    dead = set(graph.block_nodes()) - live_blocks(graph)
+    for m in reversed(graph.modules()):
+        cols = graph.candidates(m)
+        if cols and set(cols) <= dead and not set(graph.branches(m)) <= dead:
+            dead.discard(cols[0])
+    return dead
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:

@@ -32,6 +32,7 @@ from connlearn.blocks import BLOCKS, BranchBlock, LoopedBlock, block_dims, conv,
 from connlearn.errors import CheckpointError, ConfigError
 from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, ModulePlan, input_shape
+from connlearn.wiring import budget, gate_class
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
@@ -168,6 +169,10 @@ class ConnectivityNet(nn.Module):
         if any(noise):  # planted control: these branches of module 1 output noise (topology option uninformative)
             self.stages[0].noise = torch.tensor(noise)
         self.head = Head(out["in_channels"], out["num_classes"])
+        shared, count = [g for _, g in self.gates()], budget(graph)
+        if count is not None:  # one budget over the network
+            for gate in shared:
+                gate.share(shared, count)
         self.generator = draw_generator(graph.seed)
         ties = tie_generator(graph.seed)
         for plan, stage in zip(plans, self.stages, strict=True):
@@ -183,7 +188,8 @@ class ConnectivityNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the draw runs eagerly, first: under torch.compile the rest of the pass is one graph
         drawn = self._draw(x.shape[0]) if self.training and self.stochastic else {}
-        mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / self.K for i, s in enumerate(self.stages)]
+        mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / (self.K if s.gate.averaged else 1)
+                 for i, s in enumerate(self.stages)]
         h = self.stem(x)
         outputs: list[torch.Tensor] = []
         for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
@@ -315,18 +321,17 @@ class ConnectivityNet(nn.Module):
         mine = self.connectivity()
         if connectivity is not None and (set(connectivity) != set(mine) or any(
                 connectivity[m].dtype != torch.bool or connectivity[m].shape != mine[m].shape
-                or (connectivity[m].sum(dim=1) != self.K).any() for m in mine)):
+                or (budget(self._graph) is None and (connectivity[m].sum(dim=1) != self.K).any()) for m in mine)):
             raise ConfigError(f"connectivity must give modules {sorted(mine)} a boolean [rows, cols] tensor with K="
-                              f"{self.K} ones per row, as net.connectivity() does")
+                              f"{self.K} ones per row (any number under a density), as net.connectivity() does")
         if self.fixed_connectivity:
             if connectivity is not None and any(not torch.equal(connectivity[m].cpu(), mine[m]) for m in mine):
                 raise ConfigError(f"this network's connectivity is fixed ({self.gate_kind}); it cannot take another")
             return self
         for module, stage in zip(self.module_ids, self.stages, strict=True):
             if stage.gate is not None:
-                values = stage.gate.values()
                 active = mine[module] if connectivity is None else connectivity[module]
-                stage.gate = FrozenGate(values, active.to(values.device), self.K).to(values.device)
+                stage.gate = stage.gate.freeze(active.to(stage.gate.values().device))
         self._graph.graph["frozen_from"] = self.gate_kind
         self._graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
         self.gate_kind, self.last_draw = "frozen", {}
@@ -408,8 +413,8 @@ def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Sta
     gate = None
     if plan.gates is not None:
         values, active = plan.gates
-        gate = GATES.get(graph.gate_kind)(torch.tensor(values), torch.tensor(active), graph.K,
-                                          **graph.graph.get("gate_options", {}))
+        gate = gate_class(graph)(torch.tensor(values), torch.tensor(active), graph.K,
+                                 **graph.graph.get("gate_options", {}))
     if _alike(plan):
         block = BLOCKS.get(d["block"])(in_ch, out_ch, stride, c, **d["params"], **shape)
     else:  # blocks that differ (in kind or params): one module per branch, in a loop

@@ -16,6 +16,7 @@ import torch
 from connlearn.errors import ConfigError
 from connlearn.graph import active_branches, dead_blocks
 from connlearn.net import ConnectivityNet, SingleStreamModule
+from connlearn.wiring import edge_counts
 
 
 @attrs.frozen
@@ -86,11 +87,16 @@ def summary(net: ConnectivityNet) -> str:
     graph = net.graph()
     live = active_branches(graph)
     form = ", ResNeXt's single stream" if isinstance(net.stages[0], SingleStreamModule) else ""
+    kept, candidates = edge_counts(graph)
+    budget = f" (density {graph.graph['density']:g})" if "density" in graph.graph else ""
     lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules{form}, "
-             f"{'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out"]
+             f"{'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out, "
+             f"{kept} of {candidates} candidate edges kept{budget}"]
     for m in net.module_ids:
         d = graph.nodes[graph.branches(m)[0]]
-        reads = f"{net.K} of {len(graph.candidates(m))} inputs" if graph.candidates(m) else "the stem"
+        fan_in = sorted({sum(bool(e.get("active")) for *_, e in graph.gate_edges(n)) for n in graph.branches(m)})
+        reads = (f"{'-'.join(map(str, dict.fromkeys((fan_in[0], fan_in[-1]))))} of {len(graph.candidates(m))} inputs"
+                 if graph.candidates(m) else "the stem")
         at = f" at {d['resolution']}" if net.dims else ""  # a vector has no resolution
         lines.append(f"  module {m:>2}: {len(graph.branches(m))} x {d['block']} {d['in_channels']}->"
                      f"{d['out_channels']}{at}, {live[m]} live, each reads {reads}")

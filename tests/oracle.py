@@ -54,7 +54,8 @@ class Oracle(nn.Module):
         for i, (stage, plan) in enumerate(zip(self.stages, self.sources, strict=True)):
             picked = [outputs[pos] if chosen is None else [outputs[pos][c] for c in chosen] for pos, chosen in plan]
             inputs = [y for ys in picked for y in ys] if plan else [h]
-            mix = None if stage.gate is None else stage.gate.matrix((drawn or {}).get(i)) / self.K
+            mix = None if stage.gate is None else stage.gate.matrix((drawn or {}).get(i)) / (
+                self.K if stage.gate.averaged else 1)
             out = stage(inputs, mix)
             outputs.append(out if isinstance(out, list) else [out])
         return self.head(torch.stack(outputs[-1], dim=1).mean(dim=1).relu())

@@ -30,7 +30,9 @@ def configs(draw):
     gate = draw(st.sampled_from([g for g in GATES.names() if g != "frozen" and (g != "full" or topology == "resnext")]))
     dims = draw(st.sampled_from([2, 1, 0]))
     block = "vector" if dims == 0 else draw(st.sampled_from(["bottleneck", "basic"]))
-    return topology, shaped(dims, C=C, K=C if gate == "full" else draw(st.integers(1, C)), gate=gate,
+    budget = {"density": draw(st.sampled_from([0.05, 0.3, 1.0])), "K": None} if GATES.get(gate).weighting() and draw(
+        st.booleans()) else {"K": C if gate == "full" else draw(st.integers(1, C))}  # one budget, or K a block
+    return topology, shaped(dims, C=C, **budget, gate=gate,
                             M=draw(st.sampled_from([3, 6])), block=block,
                             seed=draw(st.integers(0, 100)), gate_init=draw(st.sampled_from([0.5, "uniform"])),
                             residual_init=draw(st.sampled_from(["auto", "sqrt_k", "one", "zero"])),
@@ -182,16 +184,16 @@ def test_every_training_row_has_k_ones_and_eval_is_the_top_k(gate):
     x = torch.randn(2, 3, 32, 32)
     for _ in range(3):
         net(x)
-        matrices = list(net.last_draw.values()) or [g.matrix(None).detach() for _, g in net.gates()
-                                                    if not g.weighted]  # real gates weight every input
+        matrices = list(net.last_draw.values()) or [g.matrix(None).detach() if g.averaged else g.active().double()
+                                                    for _, g in net.gates() if not g.weighted]  # real: every input
         for drawn in matrices:  # a draw of each module, or one per example ([B, 5, 5])
             assert drawn.shape[-2:] == (5, 5) and set(drawn.unique().tolist()) <= {0.0, 1.0}
             assert (drawn.sum(-1) == net.K).all()
     net.eval()
     for _, g in net.gates():
         assert (g.active().sum(1) == net.K).all()
-        if g.learnable:
-            assert torch.equal(g.active(), topk_mask(g.values(), net.K, g.tie_order))
+        if g.learnable:  # edge weights: the top-K of their magnitudes
+            assert torch.equal(g.active(), topk_mask(g.values() if g.averaged else g.values().abs(), net.K, g.ties()))
     assert torch.equal(net(x), net(x))
 
 

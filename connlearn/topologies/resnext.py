@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from connlearn import wiring
 from connlearn.blocks import BLOCKS, takes
 from connlearn.errors import ConfigError, check_choice, check_float, check_int
 from connlearn.gates import GATES
@@ -47,7 +48,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             input_size: tuple[int, ...] | list[int] | None = None,
             residual_init: str = "auto", conv_init: str | None = None, gate_options: dict[str, Any] | None = None,
             kernels: tuple[int, ...] | list[int] | None = None, dense: bool = False,
-            uninformative: tuple[int, ...] | list[int] = ()) -> BranchGraph:
+            uninformative: tuple[int, ...] | list[int] = (), density: float | None = None) -> BranchGraph:
     """The BranchGraph of a gated ResNeXt; by default the paper's Figure 3 model {D=29, w=8, C=8}, CIFAR-100.
 
     Args:
@@ -72,6 +73,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
             sizes, e.g. ``(1, 3, 5)``): unlike blocks, which run in a loop.
         dense: blocks may read every earlier module of their stage (DenseNet-style).
         uninformative: a planted control: these branches of module 1 output noise at their own scale.
+        density: instead of K, one budget over the network: the share of its candidate edges kept (``wiring``).
     """
     base = {"layout": "cifar", "depth": 29, "width": 8, "C": 8, **(PRESETS[check_choice("preset", preset, PRESETS)]
                                                                     if preset is not None else {})}
@@ -79,7 +81,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     C = check_int("C", base["C"] if C is None else C, 1)
     width = check_int("width", base["width"] if width is None else width, 1)
     stages = _stages(lay, M, base["depth"] if M is None and depth is None else depth)
-    K = _fan_in(gate, K, C)
+    K = _fan_in(gate, K, C, density)
     gate_init = gate_init if gate_init == "uniform" else check_float("gate_init (or 'uniform')", gate_init, 0.0, 1.0)
     wide = width >= 64 or "stages" in lay  # ResNeXt-29 8x64d and ImageNet: a stem of 64, a first stage of 256
     stem_ch = check_int("stem_channels", stem_channels if stem_channels is not None else 64 if wide else 16, 1)
@@ -87,8 +89,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     shape, size = _input_shape(input_size, lay["image_size"] if image_size is None else image_size)
     block = "vector" if not shape and block == "bottleneck" else block  # the default kind, in its vector form
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="dense" if dense else
-                    "resnext", **_starts(residual_init, conv_init),
-                    **({"gate_options": dict(gate_options)} if gate_options else {}),
+                    "resnext", **_starts(residual_init, conv_init), **_gated(gate, gate_options, density),
                     options={"preset": preset, "layout": layout or base["layout"], "depth": 2 + 3 * sum(stages),
                              "width": width, "C": C})
     _add_input(g, lay["stem"] if shape else (1, 1, False), shape, size, check_int("in_channels", in_channels, 1),
@@ -98,7 +99,7 @@ def resnext(*, C: int | None = None, M: int | None = None, depth: int | None = N
     g.add_node("output", kind="output", in_channels=base_ch * 2**(len(stages) - 1),
                num_classes=check_int("num_classes", lay["num_classes"] if num_classes is None else num_classes, 1))
     g.add_edges_from(((block_name(last, j), "output") for j in range(1, C + 1)), kind="fixed", active=True)
-    return _plant(g, uninformative, C)
+    return _plant(wiring.spend(g), uninformative, C)
 
 
 def _add_input(g: BranchGraph, stem: tuple[int, int, bool], shape: tuple[int, ...], size: int, in_channels: int,
@@ -117,7 +118,7 @@ def _add_modules(g: BranchGraph, stages: tuple[int, ...], C: int, base_ch: int, 
     """Add the modules of ``stages`` to ``g`` (C blocks each, stage s of ``base_ch·2^s`` outputs, the first
     module of every stage but the first halving the resolution where the input ``halves``), with their edges
     and initial gates; returns the last module."""
-    kind, values_rng = GATES.get(g.gate_kind), torch.Generator().manual_seed(g.seed)
+    kind, values_rng = wiring.gate_class(g), torch.Generator().manual_seed(g.seed)
     module, prev, res = 0, g.nodes["input"]["out_channels"], g.nodes["input"]["resolution"]
     for s, count in enumerate(stages):
         stage_modules: list[int] = []
@@ -192,8 +193,17 @@ def _block_params(block: str, block_params: dict[str, Any] | None, width: int) -
     return {**params, "width": width} if takes(BLOCKS.get(block), "width") else params
 
 
-def _fan_in(gate: str, K: int | None, C: int) -> int:
-    """The fan-in K of gate kind ``gate`` for C branches: as given (default C // 2), or what the kind keeps."""
+def _gated(gate: str, gate_options: dict[str, Any] | None, density: float | None) -> dict[str, Any]:
+    """The graph's attributes of its gates beside their kind: their knobs, where given, and their weighting."""
+    return {**({"gate_options": dict(gate_options)} if gate_options else {}),
+            **wiring.weighting_attributes(gate, density)}
+
+
+def _fan_in(gate: str, K: int | None, C: int, density: float | None = None) -> int:
+    """The fan-in K of gate kind ``gate`` for C branches: as given (default C // 2), or what the kind keeps;
+    under a ``density``, the mean a block keeps."""
+    if density is not None:
+        return wiring.check_density(gate, K, density, C)
     kept = GATES.get(gate).kept(max(1, C // 2) if K is None else check_int("K", K, 1, C), C)
     if K is not None and kept != K:
         raise ConfigError(f"gate {gate!r} reads {kept} of C={C} inputs: K must be {kept} (or left out), got K={K}")

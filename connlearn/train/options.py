@@ -78,6 +78,14 @@ def within(low: float, high: float) -> Callable[[str, Any], float]:
     return lambda name, value: check_float(name, value, low, high)
 
 
+def share(name: str, value: Any) -> float:
+    """A share in (0, 1]."""
+    value = check_float(name, value)
+    if not 0 < value <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {value}")
+    return value
+
+
 def sizes(low: int, high: int) -> Callable[[str, Any], tuple[int, ...]]:
     """One integer or more, each in [low, high]."""
     def check(name: str, value: Any) -> tuple[int, ...]:
@@ -180,6 +188,8 @@ _OPTIONS = [
     Option("gate", None, ARCHITECTURE, "topk (GateConnect, default), real, random (Fixed-Random), full (ResNeXt), "
            "or another registered kind (docs/estimators.md)", gate_kind),
     Option("K", None, ARCHITECTURE, "inputs per block (default C/2; C for full)", at_least(1, 256), flag=INT),
+    Option("density", None, ARCHITECTURE, "one budget of edges over the network instead of K: the share of all "
+           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", share, flag=FLOAT),
     Option("C", None, ARCHITECTURE, "branches per module (default: the preset's)", at_least(1, 256), flag=INT),
     Option("M", None, ARCHITECTURE, "modules, a multiple of 3 (default: the preset's)", at_least(1, 300), flag=INT),
     Option("width", None, ARCHITECTURE, "a branch's bottleneck width in the first stage", at_least(1, 4096),

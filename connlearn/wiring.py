@@ -1,0 +1,106 @@
+"""Wiring on the graph: edge weights under one budget, and rewiring that keeps every degree.
+
+A graph of edge weights (attribute ``edge_weights``) compiles its gate kind through ``weighting()`` (see
+:mod:`connlearn.gates`): its gate values are signed weights on the kept (``active``) edges. ``density``, where
+present, is the share of the network's candidate gate edges that one budget keeps, ``round(density · M)``;
+each block then keeps whatever part of it falls to it (none: it reads zeros).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from connlearn.errors import ConfigError, GraphError, check_float
+from connlearn.gates import GATES, FrozenGate, Gate
+from connlearn.graph import BranchGraph
+
+
+def gate_class(graph: BranchGraph) -> type[Gate]:
+    """The class that compiles ``graph``'s gates: its kind's, or on a graph of edge weights its weighted form."""
+    kind = GATES.get(graph.gate_kind)
+    if not graph.graph.get("edge_weights"):
+        return kind
+    weighted = kind.weighting()
+    if weighted is None:
+        raise GraphError(f"gate kind {graph.gate_kind!r} has no form with edge weights (graph attribute edge_weights)")
+    return weighted
+
+
+def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
+    """``density`` checked where it enters (with ``gate`` and ``K``); returns the nominal fan-in K of the graph
+    (the mean number of edges a block keeps, at least 1)."""
+    if K is not None:
+        raise ConfigError(f"give K (each block's fan-in) or density (one budget over the network), not both: K={K}, "
+                          f"density={density}")
+    density = check_float("density", density)
+    if not 0 < density <= 1:
+        raise ConfigError(f"density must be in (0, 1] (the share of the candidate edges kept), got {density}")
+    if GATES.get(gate).weighting() is None:
+        spenders = [n for n in GATES.names() if GATES.get(n).weighting() and not issubclass(GATES.get(n), FrozenGate)]
+        raise ConfigError(f"gate {gate!r} cannot spend one budget over the network (density); these can: "
+                          f"{', '.join(spenders)}")
+    return max(1, round(density * C))
+
+
+def weighting_attributes(gate: str, density: float | None) -> dict[str, Any]:
+    """The graph attributes of a kind built with ``density``, or of a kind whose values are edge weights."""
+    if density is not None:
+        return {"edge_weights": True, "density": float(density)}
+    return {"edge_weights": True} if not GATES.get(gate).averaged else {}
+
+
+def gate_edges(graph: BranchGraph) -> list[tuple[str, str]]:
+    """Every gate edge of the network, in the order of the modules' gate matrices (module, row, column)."""
+    return [(u, v) for m in graph.modules() for v in graph.branches(m) for u, _, _ in graph.gate_edges(v)]
+
+
+def budget(graph: BranchGraph) -> int | None:
+    """How many gate edges ``graph``'s one budget keeps (None: each block its K)."""
+    density = graph.graph.get("density")
+    return None if density is None else round(float(density) * len(gate_edges(graph)))
+
+
+def edge_counts(graph: BranchGraph) -> tuple[int, int]:
+    """``(kept, candidates)``: the gate edges the evaluation connectivity reads, of all of them."""
+    edges = gate_edges(graph)
+    return sum(bool(graph.edges[e].get("active")) for e in edges), len(edges)
+
+
+def spend(graph: BranchGraph) -> BranchGraph:
+    """``graph`` with the initial kept edges of its budget, as its kind spends it (from the graph's seed);
+    without a budget, as it is."""
+    edges, count = gate_edges(graph), budget(graph)
+    if count is None:
+        return graph
+    values = torch.tensor([float(graph.edges[e]["gate"]) for e in edges])
+    generator = torch.Generator().manual_seed((graph.seed * 0x5851F42D4C957F2D + 0x14057B7EF767814F) % 2**63)
+    kept = gate_class(graph).spend(values, count, generator)
+    for e, keep in zip(edges, kept.tolist(), strict=True):
+        graph.edges[e]["active"] = bool(keep)
+    return graph
+
+
+def rewire(graph: BranchGraph, seed: int = 0, swaps: int | None = None) -> BranchGraph:
+    """A copy of ``graph`` whose kept gate edges are rewired by ``swaps`` tries (default 10 per kept edge) of
+    a degree-preserving swap: kept ``a → b`` and ``c → d`` become ``a → d`` and ``c → b`` where both are
+    candidate edges not yet kept. Every node keeps its in- and out-degree; each moved edge takes its gate
+    value and attributes along (a source keeps its weights)."""
+    g = graph.copy()
+    kept = [e for e in gate_edges(g) if g.edges[e].get("active")]
+    rng = random.Random(seed)
+    for _ in range(10 * len(kept) if swaps is None else swaps):
+        if len(kept) < 2:
+            break
+        i, j = rng.sample(range(len(kept)), 2)
+        (a, b), (c, d) = kept[i], kept[j]
+        new = [(a, d), (c, b)]
+        if any(not g.has_edge(*e) or g.edges[e].get("kind") != "gate" or g.edges[e].get("active") for e in new):
+            continue
+        for old, moved in zip(((a, b), (c, d)), new, strict=True):
+            left, right = dict(g.edges[old]), dict(g.edges[moved])
+            g.edges[old].update(right), g.edges[moved].update(left)
+        kept[i], kept[j] = new
+    return g

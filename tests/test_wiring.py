@@ -1,0 +1,171 @@
+"""The laws of edge weights under a budget (DNW) and of rewiring: the budget is kept exactly, every edge gets
+its dense gradient (none where not kept, in the ablation), the fair random graph is uniform over the candidate
+edges, rewiring keeps every degree, freezing and pruning keep the function."""
+
+import collections
+import copy
+import itertools
+
+import pytest
+import torch
+from conftest import batch, tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import connlearn
+from connlearn.prune import prune_dead_blocks
+from connlearn.topologies import TOPOLOGIES
+from connlearn.updater import param_groups
+from connlearn.wiring import edge_counts, gate_edges, rewire
+
+
+def _budgeted(gate, density, topology="resnext", **options):
+    return connlearn.build(topology, **tiny(K=None, gate=gate, density=density, **options))
+
+
+def _kept(net):
+    return sum(int(m.sum()) for m in net.connectivity().values())
+
+
+@pytest.mark.parametrize("gate", ["dnw", "dnw_masked", "random"])
+@pytest.mark.parametrize("topology", ["resnext", "dense"])
+def test_exactly_the_budget_is_kept_over_the_network_in_training_and_evaluation(gate, topology):
+    net = _budgeted(gate, 0.3, topology, M=6, seed=3)
+    candidates = len(gate_edges(net.graph()))
+    budget = round(0.3 * candidates)
+    assert _kept(net) == budget == edge_counts(net.graph())[0] and edge_counts(net.graph())[1] == candidates
+    for step in range(3):  # the weights move: the kept edges may change, their number does not
+        net(batch(net))
+        assert _kept(net) == budget
+        with torch.no_grad():
+            for _, g in net.gates():
+                g.weight.add_(torch.randn(g.weight.shape, generator=torch.Generator().manual_seed(step)))
+    before = net.eval()(batch(net))
+    assert _kept(net.freeze()) == budget
+    torch.testing.assert_close(net(batch(net)), before)
+
+
+def test_per_block_scope_keeps_each_blocks_k_top_edges_by_magnitude():
+    net = connlearn.build(**tiny(C=5, K=2, gate="dnw", seed=1))
+    for _, gate in net.gates():
+        w = gate.values().abs()
+        kept = gate.active()
+        assert (kept.sum(1) == 2).all()
+        assert (w[kept].view(-1, 2).amin(1) >= w.masked_fill(kept, -1).amax(1)).all()
+
+
+def test_global_scope_keeps_the_largest_magnitudes_of_the_whole_network():
+    net = _budgeted("dnw", 0.2, M=6, seed=5)
+    w = torch.cat([g.values().abs().flatten() for _, g in net.gates()])
+    kept = torch.cat([g.active().flatten() for _, g in net.gates()])
+    assert w[kept].min() >= w[~kept].max()
+
+
+@pytest.mark.parametrize("gate", ["dnw", "dnw_masked"])
+@pytest.mark.parametrize("density", [None, 0.3])
+def test_every_edge_gets_the_dense_gradient_straight_through_and_the_ablation_none_where_not_kept(gate, density):
+    net = (connlearn.build(**tiny(C=4, K=2, gate=gate, seed=2)) if density is None
+           else _budgeted(gate, density, seed=2)).double()
+    x, target = batch(net, 3, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64)
+    masks = {m: g.active().clone() for m, g in net.gates()}
+    dense_graph = net.graph()  # every edge kept, each weighted by what the budgeted forward pass uses
+    dense_graph.graph.update(density=1.0, edge_weights=True)
+    dense = connlearn.from_graph(dense_graph).double()
+    state = {k: v for k, v in net.state_dict().items() if not k.endswith("_extra_state")}
+    dense.load_state_dict({k: v * masks[int(net.module_ids[int(k.split(".")[1])])] if k.endswith("gate.weight")
+                           else v for k, v in state.items()}, strict=False)
+    (net(x) * target).sum().backward()
+    (dense(x) * target).sum().backward()
+    torch.testing.assert_close(net(x), dense(x))
+    assert not net.gate_parameters()  # edge weights are weights: the weights' param group, its weight decay
+    for (m, g), (_, d) in zip(net.gates(), dense.gates(), strict=True):
+        expected = d.weight.grad if gate == "dnw" else d.weight.grad * masks[m]
+        torch.testing.assert_close(g.weight.grad, expected)
+        assert (g.weight.grad[~masks[m]] != 0).any() == (gate == "dnw")
+
+
+def test_edge_weights_train_in_the_weights_group_with_its_weight_decay():
+    net = _budgeted("dnw", 0.3)
+    groups = param_groups(net, lr=0.1, weight_decay=5e-4, gate_lr=0.2)
+    weights = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert all(id(g.weight) in weights for _, g in net.gates()) and len(groups) == 1
+
+
+def test_the_fair_random_graph_is_uniform_over_the_candidate_edges():
+    """C=2, M=3: 8 candidate gate edges, density 0.25 keeps 2: each of the 28 pairs equally often over seeds."""
+    seeds = 1400
+    counts = collections.Counter()
+    for seed in range(seeds):
+        g = TOPOLOGIES.get("resnext")(C=2, M=3, width=1, stem_channels=1, base_channels=1, gate="random",
+                                      density=0.25, seed=seed)
+        counts[tuple(e for e in gate_edges(g) if g.edges[e]["active"])] += 1
+    pairs = list(itertools.combinations(gate_edges(g), 2))
+    assert set(counts) <= set(pairs) and len(pairs) == 28
+    expected = seeds / len(pairs)
+    chi2 = sum((counts[p] - expected) ** 2 / expected for p in pairs)
+    assert chi2 < 55.5  # 27 degrees of freedom: P(chi2 > 55.5) = 0.001 under uniformity
+
+
+def test_a_random_graphs_edges_carry_trainable_signed_weights_and_stay_fixed():
+    net = _budgeted("random", 0.3, seed=4)
+    kept = net.connectivity()
+    assert net.fixed_connectivity and not net.gate_parameters()
+    assert all(g.weight.requires_grad and (g.values() < 0).any() for _, g in net.gates())
+    net(batch(net)).sum().backward()
+    assert all(torch.equal(kept[m], g.active()) for m, g in net.gates())
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), density=st.sampled_from([0.1, 0.3, 0.6]),
+       topology=st.sampled_from(["resnext", "dense"]))
+def test_rewiring_keeps_every_degree_and_the_budget(seed, density, topology):
+    graph = _budgeted("dnw", density, topology, M=6, C=4, seed=seed).graph()
+
+    def degrees(g):
+        kept = [e for e in gate_edges(g) if g.edges[e]["active"]]
+        return collections.Counter(u for u, _ in kept), collections.Counter(v for _, v in kept), set(kept)
+
+    out_before, in_before, before = degrees(graph)
+    rewired = rewire(graph, seed=seed)
+    out_after, in_after, after = degrees(rewired)
+    assert (out_after, in_after, len(after)) == (out_before, in_before, len(before))
+    assert sorted(d["gate"] for *_, d in rewired.edges(data=True) if d["kind"] == "gate") == sorted(
+        d["gate"] for *_, d in graph.edges(data=True) if d["kind"] == "gate")
+    connlearn.from_graph(rewired)  # still a network
+
+
+def test_rewiring_moves_edges():
+    graph = _budgeted("random", 0.5, M=6, C=4).graph()
+    rewired = rewire(graph, seed=1)
+    kept = {e for e in gate_edges(graph) if graph.edges[e]["active"]}
+    assert kept != {e for e in gate_edges(rewired) if rewired.edges[e]["active"]}
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10**6), gate=st.sampled_from(["dnw", "dnw_masked", "random"]),
+       density=st.sampled_from([None, 0.05, 0.2]), topology=st.sampled_from(["resnext", "dense"]))
+def test_freezing_and_pruning_an_edge_weight_network_keep_its_outputs(seed, gate, density, topology):
+    if density is None and gate == "random":
+        density = 0.1
+    net = (connlearn.build(topology, **tiny(M=6, gate=gate, seed=seed)) if density is None
+           else _budgeted(gate, density, topology, M=6, seed=seed)).eval()
+    x = batch(net, 3)
+    before = net(x)
+    weights = [g.weight for _, g in net.gates()]
+    frozen = copy.deepcopy(net).freeze() if not net.fixed_connectivity else net
+    torch.testing.assert_close(frozen(x), before)
+    pruned = prune_dead_blocks(net, freeze=True)[0]
+    torch.testing.assert_close(pruned.eval()(x), before, atol=1e-5, rtol=1e-5)
+    loaded = connlearn.from_graph(pruned.graph().to_json())  # the graph holds the weights of the kept edges
+    loaded.load_state_dict(pruned.state_dict())
+    torch.testing.assert_close(loaded.eval()(x), before, atol=1e-5, rtol=1e-5)
+    if not net.fixed_connectivity:  # an optimizer holding the weights goes on training them
+        assert [g.weight for _, g in net.freeze().gates()] == weights
+
+
+@pytest.mark.parametrize("options", [{"gate": "topk"}, {"gate": "full", "K": 4}, {"gate": "dnw"},
+                                     {"gate": "random", "K": None, "density": 0.2}])
+def test_the_summary_says_how_many_candidate_edges_are_kept(options):
+    net = connlearn.build(**tiny(**options))
+    kept, candidates = edge_counts(net.graph())
+    assert f"{kept} of {candidates} candidate edges kept" in connlearn.summary(net)
