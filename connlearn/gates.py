@@ -297,8 +297,7 @@ class FixedGate(Gate):
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__(values, active, K, **options)
         self.register_buffer("mask", active.detach().clone().bool())
-        self.register_buffer("gate_values", values.detach().clone().to(values.dtype if values.is_floating_point()
-                                                                          else torch.float32))
+        self.register_buffer("gate_values", _floating(values))
 
     def values(self) -> torch.Tensor:
         return self.gate_values
@@ -307,18 +306,15 @@ class FixedGate(Gate):
         return self.mask
 
 
-class EdgeWeights(Gate):
-    """A fixed set of kept edges (the buffer ``mask``), each weighting its input by a trainable signed weight
-    (the parameter ``weight``, a weight like any other): a frozen ``dnw`` network, and DNW's random graph."""
+class SignedWeights(Gate):
+    """Gate values that are signed edge weights, multiplying their inputs (no 1/K): the parameter ``weight``,
+    a weight like any other (the weights' param group, with its weight decay)."""
 
     averaged = False
-    mask: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__(values, active, K, **options)
-        self.register_buffer("mask", active.detach().clone().bool())
-        self.weight = nn.Parameter(values.detach().clone().to(values.dtype if values.is_floating_point() else
-                                                              torch.float32))
+        self.weight = nn.Parameter(_floating(values))
 
     @classmethod
     def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
@@ -328,15 +324,26 @@ class EdgeWeights(Gate):
         values = 2 * torch.rand(rows, cols, generator=generator) - 1
         return values, topk_mask(values.abs(), K)
 
+    def values(self) -> torch.Tensor:
+        return self.weight.detach()
+
+
+class EdgeWeights(SignedWeights):
+    """A fixed set of kept edges (the buffer ``mask``), each weighting its input by its trainable signed weight:
+    a frozen ``dnw`` network, and DNW's random graph."""
+
+    mask: torch.Tensor
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
+        self.register_buffer("mask", active.detach().clone().bool())
+
     @classmethod
     def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator) -> torch.Tensor:
         """``budget`` edges drawn uniformly from all of them."""
         kept = torch.zeros(values.shape, dtype=torch.bool)
         kept[torch.randperm(values.numel(), generator=generator)[:budget]] = True
         return kept
-
-    def values(self) -> torch.Tensor:
-        return self.weight.detach()
 
     def active(self) -> torch.Tensor:
         return self.mask
@@ -345,26 +352,18 @@ class EdgeWeights(Gate):
         return self.weight * self.mask
 
 
-class WiringGate(Gate):
+class WiringGate(SignedWeights):
     """Discovering Neural Wirings: signed edge weights (the parameter ``weight``, in the weights' param group);
     the forward pass keeps the top edges by |weight| (each block its K, or one budget over the network) and
     every edge gets the gradient of the dense matrix at it (straight-through, DNW's ChooseTopEdges)."""
 
     learnable = True
     clipped = False
-    averaged = False
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
         super().__init__(values, active, K, **options)
-        self.weight = nn.Parameter(values.detach().clone().to(values.dtype if values.is_floating_point() else
-                                                              torch.float32))
         self.budget: int | None = None  # None: each block its K
         self.scope: list[WiringGate] = [self]  # the gates of the network that spend the budget, in order
-
-    @classmethod
-    def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return EdgeWeights.initial(rows, cols, K, gate_init, generator)
 
     @classmethod
     def weighting(cls) -> type[Gate]:
@@ -384,9 +383,6 @@ class WiringGate(Gate):
         frozen = EdgeWeights(self.values(), active, self.K).to(active.device)
         frozen.weight = self.weight
         return frozen
-
-    def values(self) -> torch.Tensor:
-        return self.weight.detach()
 
     def active(self) -> torch.Tensor:
         if self.budget is None:
@@ -448,6 +444,11 @@ class FullGate(FixedGate):
     def initial(cls, rows: int, cols: int, K: int, gate_init: float | str,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.ones(rows, cols), torch.ones(rows, cols, dtype=torch.bool)
+
+
+def _floating(values: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``values`` in its own floating dtype, or float32."""
+    return values.detach().clone().to(values.dtype if values.is_floating_point() else torch.float32)
 
 
 def _check_kind(name: str, cls: Any) -> None:
