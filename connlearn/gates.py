@@ -22,7 +22,8 @@ Edge weights (Discovering Neural Wirings, Wortsman et al. 2019): a ``dnw`` gate'
 that multiply their inputs, ``x_j = ReLU(Σ_k m_jk w_jk y_k)`` with no 1/K and no clipping, ``m`` the kept edges;
 they are ordinary weights (the weights' param group, with its weight decay). ``density`` (a build option) spends
 one budget of ``round(density · candidates)`` edges over every gate edge of the network, by |w|: K is then free
-per block, and a block that keeps no edge reads zeros (it computes its block of 0; unread, it is pruned).
+per block; a block that no path of kept edges reaches from the stem is switched off (its output is 0, so no
+batch norm normalises a constant) and pruned.
 ``random`` with ``density`` is DNW's random graph, the fair baseline of ``dnw``: that many edges drawn uniformly
 over all candidate edges once from the seed, then fixed, each carrying a trainable signed weight started as
 ``dnw``'s are (uniform in [-1, 1]). Freezing keeps the kept edges and their weights (the function does not change).
@@ -50,8 +51,9 @@ is read through its protocol, nowhere else:
   ResNeXt's one stream where the block kind has that form);
 - what it computes: built per module as ``cls(values, active, K, **gate_options)`` (its ``knobs``, checked
   here), it gives ``values()``, ``active()`` (the eval and freeze choice: exactly K ones per row, or the
-  budget's edges; equal values ranked by ``ties()``), ``matrix(drawn)`` (the forward pass's matrix) and
-  ``freeze(active)`` (the fixed gate it leaves); a stochastic kind draws in the classmethod ``draw`` (one
+  budget's edges; equal values ranked by ``ties()``), ``matrix(drawn)`` (the forward pass's matrix; the
+  network asks the classmethod ``matrices`` for every gate of the kind in one call) and ``freeze(active)``
+  (the fixed gate it leaves); a stochastic kind draws in the classmethod ``draw`` (one
   call for every gate of the kind; ``[B, rows, cols]`` draws for a draw per example);
 - what the training loop adds: ``surrogate(drawn, losses)`` (0 but for kinds whose gradient needs the loss
   itself, added through ``net.surrogate_loss``) and ``trains_with`` (its tuned ``gate_*`` run options, among
@@ -224,6 +226,11 @@ class Gate(nn.Module):
         """The matrix of the forward pass (before the 1/K), given this step's draw where it draws."""
         return self.active().to(self.values().dtype)
 
+    @classmethod
+    def matrices(cls, gates: Sequence[Gate], drawn: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The matrices of the forward pass of ``gates`` (all of this kind, with their draws) in one call."""
+        return [g.matrix(d) for g, d in zip(gates, drawn, strict=True)]
+
     def real_parameters(self) -> list[nn.Parameter]:
         return []
 
@@ -372,8 +379,12 @@ class WiringGate(SignedWeights):
     @classmethod
     def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """The ``budget`` edges of largest magnitude (equal ones: the lower index first)."""
-        order = torch.sort(values.detach().abs(), descending=True, stable=True).indices
-        return torch.zeros(values.shape, dtype=torch.bool, device=values.device).index_fill_(0, order[:budget], True)
+        a = values.detach().abs()
+        if budget == 0:
+            return torch.zeros_like(a, dtype=torch.bool)
+        last = torch.kthvalue(a, a.numel() - budget + 1).values  # the budget-th largest: a selection, not a sort
+        kept, tied = a > last, (a == last).nonzero().flatten()
+        return kept.index_fill_(0, tied[:budget - int(kept.sum())], True)
 
     def share(self, gates: Sequence[Gate], budget: int) -> None:
         self.scope, self.budget = cast("list[WiringGate]", list(gates)), budget
@@ -387,20 +398,34 @@ class WiringGate(SignedWeights):
     def active(self) -> torch.Tensor:
         if self.budget is None:
             return topk_mask(self.weight.abs(), self.K)
-        kept = self.spend(torch.cat([g.weight.flatten() for g in self.scope]), self.budget)
-        mine = kept.split([g.weight.numel() for g in self.scope])[self.scope.index(self)]
-        return mine.view(self.shape)
+        return self._spent(self.scope)[self.scope.index(self)]
+
+    def _spent(self, gates: Sequence[WiringGate]) -> list[torch.Tensor]:
+        """The kept edges of ``gates`` (the whole scope of the budget, in order), one sort for them all."""
+        kept = self.spend(torch.cat([g.weight.flatten() for g in gates]), cast(int, self.budget))
+        return [k.view(g.shape) for g, k in zip(gates, kept.split([g.weight.numel() for g in gates]), strict=True)]
+
+    @classmethod
+    def matrices(cls, gates: Sequence[Gate], drawn: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        wiring = cast("list[WiringGate]", list(gates))
+        if wiring[0].budget is None or wiring != wiring[0].scope:
+            return super().matrices(gates, drawn)
+        return [g.weighted_by(k) for g, k in zip(wiring, wiring[0]._spent(wiring), strict=True)]
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.weighted_by(self.active())
+
+    def weighted_by(self, kept: torch.Tensor) -> torch.Tensor:
+        """The forward pass's matrix given the kept edges: their weights; backward, every edge's dense gradient."""
         w = self.weight
-        return w.detach() * self.active() + (w - w.detach())  # forward: the kept weights; backward: to every edge
+        return w.detach() * kept + (w - w.detach())
 
 
 class MaskedWiringGate(WiringGate):
     """Ablation of ``dnw``: the same forward pass, but edges not kept get no gradient."""
 
-    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
-        return self.weight * self.active()
+    def weighted_by(self, kept: torch.Tensor) -> torch.Tensor:
+        return self.weight * kept
 
 
 class RandomGate(FixedGate):

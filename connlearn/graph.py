@@ -28,6 +28,7 @@ frozen, ``frozen_from`` (the gate kind that learned it).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -81,7 +82,8 @@ class BranchGraph(nx.DiGraph):
         return sorted((n for n, d in self.nodes(data=True) if d.get("kind") == "block"), key=self._place)
 
     def _place(self, node: str) -> tuple[int, int]:
-        return self.nodes[node]["module"], self.nodes[node]["branch"]
+        d = self._node[node]
+        return d["module"], d["branch"]
 
     def modules(self) -> list[int]:
         return sorted({self.nodes[n]["module"] for n in self.block_nodes()})
@@ -92,13 +94,21 @@ class BranchGraph(nx.DiGraph):
 
     def gate_edges(self, node: str) -> list[tuple[str, str, dict[str, Any]]]:
         """The gate edges into ``node``, by source."""
-        edges = [e for e in self.in_edges(node, data=True) if e[2].get("kind") == "gate"]
+        edges = [(u, node, d) for u, d in self.pred[node].items() if d.get("kind") == "gate"]
         return sorted(edges, key=lambda e: self._place(e[0]))
 
     def candidates(self, module: int) -> list[str]:
         """The blocks that may feed ``module`` through gates: the columns of its gate matrix."""
-        sources = {u for n in self.branches(module) for u, _, _ in self.gate_edges(n)}
+        sources = {u for n in self.branches(module) for u, d in self.pred[n].items() if d.get("kind") == "gate"}
         return sorted(sources, key=self._place)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BranchGraph:
+        """A copy sharing nothing with ``self``; fast for large graphs, as an edge's attributes are plain values."""
+        g = type(self)()
+        g.graph.update(copy.deepcopy(self.graph, memo))
+        g.add_nodes_from((n, copy.deepcopy(d, memo)) for n, d in self.nodes(data=True))
+        g.add_edges_from((u, v, dict(d)) for u, v, d in self.edges(data=True))
+        return g
 
     def _matrix(self, module: int, key: str, default: Any) -> list[list[Any]]:
         index = {c: k for k, c in enumerate(self.candidates(module))}
@@ -198,6 +208,13 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"'output' must read every block of the last module, {self.modules()[-1]}, and only them")
         for module in self.modules():
             self._check_module(module)
+        if self.graph.get("node_graph"):  # the first nodes share the stem's channels; the head reads the last's
+            first, last = self.branches(self.modules()[0]), self.branches(self.modules()[-1])
+            for node, key, ends, other in (("input", "out_channels", first, "in_channels"),
+                                           ("output", "in_channels", last, "out_channels")):
+                if self.nodes[node][key] != sum(self.nodes[n][other] for n in ends):
+                    raise GraphError(f"node {node!r} of a node graph has {self.nodes[node][key]} channels; its "
+                                     f"nodes {ends[0]}..{ends[-1]} take {sum(self.nodes[n][other] for n in ends)}")
         return self
 
     def _check_stem(self, d: dict[str, Any]) -> None:
@@ -222,7 +239,7 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"{where} has kind {kind!r}; allowed: gate, fixed")
         if u == "input" and self.gate_edges(v):
             raise GraphError(f"block {v} reads both 'input' and gate edges")
-        if src["out_channels"] != dst["in_channels"]:
+        if src["out_channels"] != dst["in_channels"] and not (kind == "fixed" and self.graph.get("node_graph")):
             raise GraphError(f"{where} joins {src['out_channels']} channels to a node that takes {dst['in_channels']}")
         if dst["kind"] == "block" and math.ceil(src["resolution"] / dst["stride"]) != dst["resolution"]:
             raise GraphError(f"{where} joins resolution {src['resolution']} to a block of stride {dst['stride']} "
@@ -242,7 +259,7 @@ class BranchGraph(nx.DiGraph):
             if sources != cols:
                 raise GraphError(f"block {node} reads {sources}, its module's other blocks {cols}: the blocks of a "
                                  "module share their candidate inputs")
-            if len(sources) < self.K:
+            if len(sources) < self.K and "density" not in self.graph:  # under a density K is a mean
                 raise GraphError(f"fan-in K={self.K} is larger than the {len(sources)} inputs of block {node}")
             active, kept = sum(bool(d.get("active")) for _, _, d in self.gate_edges(node)), kind.kept(self.K, len(cols))
             if not (kind.learnable or kind.stochastic or "density" in self.graph) and active != kept:  # as it keeps
@@ -296,22 +313,19 @@ def check_finite_gates(graph: BranchGraph, what: str) -> None:
 
 # ------------------------------------------------------------------------------------------ liveness queries
 def live_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks with a path to the head along the edges the function reads."""
+    """Blocks on a path from the stem to the head along the edges the function reads (a block that no such
+    path reaches from the stem reads nothing: the network switches it off)."""
     used = nx.DiGraph(graph.used_edges())
-    used.add_node("output")
-    return {n for n in nx.ancestors(used, "output") if graph.nodes[n].get("kind") == "block"}
+    used.add_nodes_from(("input", "output"))
+    return {n for n in nx.ancestors(used, "output") & nx.descendants(used, "input")
+            if graph.nodes[n].get("kind") == "block"}
 
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
-    """Blocks none of whose outputs reaches the head: what the pruner removes. Where every candidate of a
-    module with live blocks is dead (its blocks keep no edge: they read zeros), its first candidate stays, as
-    the input its blocks read with weight 0."""
-    dead = set(graph.block_nodes()) - live_blocks(graph)
-    for m in reversed(graph.modules()):
-        cols = graph.candidates(m)
-        if cols and set(cols) <= dead and not set(graph.branches(m)) <= dead:
-            dead.discard(cols[0])
-    return dead
+    """Blocks that are not live: what the pruner removes (none where no block is live: such a network computes
+    a constant, and stays as it is)."""
+    live = live_blocks(graph)
+    return set(graph.block_nodes()) - live if live else set()
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:

@@ -35,10 +35,11 @@ from connlearn.graph import BranchGraph, ModulePlan, input_shape
 from connlearn.wiring import budget, gate_class
 
 
-def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torch.Tensor:
-    """``ReLU(mix @ y)`` over the branch axis: inputs ``[B, N_s·ch, *S]`` (N = Σ N_s branches; S the spatial
-    shape: ``H, W``, ``L`` or none), ``mix`` ``[C, N]`` (or ``[B, C, N]``: a connectivity per example) →
-    ``[B, C·ch, *S]``, in the inputs' memory format: one batched GEMM."""
+def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int, relu: bool = True) -> torch.Tensor:
+    """``ReLU(mix @ y)`` (without the ReLU where not ``relu``) over the branch axis: inputs ``[B, N_s·ch, *S]``
+    (N = Σ N_s branches; S the spatial shape: ``H, W``, ``L`` or none), ``mix`` ``[C, N]`` (or ``[B, C, N]``: a
+    connectivity per example) → ``[B, C·ch, *S]``, in the inputs' memory format: one GEMM (batched for a
+    connectivity per example)."""
     b, spatial = inputs[0].shape[0], inputs[0].shape[2:]
     c, n = mix.shape[-2:]
     if mix.dim() == 2 and inputs[0].dim() == 4 and inputs[0].is_contiguous(memory_format=torch.channels_last) and (
@@ -46,11 +47,15 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int) -> torc
         h, w = spatial
         parts = [t.permute(0, 2, 3, 1).reshape(b * h * w, t.shape[1] // ch, ch) for t in inputs]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y).relu()
-        return x.reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
+        x = torch.bmm(mix.to(y.dtype).expand(y.shape[0], c, n), y)
+        return (x.relu() if relu else x).reshape(b, h, w, c * ch).permute(0, 3, 1, 2)
     parts = [t.reshape(b, t.shape[1] // ch, ch * math.prod(spatial)) for t in inputs]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return torch.bmm(mix.to(y.dtype).expand(b, c, n), y).relu().reshape(b, c * ch, *spatial)
+    if mix.dim() == 2:  # one GEMM over the batch: [C, N] @ [N, B·ch·S]
+        x = (mix.to(y.dtype) @ y.transpose(0, 1).reshape(n, -1)).reshape(c, b, -1).transpose(0, 1)
+    else:
+        x = torch.bmm(mix.to(y.dtype), y)
+    return (x.relu() if relu else x).reshape(b, c * ch, *spatial)
 
 
 def replace_by_noise(y: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -141,6 +146,15 @@ class SingleStreamModule(nn.Module):
         return (short + self.body(inputs[0])).relu()
 
 
+class NodeModule(FusedModule):
+    """A stage of a node graph (graph attribute ``node_graph``) as one tensor: node j computes
+    ``F_j(Σ_k G_jk y_k)``, with no ReLU before its block (which starts with its own norm and ReLU) and no
+    shortcut; in the first stage, node j reads the stem's channels ``j·ch .. (j+1)·ch - 1``."""
+
+    def forward(self, inputs: list[torch.Tensor], mix: torch.Tensor | None) -> torch.Tensor:
+        return self.block(inputs[0] if mix is None else mix_branches(inputs, mix, self.in_ch, relu=False))
+
+
 Stage = FusedModule | SingleStreamModule
 
 
@@ -169,7 +183,9 @@ class ConnectivityNet(nn.Module):
         if any(noise):  # planted control: these branches of module 1 output noise (topology option uninformative)
             self.stages[0].noise = torch.tensor(noise)
         self.head = Head(out["in_channels"], out["num_classes"])
+        self.node_graph = bool(graph.graph.get("node_graph"))
         shared, count = [g for _, g in self.gates()], budget(graph)
+        self.budgeted = count is not None
         if count is not None:  # one budget over the network
             for gate in shared:
                 gate.share(shared, count)
@@ -188,19 +204,48 @@ class ConnectivityNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the draw runs eagerly, first: under torch.compile the rest of the pass is one graph
         drawn = self._draw(x.shape[0]) if self.training and self.stochastic else {}
-        mixes = [None if s.gate is None else s.gate.matrix(drawn.get(i)) / (self.K if s.gate.averaged else 1)
-                 for i, s in enumerate(self.stages)]
+        mixes = self._mixes(drawn)
+        on = self._reached(mixes) if self.budgeted else [None] * len(mixes)
         h = self.stem(x)
         outputs: list[torch.Tensor] = []
-        for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
+        for stage, plan, mix, live in zip(self.stages, self._sources, mixes, on, strict=True):
             inputs = [h] if not plan else [_pick(outputs[pos], chosen, stage) for pos, chosen in plan]
             if self.activation_checkpointing and torch.is_grad_enabled():
-                outputs.append(torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix,
-                                                                 use_reentrant=False))
+                out = torch.utils.checkpoint.checkpoint(_Recomputable(stage), inputs, mix, use_reentrant=False)
             else:
-                outputs.append(stage(inputs, mix))
+                out = stage(inputs, mix)
+            if live is not None:
+                out = out * live.to(out.dtype).repeat_interleave(out.shape[1] // live.numel()).view(
+                    1, -1, *[1] * (out.dim() - 2))
+            outputs.append(out)
         last, c = outputs[-1], self.stages[-1].branches
+        if self.node_graph:  # the last stage's nodes side by side
+            return self.head(last)
         return self.head(last.reshape(last.shape[0], c, last.shape[1] // c, *last.shape[2:]).mean(dim=1).relu())
+
+    def _mixes(self, drawn: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
+        """Every stage's matrix of this pass (None: it reads the stem), each gate kind's in one call."""
+        mixes: list[torch.Tensor | None] = [None] * len(self.stages)
+        at = {i: s.gate for i, s in enumerate(self.stages) if s.gate is not None}
+        for cls in dict.fromkeys(type(g) for g in at.values()):
+            index = [i for i, g in at.items() if type(g) is cls]
+            matrices = cls.matrices([at[i] for i in index], [drawn.get(i) for i in index])
+            for i, m in zip(index, matrices, strict=True):
+                mixes[i] = m / (self.K if at[i].averaged else 1)
+        return mixes
+
+    def _reached(self, mixes: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Under one budget, which blocks a path of kept edges reaches from the stem (``[C_i]``, 1 or 0, without
+        autograd history): the others read nothing and are switched off (their outputs are 0), so that no batch
+        norm normalises a constant."""
+        reached: list[torch.Tensor] = []
+        for stage, plan, mix in zip(self.stages, self._sources, mixes, strict=True):
+            if mix is None:
+                reached.append(torch.ones(stage.branches, device=self.head.fc.weight.device))
+                continue
+            sources = torch.cat([reached[pos] if chosen is None else reached[pos][chosen] for pos, chosen in plan])
+            reached.append(((mix.detach() != 0).to(sources.dtype) @ sources > 0).to(sources.dtype))
+        return reached
 
     @torch._disable_dynamo
     def _draw(self, batch: int) -> dict[int, torch.Tensor]:
@@ -306,9 +351,10 @@ class ConnectivityNet(nn.Module):
             values, active = gate.values().cpu().tolist(), gate.active().cpu().tolist()
             order = gate.ties()
             ties = None if order is None else order.cpu().tolist()
+            candidates = g.candidates(module)
             for j, node in enumerate(g.branches(module)):
-                for k, src in enumerate(g.candidates(module)):
-                    edge = g.edges[src, node]
+                for k, src in enumerate(candidates):
+                    edge = g.succ[src][node]
                     edge.update(gate=float(values[j][k]), active=bool(active[j][k]))
                     edge.pop("tie", None) if ties is None else edge.update(tie=int(ties[j][k]))
         return g
@@ -405,7 +451,8 @@ def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Sta
             raise ConfigError(f"block kind {name!r} works on {_in_words(block_dims(BLOCKS.get(name)))}; this "
                               f"network's input is {_in_words((dims,))}" + ("; use 'vector'" if dims == 0 else ""))
     shape = {"dims": dims} if dims != 2 else {}  # images: the default of every kind
-    proj = Projection(in_ch, out_ch, stride, dims) if in_ch != out_ch or stride != 1 else None
+    nodes = bool(graph.graph.get("node_graph"))
+    proj = Projection(in_ch, out_ch, stride, dims) if (in_ch != out_ch or stride != 1) and not nodes else None
     residual, conv_init = graph.graph.get("residual_init", "one"), graph.graph.get("conv_init")
     if single:  # ResNeXt's own start, as published, whatever the starts of gated blocks say
         body = cast(Any, BLOCKS.get(d["block"])).single_stream(in_ch, out_ch, stride, c, **d["params"], **shape)
@@ -424,7 +471,7 @@ def _stage(plan: ModulePlan, graph: BranchGraph, dims: int, single: bool) -> Sta
         cast(Any, block).init_residual_scale(0.0 if residual == "zero" else math.sqrt(plan.read_by))
     if conv_init == "resnext" and _can(block, "init_conv_scale", "resnext", "branch", d["block"]):
         cast(Any, block).init_conv_scale(1.0 / math.sqrt(c))
-    return FusedModule(block, proj, gate, in_ch, out_ch, c)
+    return (NodeModule if nodes else FusedModule)(block, proj, gate, in_ch, out_ch, c)
 
 
 def _can(block: nn.Module, hook: str, init: str, fallback: str, kind: str) -> bool:

@@ -4,23 +4,65 @@ edges, rewiring keeps every degree, freezing and pruning keep the function."""
 
 import collections
 import copy
+import importlib.util
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import batch, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import Oracle
 
 import connlearn
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import TOPOLOGIES
 from connlearn.updater import param_groups
-from connlearn.wiring import edge_counts, gate_edges, rewire
+from connlearn.wiring import edge_counts, gate_edges, rewire, shuffle
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+#: A small node graph: 2 stem nodes, stages of 3 and 4 nodes, the last 2 the features, 8x8 images (2x2 nodes).
+SMALL_GRAPH = {"nodes": [3, 4], "stem_nodes": 2, "features": 2, "image_size": 8}
 
 
 def _budgeted(gate, density, topology="resnext", **options):
+    if topology == "neural-graph":
+        return connlearn.build(topology, gate=gate, density=density, seed=options.get("seed", 0), **SMALL_GRAPH)
     return connlearn.build(topology, **tiny(K=None, gate=gate, density=density, **options))
+
+
+def _masked_graph():
+    spec = importlib.util.spec_from_file_location("benchmarks_wiring", ROOT / "benchmarks" / "wiring.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MaskedGraph
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10**6), gate=st.sampled_from(["dnw", "dnw_masked", "random", "topk"]),
+       density=st.sampled_from([None, 0.05, 0.3, 1.0]), nodes=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+       stem=st.integers(1, 3), train=st.booleans())
+def test_the_compiled_node_graph_computes_dnws_masked_convolutions_and_its_oracle(seed, gate, density, nodes, stem,
+                                                                                  train):
+    budget = {"density": density} if density and gate != "topk" else {"K": 1}
+    net = connlearn.build("neural-graph", gate=gate, nodes=nodes, stem_nodes=stem, features=nodes[-1],
+                          image_size=8, seed=seed, **budget).train(train).double()
+    x, target = batch(net, 3, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64)
+    out = net(x)
+    (out * target).sum().backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    for reference in (_masked_graph()(net), Oracle(net)):
+        net.zero_grad()
+        (out_ref := reference(x, net.last_draw) if isinstance(reference, Oracle) else reference(x))
+        torch.testing.assert_close(out_ref, out)
+        (out_ref * target).sum().backward()
+        for name, p in net.named_parameters():
+            got = reference.grad_of(net, name) if isinstance(reference, Oracle) else p.grad
+            torch.testing.assert_close(got, grads[name], atol=1e-9 * max(1.0, grads[name].abs().max().item()),
+                                       rtol=1e-7)
 
 
 def _kept(net):
@@ -28,7 +70,7 @@ def _kept(net):
 
 
 @pytest.mark.parametrize("gate", ["dnw", "dnw_masked", "random"])
-@pytest.mark.parametrize("topology", ["resnext", "dense"])
+@pytest.mark.parametrize("topology", ["resnext", "dense", "neural-graph"])
 def test_exactly_the_budget_is_kept_over_the_network_in_training_and_evaluation(gate, topology):
     net = _budgeted(gate, 0.3, topology, M=6, seed=3)
     candidates = len(gate_edges(net.graph()))
@@ -117,7 +159,7 @@ def test_a_random_graphs_edges_carry_trainable_signed_weights_and_stay_fixed():
 
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10**6), density=st.sampled_from([0.1, 0.3, 0.6]),
-       topology=st.sampled_from(["resnext", "dense"]))
+       topology=st.sampled_from(["resnext", "dense", "neural-graph"]))
 def test_rewiring_keeps_every_degree_and_the_budget(seed, density, topology):
     graph = _budgeted("dnw", density, topology, M=6, C=4, seed=seed).graph()
 
@@ -134,6 +176,19 @@ def test_rewiring_keeps_every_degree_and_the_budget(seed, density, topology):
     connlearn.from_graph(rewired)  # still a network
 
 
+@pytest.mark.parametrize("topology", ["dense", "neural-graph"])
+def test_shuffling_keeps_the_count_between_every_two_modules_and_moves_edges(topology):
+    graph = _budgeted("dnw", 0.3, topology, M=6, C=4, seed=2).graph()
+
+    def between(g):
+        kept = [e for e in gate_edges(g) if g.edges[e]["active"]]
+        return collections.Counter((g.nodes[u]["module"], g.nodes[v]["module"]) for u, v in kept), set(kept)
+
+    (counts, kept), (shuffled_counts, shuffled) = between(graph), between(shuffle(graph, seed=1))
+    assert shuffled_counts == counts and shuffled != kept
+    connlearn.from_graph(shuffle(graph, seed=1))  # still a network
+
+
 def test_rewiring_moves_edges():
     graph = _budgeted("random", 0.5, M=6, C=4).graph()
     rewired = rewire(graph, seed=1)
@@ -143,9 +198,9 @@ def test_rewiring_moves_edges():
 
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10**6), gate=st.sampled_from(["dnw", "dnw_masked", "random"]),
-       density=st.sampled_from([None, 0.05, 0.2]), topology=st.sampled_from(["resnext", "dense"]))
+       density=st.sampled_from([None, 0.05, 0.2]), topology=st.sampled_from(["resnext", "dense", "neural-graph"]))
 def test_freezing_and_pruning_an_edge_weight_network_keep_its_outputs(seed, gate, density, topology):
-    if density is None and gate == "random":
+    if density is None and (gate == "random" or topology == "neural-graph"):
         density = 0.1
     net = (connlearn.build(topology, **tiny(M=6, gate=gate, seed=seed)) if density is None
            else _budgeted(gate, density, topology, M=6, seed=seed)).eval()

@@ -21,11 +21,12 @@ from connlearn.blocks.base import BranchBlock, GroupedLinear, conv, init_branch_
 from connlearn.blocks.basic import Basic
 from connlearn.blocks.bottleneck import Bottleneck, ResNeXtBottleneck
 from connlearn.blocks.looped import Looped, LoopedBlock
+from connlearn.blocks.node import Node
 from connlearn.blocks.vector import Vector
 from connlearn.errors import ConfigError
 from connlearn.registry import Registry
 
-__all__ = ["BLOCKS", "Basic", "Bottleneck", "BranchBlock", "GroupedLinear", "Looped", "LoopedBlock",
+__all__ = ["BLOCKS", "Basic", "Bottleneck", "BranchBlock", "GroupedLinear", "Looped", "LoopedBlock", "Node",
            "ResNeXtBottleneck", "Vector", "block_dims", "conv", "init_branch_convs", "norm", "takes"]
 
 
@@ -49,6 +50,7 @@ BLOCKS: Registry[Any] = Registry("block kind", "connlearn.blocks", check=_check_
 BLOCKS.register("bottleneck", Bottleneck)
 BLOCKS.register("basic", Basic)
 BLOCKS.register("vector", Vector)
+BLOCKS.register("node", Node)
 
 
 def block_dims(kind: Any) -> tuple[int, ...]:
