@@ -27,6 +27,8 @@ from connlearn.graph import BranchGraph, dead_blocks
 
 DEAD_STYLES = ("hollow", "hide")
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
+#: A graph that reads more edges is drawn as a matrix of its edges (a node graph's thousands).
+MAX_ARROWS = 2000
 _RED, _GREEN, _GREY = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999"
 KEY = "circles: the stem (top) and the head (bottom); squares: blocks, one row per module; hollow: dead (pruned)"
 
@@ -91,6 +93,8 @@ def save(graph: BranchGraph, path: str | os.PathLike, *, beside_resnext: bool = 
     files = [write_text(path.with_suffix(".dot"), dot.source)]
     if suffix == ".dot":
         return files
+    if any(len(g.used_edges()) > MAX_ARROWS for g in graphs):  # no layout engine draws this many arrows in time
+        return [*files, _draw_matrix(graph, path, title)]
     if shutil.which("dot") is not None:
         try:
             data = dot.pipe(format=suffix[1:])
@@ -112,10 +116,12 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
 def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str], float]:
     """Each used edge's gate over the largest of its row, in [0, 1] (1 for every edge when not weighted)."""
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
-    strength = {}
+    strength, tops = {}, {}
     for u, v in graph.used_edges():
         d = graph.edges[u, v]
-        top = max((float(e.get("gate", 0.0)) for *_, e in graph.gate_edges(v)), default=0.0)
+        if v not in tops:
+            tops[v] = max((float(e.get("gate", 0.0)) for *_, e in graph.gate_edges(v)), default=0.0)
+        top = tops[v]
         if weighted and d.get("kind") == "gate" and top > 0:
             strength[u, v] = min(max(float(d.get("gate", 0.0)) / top, 0.0), 1.0)
         else:
@@ -155,6 +161,37 @@ def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: 
         if u in dead_set or v in dead_set:
             attrs.update(style="dashed", color=_GREY)
         dot.edge(prefix + u, prefix + v, **attrs)
+
+
+def _draw_matrix(graph: BranchGraph, path: Path, title: str | None) -> Path:
+    """A graph of too many edges for arrows, drawn by matplotlib as the matrix of the edges its function reads:
+    a row per reading block, a column per block read, both in (module, branch) order, lines between modules;
+    edge weights in colour by sign where the graph has them."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    order = graph.block_nodes()
+    index = {n: i for i, n in enumerate(order)}
+    signed = bool(graph.graph.get("edge_weights"))
+    image = np.full((len(order), len(order)), np.nan)
+    for u, v in graph.used_edges():
+        if u in index and v in index:
+            image[index[v], index[u]] = float(graph.edges[u, v].get("gate", 1.0)) if signed else 1.0
+    top = float(np.nanmax(np.abs(image))) if np.isfinite(image).any() else 1.0
+    fig = Figure(figsize=(7.5, 7.0), layout="constrained")
+    ax = fig.subplots()
+    shown = ax.imshow(image, cmap="coolwarm" if signed else "Greys", vmin=-top if signed else 0, vmax=top,
+                      interpolation="nearest")
+    starts = [index[graph.branches(m)[0]] - 0.5 for m in graph.modules()[1:]]
+    for at in starts:
+        ax.axhline(at, color="0.6", lw=0.4)
+        ax.axvline(at, color="0.6", lw=0.4)
+    ax.set_xlabel("block read (module by module, from the stem's)")
+    ax.set_ylabel("block reading it")
+    ax.set_title(_legend(graph, title), fontsize=8)
+    if signed:
+        fig.colorbar(shown, ax=ax, shrink=0.6, label="edge weight")
+    return write_atomic(path, lambda f: fig.savefig(f, format=path.suffix[1:], dpi=150))
 
 
 def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | None, dead: str,

@@ -1,4 +1,5 @@
-"""Wiring on the graph: edge weights under one budget, and rewiring that keeps every degree.
+"""Wiring on the graph: edge weights under one budget, rewiring that keeps every degree, and shuffling that
+keeps the count between every two modules.
 
 A graph of edge weights (attribute ``edge_weights``) compiles its gate kind through ``weighting()`` (see
 :mod:`connlearn.gates`): its gate values are signed weights on the kept (``active``) edges. ``density``, where
@@ -81,6 +82,26 @@ def spend(graph: BranchGraph) -> BranchGraph:
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
     return graph
+
+
+def shuffle(graph: BranchGraph, seed: int = 0) -> BranchGraph:
+    """A copy of ``graph`` whose kept gate edges are drawn anew, uniformly, within each (source module, target
+    module) pair: as many edges between every two modules (stages of a node graph) as before, any of them. Each
+    kept edge keeps its gate value, moved with it in a random order."""
+    g = graph.copy()
+    rng = random.Random(seed)
+    pairs: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for u, v in gate_edges(g):
+        pairs.setdefault((g.nodes[u]["module"], g.nodes[v]["module"]), []).append((u, v))
+    for edges in pairs.values():
+        kept = [e for e in edges if g.edges[e].get("active")]
+        values = [g.edges[e].get("gate") for e in kept]
+        rng.shuffle(values)
+        for e in edges:
+            g.edges[e]["active"] = False
+        for e, value in zip(rng.sample(edges, len(kept)), values, strict=True):
+            g.edges[e].update(active=True, gate=value)
+    return g
 
 
 def rewire(graph: BranchGraph, seed: int = 0, swaps: int | None = None) -> BranchGraph:

@@ -183,6 +183,12 @@ _OPTIONS = [
     Option("seed", 0, PER_RUN, "the weights, gates, data order and augmentation", at_least(0, MAX_SEED), flag=INT),
     Option("out", None, PER_RUN, "the run's folder; the same command again resumes there (default runs/DATASET)",
            text, resumable=True),
+    Option("topology", None, ARCHITECTURE, "resnext (default) or neural-graph (one-channel nodes in stages, DNW's "
+           "static graph: docs/wiring.md)", choices=("resnext", "neural-graph")),
+    Option("nodes", None, ARCHITECTURE, "neural-graph: the nodes of each stage after the stem's (default 192 192 192 "
+           "192)", sizes(1, 4096), flag={"type": int, "nargs": "+", "metavar": "N"}),
+    Option("features", None, ARCHITECTURE, "neural-graph: the last nodes, which the head reads (default 100)",
+           at_least(1, 4096), flag=INT),
     Option("preset", None, ARCHITECTURE, "architecture {D,w,C} (default: the dataset's, e.g. cifar-29-8-8)",
            choices=tuple(PRESETS)),
     Option("gate", None, ARCHITECTURE, "topk (GateConnect, default), real, random (Fixed-Random), full (ResNeXt), "
@@ -225,6 +231,12 @@ _OPTIONS = [
            "to the top-K)", within(*TEMPERATURES), flag=FLOAT),
     Option("gate_temperature_end", None, GATE_TRAINING, "anneal the temperature geometrically over phase 1 to this "
            "value", within(*TEMPERATURES), flag=FLOAT),
+    Option("schedule", None, SHARED, "the recipe: the dataset's (the paper's four phases, the connectivity frozen "
+           "after the first) or dnw (three phases at lr 0.1, 0.01, 0.001 over 1/2, 1/4, 1/4 of the epochs, weight "
+           "decay 1e-4, nothing frozen: Discovering Neural Wirings')", choices=("dnw",)),
+    Option("rewire", None, TRAINING, "with connectivity: train it rewired, keeping the count of edges between every "
+           "two stages (stages) or every node's in- and out-degree (degrees), from the run's seed",
+           choices=("stages", "degrees")),
     Option("lr", None, TRAINING, "the weights' learning rate in phase 1, the later phases' scaled with it (default: "
            "the recipe's, 0.1)", finite_above(0.0), flag=FLOAT),
     Option("loader", "auto", TRAINING, "auto: batches made on the device; dataloader: torch's DataLoader (--workers)",
@@ -316,6 +328,8 @@ class RunConfig:
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
+        if self.rewire is not None and self.connectivity is None:
+            raise ConfigError(f"rewire {self.rewire} rewires a given connectivity: give connectivity too")
         if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
                 self.gate is not None and not GATES.get(self.gate).learnable)):
             raise ConfigError("gate_holdout gives learned gates held-out batches: it needs a gate kind that learns "
@@ -352,7 +366,7 @@ class RunConfig:
     def recipe(self) -> Recipe:
         """The protocol's recipe scaled to ``epochs`` (or split as ``phases``), with this run's batch size, weight
         learning rate (its phases scaled alike) and gate settings."""
-        paper = get_recipe(PROTOCOLS[self.dataset].recipe)
+        paper = get_recipe(self.schedule or PROTOCOLS[self.dataset].recipe)
         recipe = (paper.with_phase_epochs(self.phases) if self.phases
                   else paper.scaled(self.epochs or paper.total_epochs))
         if self.epochs is not None and recipe.total_epochs != self.epochs:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import connlearn
-from connlearn import plots, render
+from connlearn import plots, render, wiring
 from connlearn.blocks import BLOCKS
 from connlearn.errors import ConfigError, DataError
 from connlearn.files import path_of, read_text, remove_leftovers, write_text
@@ -34,7 +34,7 @@ from connlearn.graph import (
     random_overlap,
 )
 from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
-from connlearn.topologies import PRESETS, resnext
+from connlearn.topologies import PRESETS, neural_graph, resnext
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
 from connlearn.train.data import (
     NUM_CLASSES,
@@ -138,12 +138,14 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     """The graph of ``config``'s network for data of ``shape`` (``num_classes``, ``in_channels``,
     ``image_size`` or ``input_size``; default the protocol's), refused in one line where it is too large to build
     (:data:`MAX_GATE_EDGES`, :data:`MAX_PARAMETERS`)."""
+    if config.topology == "neural-graph":
+        return _neural_graph(config, **shape)
     preset = config.preset or PROTOCOLS[config.dataset].presets[0]
     C, M = config.C or PRESETS[preset]["C"], config.M or (PRESETS[preset]["depth"] - 2) // 3
     if (M - 1) * C * C > MAX_GATE_EDGES:
         raise ConfigError(f"M={M} modules of C={C} branches make {(M - 1) * C * C:,} gate edges; a run builds up to "
                           f"{MAX_GATE_EDGES:,}: give fewer modules or branches")
-    options = {k: getattr(config, k) for k in names(ARCHITECTURE) if k not in ("preset", "gate", "connectivity")}
+    options = {k: getattr(config, k) for k in names(ARCHITECTURE) if k not in NOT_RESNEXT}
     graph = resnext(preset=preset, gate=config.gate or "topk", seed=config.seed, gate_init=config.gate_init,
                     **{k: v for k, v in options.items() if v is not None}, **shape)
     count = block_parameters(graph)
@@ -151,6 +153,27 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
         raise ConfigError(f"{network_words(config, graph)} would hold {count:,} parameters in its blocks; a run builds "
                           f"up to {MAX_PARAMETERS:,}: give a smaller width, C, M or channels")
     return graph
+
+
+#: The architecture options resnext() does not take.
+NOT_RESNEXT = ("preset", "gate", "connectivity", "topology", "nodes", "features")
+#: The architecture options neural_graph() takes.
+NEURAL_GRAPH = ("K", "density", "nodes", "features")
+
+
+def _neural_graph(config: RunConfig, **shape: Any) -> BranchGraph:
+    """The node graph of ``config`` (topology ``neural-graph``), refused where it has too many edges."""
+    given = {k: getattr(config, k) for k in NEURAL_GRAPH if getattr(config, k) is not None}
+    stages = [32, *given.get("nodes", (192,) * 4)]
+    edges = sum(n * sum(stages[:i]) for i, n in enumerate(stages))
+    if edges > MAX_GATE_EDGES:
+        raise ConfigError(f"nodes {stages[1:]} make about {edges:,} candidate edges; a run builds up to "
+                          f"{MAX_GATE_EDGES:,}: give fewer nodes")
+    other = [k for k in names(ARCHITECTURE) if k not in (*NEURAL_GRAPH, "topology", "gate", "connectivity")
+             and getattr(config, k) is not None]
+    if other:
+        raise ConfigError(f"topology neural-graph takes gate, {', '.join(NEURAL_GRAPH)}; not {', '.join(other)}")
+    return neural_graph(gate=config.gate or "dnw", seed=config.seed, gate_init=config.gate_init, **given, **shape)
 
 
 def block_parameters(graph: BranchGraph) -> int:
@@ -178,6 +201,13 @@ def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNe
     if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
         graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
         graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
+    if config.rewire is not None:
+        graph = (wiring.shuffle if config.rewire == "stages" else wiring.rewire)(graph, seed=config.seed)
+    if graph.graph.get("edge_weights"):  # from scratch: new edge weights too, drawn as dnw draws them
+        edges = wiring.gate_edges(graph)
+        fresh = 2 * torch.rand(len(edges), generator=torch.Generator().manual_seed(config.seed)) - 1
+        for e, value in zip(edges, fresh.tolist(), strict=True):
+            graph.edges[e]["gate"] = value
     net = connlearn.from_graph(graph, seed=config.seed).freeze()
     if isinstance(train, ArrayDataset):
         fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
@@ -193,6 +223,8 @@ def network_words(config: RunConfig, graph: BranchGraph) -> str:
     """The network in words: ``cifar-29-8-8 {D=29, w=8, C=8}``, the preset named only where the network is
     the preset's (``{D=11, w=2, C=4}`` where options changed it; the file's name for a connectivity)."""
     shape = graph.graph["options"]
+    if graph.graph.get("node_graph"):
+        return f"neural-graph {{nodes {shape['stem_nodes']}+{'+'.join(map(str, shape['nodes']))}}}"
     words = f"{{D={shape['depth']}, w={shape['width']}, C={shape['C']}}}"
     changed = any(getattr(config, k) is not None for k in ("C", "M", "width", "base_channels", "stem_channels",
                                                              "kernels"))
@@ -202,7 +234,7 @@ def network_words(config: RunConfig, graph: BranchGraph) -> str:
 
 def schedule_words(config: RunConfig) -> str:
     """The schedule in words: ``320 epochs (120/100/50/50)``, and the phases that too few epochs leave out."""
-    recipe, paper = config.recipe(), get_recipe(PROTOCOLS[config.dataset].recipe)
+    recipe, paper = config.recipe(), get_recipe(config.schedule or PROTOCOLS[config.dataset].recipe)
     epochs = f"{recipe.total_epochs} epoch{'s' * (recipe.total_epochs > 1)}"
     words = f"{epochs} ({'/'.join(str(p.epochs) for p in recipe.phases)})"
     left = len(paper.phases) - len(recipe.phases)
@@ -342,7 +374,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
                                                   "gate_at_1", "connectivity_changed")} for r in history],
                "run": config.to_dict(), "data": trainer.meta["data"], "environment": environment()}
     pictures = render.save(graph, out / "connectivity.svg")
-    if not render.pruned(graph):  # a run of a pruned connectivity has no ResNeXt to draw beside it
+    if not render.pruned(graph) and not graph.graph.get("node_graph"):  # else there is no ResNeXt to draw beside it
         pictures += render.save(graph, out / "resnext_vs_learned.png", beside_resnext=True)
     pictures += plots.plot_run(graph, out, net.K, log=history, snapshots=out / "gates.jsonl",
                                eval_set="validation" if config.val_split else "test")

@@ -146,6 +146,8 @@ RECIPES = {
     "cifar": _paper("cifar", (120, 100, 50, 50), batch_size=128, weight_decay=5e-4),
     "miniimagenet": _paper("miniimagenet", (120, 100, 50, 50), batch_size=256, weight_decay=5e-4),
     "imagenet": _paper("imagenet", (30, 30, 30, 30), batch_size=256, weight_decay=1e-4),
+    # Discovering Neural Wirings' small-scale schedule (160 epochs, lr steps at 80 and 120), nothing frozen
+    "dnw": Recipe("dnw", [Phase(80, 0.1), Phase(40, 0.01), Phase(40, 0.001)], batch_size=128, weight_decay=1e-4),
 }
 
 

@@ -1,0 +1,113 @@
+"""Node graphs: the compiled network against Discovering Neural Wirings' own formulation, written plainly.
+
+DNW computes a static graph with every node's state in one tensor: stage by stage, the stage's nodes run their
+operation, and one masked dense 1x1 convolution adds their outputs onto every later node's state.
+:class:`MaskedGraph` is that formulation, reading the compiled network's own weights, stages and masks (the
+tests hold it to the network's outputs and gradients). ``main`` times a training step of both (forward,
+backward, SGD step, median of ``--repeats`` after ``--warmup``) and each one's peak memory, in one run:
+
+    python benchmarks/wiring.py                       # DNW's static graph, 5% of the edges, batch 128
+    python benchmarks/wiring.py --gates dnw random --density 0.05 0.2 --json wiring.json
+
+Target: compiled / plain <= 1.15 (forward + backward). Results go in BENCHMARKS.md with the device, date,
+command and number of runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import platform
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import connlearn
+
+
+def _speed() -> Any:  # benchmarks/speed.py, by path (benchmarks/ is no package)
+    spec = importlib.util.spec_from_file_location("speed", Path(__file__).resolve().parent / "speed.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+class MaskedGraph(nn.Module):
+    """DNW's static graph from a compiled node graph ``net`` of one-channel nodes (its stem, node operations,
+    gates and head, shared, not copied): ``[B, nodes, H, W]`` states; stage by stage, ``y = op(states of the
+    stage)`` and ``states[later] += conv1x1(y, W[later, stage])``, W the dense matrix of the kept edges' weights.
+    Under one budget a node no path of kept edges reaches from the stem is switched off, as in the network."""
+
+    def __init__(self, net: connlearn.ConnectivityNet) -> None:
+        super().__init__()
+        self.net = net
+        sizes = [s.branches for s in net.stages]
+        self.bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense matrix of the forward pass (rows: nodes reading, columns: nodes read) and which nodes a
+        path of kept edges reaches from the stem."""
+        n, b = self.bounds[-1], self.bounds
+        first = self.net.stages[-1].block.conv.weight
+        w = first.new_zeros(n, n)
+        for i, stage in enumerate(self.net.stages):
+            if stage.gate is not None:
+                w = w.index_put((torch.arange(b[i], b[i + 1]).view(-1, 1), torch.arange(b[i]).view(1, -1)),
+                                stage.gate.matrix())
+        reached = first.new_zeros(n).index_fill_(0, torch.arange(b[1]), 1.0)
+        for i in range(1, len(self.net.stages)):
+            hit = (w[b[i]:b[i + 1]].detach() != 0).to(reached.dtype) @ reached > 0
+            reached = reached.index_put((torch.arange(b[i], b[i + 1]),), hit.to(reached.dtype))
+        return w, reached if self.net.budgeted else torch.ones_like(reached)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, reached, b = *self.weights(), self.bounds
+        h = self.net.stem(x)
+        states = torch.cat([h, h.new_zeros(h.shape[0], b[-1] - h.shape[1], *h.shape[2:])], dim=1)
+        for i, stage in enumerate(self.net.stages):
+            y = stage.block(states[:, b[i]:b[i + 1]]) * reached[b[i]:b[i + 1]].view(1, -1, 1, 1)
+            if i + 1 < len(self.net.stages):
+                later = F.conv2d(y, w[b[i + 1]:, b[i]:b[i + 1], None, None])
+                states = torch.cat([states[:, :b[i + 1]], states[:, b[i + 1]:] + later], dim=1)
+        return self.net.head(y)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gates", nargs="+", default=["dnw", "random"])
+    parser.add_argument("--density", nargs="+", type=float, default=[0.05])
+    parser.add_argument("--nodes", nargs="+", type=int, default=[192, 192, 192, 192])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    speed, device = _speed(), torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)")
+    results = {}
+    for gate, density in ((g, d) for g in args.gates for d in args.density):
+        net = connlearn.build("neural-graph", gate=gate, density=density, nodes=args.nodes)
+        row = {"compiled": speed.measure(net, args, memory=True),
+               "plain": speed.measure(MaskedGraph(copy.deepcopy(net)), args, memory=True)}
+        row["ratio"] = {"step": row["compiled"]["step_s"] / row["plain"]["step_s"]}
+        results[f"{gate} {density:g}"] = row
+        print(f"{gate} at {density:g}: compiled {row['compiled']['step_s'] * 1e3:.0f} ms, "
+              f"{row['compiled']['peak_mb']:.0f} MB; plain masked 1x1 {row['plain']['step_s'] * 1e3:.0f} ms, "
+              f"{row['plain']['peak_mb']:.0f} MB; compiled / plain {row['ratio']['step']:.2f}x", flush=True)
+    out = {"device": name, "date": date.today().isoformat(), "torch": torch.__version__, "batch": args.batch,
+           "nodes": args.nodes, "results": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
