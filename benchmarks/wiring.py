@@ -4,10 +4,12 @@ DNW computes a static graph with every node's state in one tensor: stage by stag
 operation, and one masked dense 1x1 convolution adds their outputs onto every later node's state.
 :class:`MaskedGraph` is that formulation, reading the compiled network's own weights, stages and masks (the
 tests hold it to the network's outputs and gradients). ``main`` times a training step of both (forward,
-backward, SGD step, median of ``--repeats`` after ``--warmup``) and each one's peak memory, in one run:
+backward, SGD step, median of ``--repeats`` after ``--warmup``, in ``--rounds`` alternating rounds; the ratio is the
+median of the rounds') and each one's peak memory, in one run:
 
     python benchmarks/wiring.py                       # DNW's static graph, 5% of the edges, batch 128
     python benchmarks/wiring.py --gates dnw random --density 0.05 0.2 --json wiring.json
+    python benchmarks/wiring.py --masks runs/wiring_masks   # the sigma_conn study's 8 random graphs
 
 Target: compiled / plain <= 1.15 (forward + backward). Results go in BENCHMARKS.md with the device, date,
 command and number of runs.
@@ -20,6 +22,7 @@ import copy
 import importlib.util
 import json
 import platform
+import statistics
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -87,17 +90,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3, help="each measured this many times, alternately")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--masks", metavar="DIR", help="instead, write 8 random graphs at --density's first (seeds "
+                        "1000 to 1007) to DIR/maskI.json: the connectivities of the study's sigma_conn")
     args = parser.parse_args(argv)
+    if args.masks:
+        Path(args.masks).mkdir(parents=True, exist_ok=True)
+        for i in range(8):
+            net = connlearn.build("neural-graph", gate="random", density=args.density[0], nodes=args.nodes,
+                                  seed=1000 + i)
+            Path(args.masks, f"mask{i}.json").write_text(net.graph().to_json())
+        return {}
     speed, device = _speed(), torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)")
     results = {}
     for gate, density in ((g, d) for g in args.gates for d in args.density):
         net = connlearn.build("neural-graph", gate=gate, density=density, nodes=args.nodes)
-        row = {"compiled": speed.measure(net, args, memory=True),
-               "plain": speed.measure(MaskedGraph(copy.deepcopy(net)), args, memory=True)}
-        row["ratio"] = {"step": row["compiled"]["step_s"] / row["plain"]["step_s"]}
+        plain = MaskedGraph(copy.deepcopy(net))
+        rounds = [(speed.measure(net, args, memory=r == 0), speed.measure(plain, args, memory=r == 0))
+                  for r in range(args.rounds)]  # alternately: a load that comes and goes falls on both
+        row = {"compiled": rounds[0][0], "plain": rounds[0][1]}
+        for key, at in (("compiled", 0), ("plain", 1)):
+            row[key]["step_s"] = statistics.median(r[at]["step_s"] for r in rounds)
+        row["ratio"] = {"step": statistics.median(c["step_s"] / p["step_s"] for c, p in rounds)}
         results[f"{gate} {density:g}"] = row
         print(f"{gate} at {density:g}: compiled {row['compiled']['step_s'] * 1e3:.0f} ms, "
               f"{row['compiled']['peak_mb']:.0f} MB; plain masked 1x1 {row['plain']['step_s'] * 1e3:.0f} ms, "

@@ -183,6 +183,9 @@ class BranchGraph(nx.DiGraph):
             raise GraphError(f"gate kind {self.gate_kind!r} has no form with edge weights (edge_weights, density)")
         if "density" in self.graph and not (self.graph.get("edge_weights") and 0 < self.graph["density"] <= 1):
             raise GraphError(f"graph density {self.graph['density']!r}: a share in (0, 1] of a graph of edge_weights")
+        if "density" in self.graph and not any(d.get("kind") == "gate" for *_, d in self.edges(data=True)):
+            raise GraphError(f"density {self.graph['density']} keeps a share of the candidate gate edges, and this "
+                             f"graph ({self.graph.get('topology', 'of its own')}) has none: leave density out")
         for key, known in (("residual_init", RESIDUAL_INITS), ("conv_init", CONV_INITS)):
             check_choice(f"graph {key}", self.graph.get(key, known[0]), known, GraphError)
         places: set[tuple[int, int]] = set()
@@ -323,9 +326,12 @@ def live_blocks(graph: BranchGraph) -> set[str]:
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
     """Blocks that are not live: what the pruner removes (none where no block is live: such a network computes
-    a constant, and stays as it is)."""
+    a constant, and stays as it is). A node graph's head reads each of its last nodes as one feature: they stay."""
     live = live_blocks(graph)
-    return set(graph.block_nodes()) - live if live else set()
+    if not live:
+        return set()
+    kept = set(graph.branches(graph.modules()[-1])) if graph.graph.get("node_graph") else set()
+    return set(graph.block_nodes()) - live - kept
 
 
 def active_branches(graph: BranchGraph) -> dict[int, int]:

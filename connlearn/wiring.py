@@ -1,5 +1,5 @@
-"""Wiring on the graph: edge weights under one budget, rewiring that keeps every degree, and shuffling that
-keeps the count between every two modules.
+"""Wiring on the graph: edge weights under one budget, rewiring that keeps every degree, shuffling that keeps
+the count between every two modules, and RandWire's random graph generators.
 
 A graph of edge weights (attribute ``edge_weights``) compiles its gate kind through ``weighting()`` (see
 :mod:`connlearn.gates`): its gate values are signed weights on the kept (``active``) edges. ``density``, where
@@ -12,9 +12,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import networkx as nx
 import torch
 
-from connlearn.errors import ConfigError, GraphError, check_float
+from connlearn.errors import ConfigError, GraphError, check_choice, check_float
 from connlearn.gates import GATES, FrozenGate, Gate
 from connlearn.graph import BranchGraph
 
@@ -82,6 +83,43 @@ def spend(graph: BranchGraph) -> BranchGraph:
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
     return graph
+
+
+#: RandWire's generators (Xie et al. 2019), from networkx, by name, with its defaults: ``m`` the undirected edges
+#: asked for and ``n`` the nodes.
+GENERATORS = {
+    "er": lambda n, m, rng: nx.gnm_random_graph(n, m, seed=rng),
+    "ba": lambda n, m, rng: nx.barabasi_albert_graph(n, min(n - 1, max(1, round(m / n))), seed=rng),
+    "ws": lambda n, m, rng: nx.watts_strogatz_graph(n, min(n - 1, max(2, 2 * round(m / n))), 0.75, seed=rng),
+}
+
+
+def generated(graph: BranchGraph, generator: str, seed: int = 0) -> BranchGraph:
+    """A copy of ``graph`` whose kept gate edges are a RandWire graph (``er``: Erdős–Rényi, ``ba``:
+    Barabási–Albert, ``ws``: Watts–Strogatz with p 0.75) on its blocks, as many as it keeps now: the generator
+    draws an undirected graph on the blocks in a random order, each edge points from the earlier module to the
+    later, and edges within a module (no candidates) are dropped; then random drawn edges go, or random candidate
+    edges come, until the count is the graph's. Gate values stay as they are."""
+    make = GENERATORS[check_choice("generator", generator, GENERATORS)]
+    g, rng = graph.copy(), random.Random(seed)
+    edges, blocks = gate_edges(g), g.block_nodes()
+    budget_now = sum(bool(g.edges[e].get("active")) for e in edges)
+    pairs = len(blocks) * (len(blocks) - 1) // 2
+    ask = min(pairs, round(budget_now * pairs / max(1, len(edges))))  # within-module pairs are dropped
+    order = rng.sample(blocks, len(blocks))
+    drawn = set()
+    for a, b in make(len(blocks), ask, rng).edges():
+        u, v = sorted((order[a], order[b]), key=lambda n: g.nodes[n]["module"])
+        if g.has_edge(u, v) and g.edges[u, v].get("kind") == "gate":
+            drawn.add((u, v))
+    kept = rng.sample(sorted(drawn), min(len(drawn), budget_now))
+    rest = sorted(set(edges) - drawn)
+    kept += rng.sample(rest, budget_now - len(kept))
+    for e in edges:
+        g.edges[e]["active"] = False
+    for e in kept:
+        g.edges[e]["active"] = True
+    return g
 
 
 def shuffle(graph: BranchGraph, seed: int = 0) -> BranchGraph:

@@ -37,6 +37,15 @@ def _graph(**changes):
     return graph
 
 
+def _no_candidates():
+    """A graph under one budget (dnw, density) whose only module reads the stem: no candidate gate edges."""
+    g = connlearn.build(**tiny(gate="dnw", K=None, density=0.5)).graph()
+    g.remove_nodes_from([n for n in g.block_nodes() if g.nodes[n]["module"] > 1])
+    g.add_edges_from(((n, "output") for n in g.branches(1)), kind="fixed", active=True)
+    g.nodes["output"]["in_channels"] = g.nodes["m1.b1"]["out_channels"]
+    return g
+
+
 def _looped():
     connlearn.register_block("looped", connlearn.Looped(lambda i, o, s, width: torch.nn.Conv2d(i, o, 3, s, 1)))
     return "looped"
@@ -264,6 +273,12 @@ CASES = [
     (lambda _: connlearn.build(gate="random", density=0), ConfigError, ["density must be in (0, 1]", "got 0"]),
     (lambda _: connlearn.build(gate="topk", density=0.1), ConfigError,
      ["gate 'topk' cannot spend one budget", "dnw, dnw_masked, random"]),
+    (lambda _: connlearn.from_graph(_no_candidates()), GraphError, ["density 0.5", "has none", "leave density out"]),
+    (lambda _: connlearn.build("neural-graph", nodes=[4, 4], features=5), ConfigError,
+     ["features must be 1 to the last stage's nodes, 4", "got 5"]),
+    (lambda _: RunConfig(rewire="stages"), ConfigError, ["rewire stages", "give connectivity"]),
+    (lambda _: RunConfig(topology="neural-graph", C=4), ConfigError, ["neural-graph takes", "nodes", "not C"]),
+    (lambda _: RunConfig(nodes=[8, 8]), ConfigError, ["topology resnext takes", "not nodes"]),
     (lambda _: connlearn.build(gate="topk", gate_options={"tau": 0.5}), ConfigError,
      ["unknown gate option 'tau'", "known: (none)"]),
     (lambda _: connlearn.build(gate="gumbel", gate_options={"taus": 0.5}), ConfigError, ["'taus'", "'tau'"]),

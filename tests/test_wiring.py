@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from oracle import Oracle
 
 import connlearn
+from connlearn.export import export
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import TOPOLOGIES
 from connlearn.updater import param_groups
-from connlearn.wiring import edge_counts, gate_edges, rewire, shuffle
+from connlearn.wiring import edge_counts, gate_edges, generated, rewire, shuffle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,6 +190,18 @@ def test_shuffling_keeps_the_count_between_every_two_modules_and_moves_edges(top
     connlearn.from_graph(shuffle(graph, seed=1))  # still a network
 
 
+@pytest.mark.parametrize("generator", ["er", "ba", "ws"])
+def test_randwire_generators_keep_the_node_count_and_the_edge_budget(generator):
+    graph = connlearn.build("neural-graph", gate="random", density=0.2, nodes=[6, 6, 6], stem_nodes=4,
+                            features=3, image_size=8).graph()
+    made = generated(graph, generator, seed=3)
+    assert edge_counts(made) == edge_counts(graph) and made.block_nodes() == graph.block_nodes()
+    kept = [e for e in gate_edges(made) if made.edges[e]["active"]]
+    again = generated(graph, generator, seed=3)
+    assert set(made.edges) == set(graph.edges) and kept == [e for e in gate_edges(again) if again.edges[e]["active"]]
+    connlearn.from_graph(made)
+
+
 def test_rewiring_moves_edges():
     graph = _budgeted("random", 0.5, M=6, C=4).graph()
     rewired = rewire(graph, seed=1)
@@ -216,6 +229,16 @@ def test_freezing_and_pruning_an_edge_weight_network_keep_its_outputs(seed, gate
     torch.testing.assert_close(loaded.eval()(x), before, atol=1e-5, rtol=1e-5)
     if not net.fixed_connectivity:  # an optimizer holding the weights goes on training them
         assert [g.weight for _, g in net.freeze().gates()] == weights
+
+
+def test_a_pruned_node_graph_keeps_its_features_and_exports_to_what_it_computes(tmp_path):
+    net = connlearn.build("neural-graph", gate="dnw", nodes=[6, 6], stem_nodes=4, features=3, density=0.2,
+                          image_size=16).eval()
+    pruned, report = prune_dead_blocks(net, freeze=True)
+    assert report.blocks_after < report.blocks_before and len(pruned.graph().branches(4)) == 3
+    x = batch(net, 2)
+    export(pruned, tmp_path / "net.pt")
+    torch.testing.assert_close(torch.jit.load(tmp_path / "net.pt")(x), net(x))
 
 
 @pytest.mark.parametrize("options", [{"gate": "topk"}, {"gate": "full", "K": 4}, {"gate": "dnw"},

@@ -33,6 +33,11 @@ from connlearn.train.recipe import GATE_OPTIMIZERS, TEMPERATURES, Recipe, get_re
 from connlearn.train.trainer import AMP_MODES, COMPILE_MODES
 from connlearn.updater import GRAD_MODES
 
+#: The architecture options of every topology, and of each topology of its own.
+COMMON = ("topology", "gate", "K", "density", "connectivity")
+NEURAL_GRAPH = ("nodes", "features")
+RESNEXT = ("preset", "C", "M", "width", "base_channels", "stem_channels", "kernels", "uninformative", "residual_init",
+           "conv_init")
 ARCHITECTURE, GATE_TRAINING, SHARED, PER_RUN, TRAINING, MACHINE = (
     "architecture", "gates", "shared", "per run", "training", "machine")
 
@@ -328,6 +333,11 @@ class RunConfig:
         if self.connectivity is not None and fixed:
             raise ConfigError(f"connectivity {self.connectivity} fixes the architecture and connectivity: leave out "
                               f"{', '.join(fixed)}")
+        own = NEURAL_GRAPH if self.topology == "neural-graph" else RESNEXT
+        other = [k for k in names(ARCHITECTURE) if getattr(self, k) is not None and k not in (*COMMON, *own)]
+        if other:
+            raise ConfigError(f"topology {self.topology or 'resnext'} takes {', '.join((*COMMON[1:], *own))}; not "
+                              f"{', '.join(other)}")
         if self.rewire is not None and self.connectivity is None:
             raise ConfigError(f"rewire {self.rewire} rewires a given connectivity: give connectivity too")
         if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (

@@ -47,7 +47,7 @@ from connlearn.train.data import (
 )
 from connlearn.train.folders import folder_loaders, load_imagenet
 from connlearn.train.loaders import make_loaders
-from connlearn.train.options import ARCHITECTURE, OPTIONS, PROTOCOLS, RunConfig, names, recorded
+from connlearn.train.options import ARCHITECTURE, NEURAL_GRAPH, OPTIONS, PROTOCOLS, RunConfig, names, recorded
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import Trainer
@@ -156,23 +156,17 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
 
 
 #: The architecture options resnext() does not take.
-NOT_RESNEXT = ("preset", "gate", "connectivity", "topology", "nodes", "features")
-#: The architecture options neural_graph() takes.
-NEURAL_GRAPH = ("K", "density", "nodes", "features")
+NOT_RESNEXT = ("preset", "gate", "connectivity", "topology", *NEURAL_GRAPH)
 
 
 def _neural_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     """The node graph of ``config`` (topology ``neural-graph``), refused where it has too many edges."""
-    given = {k: getattr(config, k) for k in NEURAL_GRAPH if getattr(config, k) is not None}
+    given = {k: getattr(config, k) for k in ("K", "density", *NEURAL_GRAPH) if getattr(config, k) is not None}
     stages = [32, *given.get("nodes", (192,) * 4)]
     edges = sum(n * sum(stages[:i]) for i, n in enumerate(stages))
     if edges > MAX_GATE_EDGES:
         raise ConfigError(f"nodes {stages[1:]} make about {edges:,} candidate edges; a run builds up to "
                           f"{MAX_GATE_EDGES:,}: give fewer nodes")
-    other = [k for k in names(ARCHITECTURE) if k not in (*NEURAL_GRAPH, "topology", "gate", "connectivity")
-             and getattr(config, k) is not None]
-    if other:
-        raise ConfigError(f"topology neural-graph takes gate, {', '.join(NEURAL_GRAPH)}; not {', '.join(other)}")
     return neural_graph(gate=config.gate or "dnw", seed=config.seed, gate_init=config.gate_init, **given, **shape)
 
 
