@@ -52,7 +52,8 @@ def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int, relu: b
     parts = [t.reshape(b, t.shape[1] // ch, ch * math.prod(spatial)) for t in inputs]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     if mix.dim() == 2:  # one GEMM over the batch: [C, N] @ [N, B·ch·S]
-        x = (mix.to(y.dtype) @ y.transpose(0, 1).reshape(n, -1)).reshape(c, b, -1).transpose(0, 1)
+        k = y.shape[2]
+        x = (mix.to(y.dtype) @ y.transpose(0, 1).reshape(n, b * k)).reshape(c, b, k).transpose(0, 1)
     else:
         x = torch.bmm(mix.to(y.dtype), y)
     return (x.relu() if relu else x).reshape(b, c * ch, *spatial)
