@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ from connlearn.graph import CONV_INITS, RESIDUAL_INITS
 from connlearn.topologies import PRESETS
 from connlearn.train.loaders import MAX_SEED
 from connlearn.train.recipe import GATE_OPTIMIZERS, TEMPERATURES, Recipe, get_recipe
-from connlearn.train.trainer import AMP_MODES, COMPILE_MODES
 from connlearn.updater import GRAD_MODES
 
+AMP_MODES = ("auto", "bf16", "fp16", "none")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ARCHITECTURE, GATE_TRAINING, SHARED, PER_RUN, TRAINING, MACHINE = (
     "architecture", "gates", "shared", "per run", "training", "machine")
 
@@ -96,9 +98,9 @@ def sizes(low: int, high: int) -> Callable[[str, Any], tuple[int, ...]]:
 
 
 def text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
+    if not isinstance(value, str | os.PathLike):
         raise ConfigError(f"{name} must be a path or a name (a string), got {value!r}")
-    return value
+    return os.fspath(value)
 
 
 def switch(name: str, value: Any) -> bool:
@@ -238,6 +240,8 @@ _OPTIONS = [
     Option("compile", False, MACHINE, "torch.compile the network, in MODE: " + ", ".join(COMPILE_MODES) + " (on a "
            "GPU: reduce-overhead)", compile_mode,
            flag={"nargs": "?", "const": "default", "metavar": "MODE"}, resumable=True),
+    Option("channels_last", False, MACHINE, "train in channels-last memory format", switch, flag=BOOL,
+           resumable=True),
     Option("activation_checkpointing", False, MACHINE, "recompute each module's activations in the backward pass "
            "(less memory, more time)", switch, flag=BOOL, resumable=True),
     Option("workers", None, MACHINE, "DataLoader processes (with --loader dataloader)", at_least(0), flag=INT,

@@ -294,11 +294,8 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     _say(f"connlearn: {network_words(config, graph)} gate={net.gate_kind} K={net.K} on {source}: {len(train)} train "
          f"/ {len(test)} eval {noun(train)}, {schedule_words(config)}; {world} process(es) on {device}")
     facts = data_facts(train, test)
-    trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=config.amp,
-                      compile=config.compile,
-                      snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=gate_loader,
-                      tensorboard=config.tensorboard, progress=config.progress,
+    here = RunConfig(**{**config.to_dict(), "device": str(device)})  # this process's GPU under torchrun
+    trainer = Trainer(net, train_loader, test_loader, recipe, here, gate_loader=gate_loader,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
     left = None if time_limit is None else time_limit - (time.perf_counter() - started)

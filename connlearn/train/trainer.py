@@ -20,7 +20,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
-from connlearn.errors import CheckpointError, DivergenceError, check_choice, check_int
+from connlearn.errors import CheckpointError, DivergenceError
 from connlearn.files import path_of
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import architecture, make_checkpoint, net_from_checkpoint
@@ -45,14 +45,11 @@ from connlearn.train.metrics import (
     sum_over_ranks,
 )
 from connlearn.train.optimizers import Optimizers
+from connlearn.train.options import RunConfig
 from connlearn.train.ranks import on_every_rank
 from connlearn.train.recipe import Recipe
 from connlearn.train.run_folder import RunFolder
 from connlearn.train.signals import StopRequests
-
-AMP_MODES = ("auto", "bf16", "fp16", "none")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 
 
 def _finite(net: ConnectivityNet) -> bool:
@@ -115,18 +112,16 @@ def _show(bar: Any, totals: torch.Tensor, shown: float, last: bool) -> float:
 
 
 class Execution:
-    """How a network trains: on ``device`` (default CUDA where there is one), under autocast to ``amp``
-    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), in channels-last memory format or not,
-    ``torch.compile``-d or not (True or a mode of :data:`COMPILE_MODES`), in DDP under torch.distributed."""
+    """How a network trains, as ``config`` says: on its device (default CUDA where there is one), under autocast
+    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), channels-last or not,
+    ``torch.compile``-d or not, in DDP under torch.distributed."""
 
-    def __init__(self, device: str | torch.device | None, amp: str, channels_last: bool, compile: bool | str) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    def __init__(self, config: RunConfig) -> None:
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
-                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[check_choice("amp mode", amp,
-                                                                                                 AMP_MODES)]
-        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
-                                                                     else compile, COMPILE_MODES)
-        self.channels_last = channels_last
+                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[config.amp]
+        self.compile = "default" if config.compile is True else config.compile
+        self.channels_last = config.channels_last
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
 
@@ -142,9 +137,6 @@ class Execution:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         return torch.compile(model, mode=self.compile) if self.compile else model
 
-    def grad_scaler(self) -> torch.amp.GradScaler:
-        return torch.amp.GradScaler(self.device.type, enabled=self.amp is torch.float16)
-
     def autocast(self) -> Any:
         return autocast(self.device, self.amp)
 
@@ -156,40 +148,28 @@ class Execution:
 
 
 class Trainer:
-    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``out_dir`` (see the module docstring).
+    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``config.out`` (see the module
+    docstring). ``config``'s machine options say how (``device``, ``amp``, ``compile``, ``channels_last``,
+    ``tensorboard``, ``progress``), and ``snapshot_every``, ``checkpoint_every``, ``eval_every`` and
+    ``recalibrate_bn`` when (``connlearn train --help`` says each); its other options are the protocol's.
 
     Args:
         net: the network; a resume replaces it by the checkpoint's. train_loader, test_loader: ``len()`` and
             ``epoch(e, start=0)`` giving ``(images, labels)`` on the device (``test_loader`` may be None).
-        device: default CUDA where there is one. amp: ``auto`` (bf16 on CUDA, off on the CPU), ``bf16``,
-            ``fp16`` (with a GradScaler) or ``none``. channels_last: train in channels-last memory format.
-        compile: ``torch.compile`` the network (True, or a mode of :data:`COMPILE_MODES`: on a GPU
-            ``reduce-overhead``); recompiled once, when the connectivity freezes.
-        snapshot_every: steps between gate snapshots (0: none). checkpoint_every: steps between checkpoints
-            within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
-            recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
-            training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
-            tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
         gate_loader: held-out batches for the gates' own steps (see :mod:`connlearn.train.optimizers`).
-        progress: progress bars (a line per epoch is printed either way). meta: JSON-able facts kept in the
-            checkpoints. resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
+        meta: JSON-able facts kept in the checkpoints. resume_check: called with the checkpoint a resume is
+            about to load; it raises to refuse it.
     """
 
-    def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
-                 out_dir: str | os.PathLike, device: str | torch.device | None = None, amp: str = "auto",
-                 channels_last: bool = False, compile: bool | str = False, snapshot_every: int = 100,
-                 checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
-                 progress: bool = True, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
-                 resume_check: Any = None) -> None:
-        self.execution = Execution(device, amp, channels_last, compile)
+    def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe,
+                 config: RunConfig, *, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
+                 resume_check: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config, self.execution = config, Execution(config)
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.gate_loader, self.device = gate_loader, self.execution.device
-        self.folder = RunFolder(out_dir, self.device)
+        self.folder = RunFolder(config.output, self.device)
         self.out_dir, self.is_main = self.folder.path, self.folder.is_main
-        self.snapshot_every, self.checkpoint_every = snapshot_every, checkpoint_every
-        self.eval_every = check_int("eval_every", eval_every, 1)
-        self.recalibrate_bn = check_int("recalibrate_bn", recalibrate_bn, 0)
-        self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
+        self.meta, self.resume_check = meta or {}, resume_check
         self.history: list[dict[str, Any]] = []
         self.epoch = self.step = 0
         self.best_top1: float | None = None
@@ -200,7 +180,8 @@ class Trainer:
 
     def _set_net(self, net: ConnectivityNet) -> None:
         self.net = self.execution.place(net)
-        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, self.execution.grad_scaler())
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.execution.amp is torch.float16)
+        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, scaler)
         self._last_connectivity = self.net.connectivity()
         self.model = self.execution.wrap(self.net)
 
@@ -239,14 +220,14 @@ class Trainer:
                                   "to go on from: make a new Trainer (and network)")
 
     def _start(self) -> None:
-        if self.tensorboard:
+        if self.config.tensorboard:
             self.folder.open_board(self.epoch)
         if self.step:
             return
         if self.recipe.gate_rule == "renormalized":
             self.optimizers.updater.renormalize()  # Algorithm 1 normalises before the first forward pass
         self.folder.restart_snapshots()
-        if self.snapshot_every:
+        if self.config.snapshot_every:
             first = self.recipe.phases[0]
             if self.net.stochastic and not first.frozen:
                 self.net.sample_temperature = first.temperature_at(0.0)
@@ -284,7 +265,7 @@ class Trainer:
         n, start = len(self.train_loader), 0 if within is None else within["batch"]
         sampled = self.net.stochastic and not phase.frozen
         totals, draws, rng, elapsed = _epoch_so_far(within, self.device, self.is_main)
-        bar = tqdm(total=n, initial=start, disable=not (self.progress and self.is_main), leave=False,
+        bar = tqdm(total=n, initial=start, disable=not (self.config.progress and self.is_main), leave=False,
                    desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {index + 1})", dynamic_ncols=True)
         t0, shown = time.perf_counter() - elapsed, -math.inf
         with bar:
@@ -293,11 +274,11 @@ class Trainer:
                 if sampled:
                     self.net.sample_temperature = self.optimizers.temperature_at(epoch, i, n)
                 totals += self._step(x, y, draws if sampled else None)
-                if self.snapshot_every and self.step % self.snapshot_every == 0:
+                if self.config.snapshot_every and self.step % self.config.snapshot_every == 0:
                     self.folder.snapshot(self.net, self.step, epoch + (i + 1) / n, tie_order=False)
                 if i + 1 < n:
                     signum = stop.signal(self.step)
-                    if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
+                    if signum or (self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0):
                         self._save_within(epoch, i + 1, totals, draws, rng, time.perf_counter() - t0)
                     self._stop_if(signum)
                 shown = _show(bar, totals, shown, i == n - 1)
@@ -348,20 +329,21 @@ class Trainer:
         """The eval numbers after ``epoch`` where it is one to evaluate (with the batch norms recalibrated first
         after the last), else none."""
         last = epoch + 1 == self.recipe.total_epochs
-        if self.test_loader is None or not ((epoch + 1) % self.eval_every == 0 or last):
+        if self.test_loader is None or not ((epoch + 1) % self.config.eval_every == 0 or last):
             return {}
         t0 = time.perf_counter()
         record: dict[str, Any] = self.execution.evaluate(self.model, self.test_loader)
-        if last and self.recalibrate_bn:
+        if last and self.config.recalibrate_bn:
             record["test_top1_before_recalibration"] = record["test_top1"]
-            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.execution.amp)
+            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.config.recalibrate_bn,
+                                   self.execution.amp)
             record.update(self.execution.evaluate(self.model, self.test_loader))
         return {**record, "eval_time": time.perf_counter() - t0}
 
     def _freeze(self, epoch: int) -> None:
         """Fix the connectivity to each block's top-K and stop updating gates; the gates it reads are
         snapshotted first (unless this step's regular snapshot holds them)."""
-        if self.snapshot_every and self.net.gate_parameters() and self.folder.snapshot_step != self.step:
+        if self.config.snapshot_every and self.net.gate_parameters() and self.folder.snapshot_step != self.step:
             self.folder.snapshot(self.net, self.step, float(epoch), tie_order=True)
         self._frozen_from = self.net.gate_kind
         self.net.freeze()
