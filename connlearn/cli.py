@@ -242,11 +242,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         ArrayDataset,
         load_dataset,
         load_packed,
+        load_ucr,
         pack,
         pack_arrays,
         read_image_folder,
     )
-    from connlearn.train.ucr import load_ucr
 
     train: Any
     test: Any

@@ -19,8 +19,7 @@ from connlearn.train.data import (
     read_image_folder,
     synthetic,
 )
-from connlearn.train.folders import FolderLoader
-from connlearn.train.loaders import BatchLoader, DataLoaderPath, make_loaders
+from connlearn.train.loaders import BatchLoader, DataLoaderPath, FolderLoader, make_loaders
 
 
 @pytest.mark.parametrize("channels", [3, 1, 4, 2])
@@ -213,7 +212,7 @@ def test_arrays_and_image_arrays_pack_and_load_back_the_same_values(tmp_path):
 
 def test_a_ucr_set_loads_as_the_archive_splits_it():
     pytest.importorskip("aeon")
-    from connlearn.train.ucr import load_ucr, ucr_sets
+    from connlearn.train.data import load_ucr, ucr_sets
 
     assert {"GunPoint", "ItalyPowerDemand", "ArrowHead", "JapaneseVowels"} <= set(ucr_sets())
     train, test = load_ucr("GunPoint")

@@ -45,8 +45,7 @@ from connlearn.train.data import (
     load_packed,
     synthetic,
 )
-from connlearn.train.folders import folder_loaders, load_imagenet
-from connlearn.train.loaders import make_loaders
+from connlearn.train.loaders import folder_loaders, load_imagenet, make_loaders
 from connlearn.train.options import ARCHITECTURE, OPTIONS, PROTOCOLS, RunConfig, names, recorded
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS

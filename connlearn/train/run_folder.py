@@ -25,8 +25,7 @@ from connlearn.errors import CheckpointError, ConfigError
 from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import folder_lock, load_checkpoint, save_checkpoint
-from connlearn.train.metrics import distributed, gate_snapshot
-from connlearn.train.ranks import on_every_rank, over_ranks
+from connlearn.train.metrics import distributed, gate_snapshot, on_every_rank, over_ranks
 from connlearn.train.signals import TrainingStopped
 
 WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
