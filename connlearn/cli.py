@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int
-from connlearn.files import check_target, path_of, read_text
+from connlearn.files import check_target, path_of
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
@@ -38,29 +38,14 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
 
 def config_from(args: argparse.Namespace, dataset: str | None = None, only_given: bool = False) -> Any:
     """The RunConfig of parsed flags, on top of ``--config`` (``only_given``: just the options they set)."""
-    from connlearn.train.options import OPTIONS, RunConfig
+    from connlearn.train.options import OPTIONS, RunConfig, check_names, read_options, relative_to
 
-    options: dict[str, Any] = _read_config(path_of(args.config)) if args.config else {}
+    path = path_of(args.config or ".")
+    options = relative_to(path.parent, check_names(f"{path}: ", read_options(path, "config"))) if args.config else {}
     options.update({k: v for k, v in vars(args).items() if k in OPTIONS and v is not None})
     if dataset:
         options["dataset"] = dataset
     return options if only_given else RunConfig(**options)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    """The options of a JSON or TOML file; a relative ``data`` path from its folder."""
-    import tomllib
-
-    from connlearn.train.options import check_names, relative_to
-
-    text = read_text(path, "config", ConfigError)
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"cannot read the config {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold one object of options, e.g. {{\"epochs\": 30}}")
-    return relative_to(path.parent, check_names(f"{path}: ", data))
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -73,9 +58,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from connlearn.train import compare
-    from connlearn.train.options import finite_above
+    from connlearn.train.options import number
 
-    margin = finite_above(0.0)("--margin", args.margin)
+    margin = number(0.0, above=True)("--margin", args.margin)
     if args.report:
         if args.arms or args.arm:
             raise ConfigError("--report reads finished runs: give it the folders, without --arms or --arm")
@@ -88,7 +73,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         study = _study(args)
         if args.print_commands:
             study.record()
-            compare.print_commands(study)
+            print("\n".join(shlex.join(study.command(arm, seed)) for arm, seed in study.runs()))
             return 0
         failed = compare.run_study(study, check_int("--parallel", args.parallel, 1),
                                    check_int("--threads", args.threads, 1), args.rerun_changed)

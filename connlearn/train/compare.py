@@ -18,11 +18,12 @@ seeds detect with power 0.8 at the seen spread.
 from __future__ import annotations
 
 import ctypes
+import functools
+import itertools
 import json
 import math
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from connlearn.train.options import (
     RunConfig,
     check_names,
     names,
+    read_options,
     recorded,
     relative_to,
 )
@@ -84,13 +86,8 @@ def check_name(name: str) -> str:
 def read_study(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str | None]:
     """``(common, arms, baseline)`` of a TOML file: top-level train options for every arm, ``baseline = NAME``,
     and a table per arm under ``[arms.NAME]``; a relative ``data`` path from its folder."""
-    import tomllib
-
     path = path_of(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the arms file {path}: {exc}") from None
+    data = read_options(path, "arms file")
     arms = data.pop("arms", None)
     if not isinstance(arms, dict) or not arms or not all(isinstance(v, dict) for v in arms.values()):
         raise ConfigError(f"{path} needs a table per arm, e.g. [arms.random] gate = \"random\"")
@@ -206,19 +203,6 @@ def flags(options: dict[str, Any]) -> list[str]:
     return argv
 
 
-def print_commands(study: Study) -> None:
-    for arm, seed in study.runs():
-        print(shlex.join(study.command(arm, seed)))
-
-
-def visible_gpus() -> list[str]:
-    """The CUDA devices this process sees, by the ids a child's ``CUDA_VISIBLE_DEVICES`` takes."""
-    import torch
-
-    count, visible = torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
-    return visible.split(",")[:count] if visible else [str(i) for i in range(count)]
-
-
 def changed_runs(study: Study) -> dict[str, str]:
     """The finished runs whose recorded settings differ from the study's, each with how they differ."""
     changed = {}
@@ -232,14 +216,6 @@ def changed_runs(study: Study) -> dict[str, str]:
     return changed
 
 
-def set_aside(folder: Path) -> Path:
-    """Rename a run's folder ``NAME.replaced-N`` (the first N free), out of the study's way."""
-    n = 1
-    while folder.with_name(f"{folder.name}.replaced-{n}").exists():
-        n += 1
-    return folder.rename(folder.with_name(f"{folder.name}.replaced-{n}"))
-
-
 def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_changed: bool = False) -> list[str]:
     """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each), each on the
     least busy GPU where there are several and the run sets no ``device``; returns the names of the runs that
@@ -251,9 +227,11 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_ch
         listed = "; ".join(f"{name} ({how})" for name, how in changed.items())
         raise ConfigError(f"finished runs trained with other settings than this command's: {listed}: give another "
                           "--out, or --rerun-changed to train them again (their folders kept as NAME.replaced-N)")
-    for name in changed:
-        print(f"compare: {name} was trained with other settings: kept as {set_aside(study.out / name).name}, "
-              "trained again", flush=True)
+    for name in changed:  # set aside as NAME.replaced-N, the first N free
+        n = next(n for n in itertools.count(1) if not (study.out / f"{name}.replaced-{n}").exists())
+        (study.out / name).rename(study.out / f"{name}.replaced-{n}")
+        print(f"compare: {name} was trained with other settings: kept as {name}.replaced-{n}, trained again",
+              flush=True)
     study.record()
     runs = study.runs()
     queue = [r for r in runs if not (study.folder(*r) / "summary.json").exists()]
@@ -269,12 +247,6 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_ch
         for s, handler in earlier.items():
             signal.signal(s, handler)
         _stop_runs(running)
-
-
-def _end_with_compare() -> None:
-    """In a run's process before it starts (Linux): a SIGTERM (a checkpoint, then the end) when compare's process
-    ends, however it ends, so that no run goes on holding its folder's lock."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -302,7 +274,12 @@ def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, An
                threads: int | None) -> list[str]:
     runs, done = study.runs(), len(study.runs()) - len(queue)
     env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
-    gpus = visible_gpus()
+    import torch
+
+    count, visible = torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",")[:count] if visible else [str(i) for i in range(count)]  # as a child's env names them
+    # PR_SET_PDEATHSIG (Linux): a SIGTERM (a checkpoint, then the end) to each run when compare ends, however it ends
+    tied = functools.partial(ctypes.CDLL(None).prctl, 1, signal.SIGTERM) if sys.platform == "linux" else None
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
 
@@ -326,7 +303,7 @@ def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, An
                 gpus, key=lambda g: sum(r[3] == g for r in running.values()))
             proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT, process_group=0,
                                     env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu},
-                                    preexec_fn=_end_with_compare if sys.platform == "linux" else None)
+                                    preexec_fn=tied)
             running[folder.name] = (proc, log, time.perf_counter(), gpu)
             print(f"compare: {folder.name} started (pid {proc.pid}; its output in {folder / 'output.log'})",
                   flush=True)

@@ -16,6 +16,7 @@ The groups:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ import attrs
 import torch
 
 from connlearn.errors import ConfigError, check_choice, check_float, check_int, closest, number_or_text
+from connlearn.files import read_text
 from connlearn.gates import GATES
 from connlearn.graph import CONV_INITS, RESIDUAL_INITS
 from connlearn.topologies import PRESETS
@@ -66,26 +68,16 @@ def at_least(low: int, high: int | None = None) -> Callable[[str, Any], Any]:
     return lambda name, value: check_int(name, value, low, high)
 
 
-def finite_above(low: float, inclusive: bool = False) -> Callable[[str, Any], float]:
-    """A finite number above ``low`` (or from it, ``inclusive``)."""
+def number(low: float, high: float = math.inf, above: bool = False) -> Callable[[str, Any], float]:
+    """A finite number in [low, high], or (low, high] ``above`` low."""
     def check(name: str, value: Any) -> float:
         value = check_float(name, value)
-        if not math.isfinite(value) or value < low or (value == low and not inclusive):
-            raise ConfigError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value}")
-        return value
+        if math.isfinite(value) and low <= value <= high and not (above and value == low):
+            return value
+        allowed = (f"a finite number {'>' if above else '>='} {low:g}" if high == math.inf
+                   else f"in {'(' if above else '['}{low:g}, {high:g}]")
+        raise ConfigError(f"{name} must be {allowed}, got {value}")
     return check
-
-
-def within(low: float, high: float) -> Callable[[str, Any], float]:
-    return lambda name, value: check_float(name, value, low, high)
-
-
-def share(name: str, value: Any) -> float:
-    """A share in (0, 1]."""
-    value = check_float(name, value)
-    if not 0 < value <= 1:
-        raise ConfigError(f"{name} must be in (0, 1], got {value}")
-    return value
 
 
 def sizes(low: int, high: int) -> Callable[[str, Any], tuple[int, ...]]:
@@ -191,7 +183,7 @@ _OPTIONS = [
            "or another registered kind (docs/estimators.md)", gate_kind),
     Option("K", None, ARCHITECTURE, "inputs per block (default C/2; C for full)", at_least(1, 256), flag=INT),
     Option("density", None, ARCHITECTURE, "one budget of edges over the network instead of K: the share of all "
-           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", share, flag=FLOAT),
+           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", number(0.0, 1.0, above=True), flag=FLOAT),
     Option("C", None, ARCHITECTURE, "branches per module (default: the preset's)", at_least(1, 256), flag=INT),
     Option("M", None, ARCHITECTURE, "modules, a multiple of 3 (default: the preset's)", at_least(1, 300), flag=INT),
     Option("width", None, ARCHITECTURE, "a branch's bottleneck width in the first stage", at_least(1, 4096),
@@ -210,12 +202,12 @@ _OPTIONS = [
     Option("connectivity", None, ARCHITECTURE, "train this checkpoint's (or graph JSON's) connectivity from scratch, "
            "with new weights", text),
     Option("gate_lr", None, GATE_TRAINING, "the gates' learning rate in phase 1 (default: the recipe's, 0.2; 0 "
-           "keeps them where they start)", finite_above(0.0, inclusive=True), flag=FLOAT),
+           "keeps them where they start)", number(0.0), flag=FLOAT),
     Option("gate_optimizer", "sgd", GATE_TRAINING, "sgd (the paper's: the gates in the weights' SGD at --gate-lr) or "
            "adam (the gates alone in Adam at --gate-lr, e.g. 0.01)", choices=GATE_OPTIMIZERS),
     Option("gate_rule", "plain", GATE_TRAINING, "how the gates learn (plain: the paper's)", choices=GRAD_MODES),
     Option("gate_momentum", None, GATE_TRAINING, "the gates' momentum (default: the weights'; 0: Algorithm 1's plain "
-           "step)", within(0.0, 1.0), flag=FLOAT),
+           "step)", number(0.0, 1.0), flag=FLOAT),
     Option("gate_init", 0.5, GATE_TRAINING, "initial real gates: a value in [0, 1] or 'uniform'", gate_init,
            flag={"type": number_or_text}),
     Option("gate_warmup", 0, GATE_TRAINING, "epochs at the start of phase 1 in which the gates do not learn (the "
@@ -224,11 +216,11 @@ _OPTIONS = [
            "for the gates: each weight step is followed by a gate step on a held-out batch (first-order bilevel)",
            at_least(1), flag=INT),
     Option("gate_temperature", 1.0, GATE_TRAINING, "sampling temperature of phase 1 (1: the paper's; below 1: closer "
-           "to the top-K)", within(*TEMPERATURES), flag=FLOAT),
+           "to the top-K)", number(*TEMPERATURES), flag=FLOAT),
     Option("gate_temperature_end", None, GATE_TRAINING, "anneal the temperature geometrically over phase 1 to this "
-           "value", within(*TEMPERATURES), flag=FLOAT),
+           "value", number(*TEMPERATURES), flag=FLOAT),
     Option("lr", None, TRAINING, "the weights' learning rate in phase 1, the later phases' scaled with it (default: "
-           "the recipe's, 0.1)", finite_above(0.0), flag=FLOAT),
+           "the recipe's, 0.1)", number(0.0, above=True), flag=FLOAT),
     Option("loader", "auto", TRAINING, "auto: batches made on the device; dataloader: torch's DataLoader (--workers)",
            choices=("auto", "dataloader")),
     Option("recalibrate_bn", 0, TRAINING, "before the last evaluation, recompute the batch-norm statistics of the "
@@ -279,6 +271,20 @@ def relative_to(folder: Path, options: dict[str, Any]) -> dict[str, Any]:
     paths = [o.name for o in _OPTIONS if o.path]
     return {k: str(folder / v) if k in paths and isinstance(v, str) and not Path(v).expanduser().is_absolute()
             else v for k, v in options.items()}
+
+
+def read_options(path: Path, what: str) -> dict[str, Any]:
+    """The top-level table of a JSON or TOML file (by its suffix)."""
+    import tomllib
+
+    text = read_text(path, what, ConfigError)
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the {what} {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold one object of options, e.g. {{\"epochs\": 30}}")
+    return data
 
 
 def check_names(where: str, options: dict[str, Any], allowed: Iterable[str] = OPTIONS) -> dict[str, Any]:
