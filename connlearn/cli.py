@@ -36,15 +36,13 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
                             **option.flag)
 
 
-def config_from(args: argparse.Namespace, dataset: str | None = None, only_given: bool = False) -> Any:
+def config_from(args: argparse.Namespace, only_given: bool = False) -> Any:
     """The RunConfig of parsed flags, on top of ``--config`` (``only_given``: just the options they set)."""
     from connlearn.train.options import OPTIONS, RunConfig, check_names, read_options, relative_to
 
     path = path_of(args.config or ".")
     options = relative_to(path.parent, check_names(f"{path}: ", read_options(path, "config"))) if args.config else {}
     options.update({k: v for k, v in vars(args).items() if k in OPTIONS and v is not None})
-    if dataset:
-        options["dataset"] = dataset
     return options if only_given else RunConfig(**options)
 
 
@@ -355,15 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def train_script(dataset: str, description: str | None, argv: Sequence[str] | None = None) -> int:
     """The scripts of ``examples/``: the ``train`` flags, the dataset fixed."""
-    from connlearn.train.protocol import run
-
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser, skip=("dataset",))
-    def train(args: argparse.Namespace) -> int:
-        run(config_from(args, dataset))
-        return 0
-
-    return guarded(train, parser.parse_args(argv))
+    parser.set_defaults(dataset=dataset)
+    return guarded(cmd_train, parser.parse_args(argv))
 
 
 def guarded(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:

@@ -41,7 +41,6 @@ from connlearn.files import memory_available, open_input, path_of, write_atomic
 DATA_ENV = "CONNLEARN_DATA"
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100, "imagenet": 1000}
 PACK_MINIIMAGENET = "connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz"
-ENCODINGS = ("png", "jpeg")
 ENCODED_CHANNELS = {"png": (1, 2, 3, 4), "jpeg": (1, 3)}  #: the channel counts each encoding stores
 KEPT_MODES = ("L", "LA", "RGB", "RGBA")  #: decoded as they are (1, 2, 3 or 4 channels); others as RGB
 CACHE = Path("~/.cache/connlearn")
@@ -65,6 +64,9 @@ class ClassBalanced:
 
     labels: np.ndarray
     class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
 
     @property
     def num_classes(self) -> int:
@@ -101,16 +103,13 @@ class ImageDataset(ClassBalanced):
 
     images: np.ndarray = attrs.field(converter=np.ascontiguousarray)
     labels: np.ndarray = attrs.field(converter=whole_labels)
-    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
 
     def __attrs_post_init__(self) -> None:
         if self.images.dtype != np.uint8 or self.images.ndim != 4 or not len(self.images):
             raise DataError(f"images must be uint8 [N, H, W, C] with N >= 1, got {self.images.dtype} "
                             f"{list(self.images.shape)}")
         _check_labels(self.labels, len(self.images), self.num_classes)
-
-    def __len__(self) -> int:
-        return len(self.images)
 
     def __repr__(self) -> str:
         n, h, w, c = self.images.shape
@@ -135,7 +134,7 @@ class ArrayDataset(ClassBalanced):
 
     x: np.ndarray = attrs.field(converter=lambda v: np.ascontiguousarray(v, dtype=np.float32))
     labels: np.ndarray = attrs.field(converter=whole_labels)
-    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
 
     def __attrs_post_init__(self) -> None:
         if self.x.ndim not in (2, 3) or not len(self.x):
@@ -145,9 +144,6 @@ class ArrayDataset(ClassBalanced):
             first = np.argwhere(~np.isfinite(self.x))[0]
             raise DataError(f"arrays must be finite; x{first.tolist()} is {self.x[tuple(first)]}")
         _check_labels(self.labels, len(self.x), self.num_classes)
-
-    def __len__(self) -> int:
-        return len(self.x)
 
     def __repr__(self) -> str:
         return f"ArrayDataset({len(self)} of {'x'.join(map(str, self.x.shape[1:]))}, {self.num_classes} classes)"
@@ -180,9 +176,6 @@ class ImageFiles(ClassBalanced):
     paths: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
     labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
     class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def _take(self, keep: np.ndarray) -> ImageFiles:
         return ImageFiles([p for p, k in zip(self.paths, keep, strict=True) if k], self.labels[keep], self.class_names)
@@ -433,8 +426,10 @@ def read_image_folder(folder: str | os.PathLike, size: int | None = None, classe
         channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
     channels = check_choice("channels", channels, (1, 3))
     shape = (size, size) if size else headers[0][1][::-1]
-    need = 3 * len(headers) * shape[0] * shape[1] * channels  # the images, their encodings and their join
-    check_memory(need, f"{len(headers)} images of {shape[0]}x{shape[1]}x{channels}")
+    need, free = 3 * len(headers) * shape[0] * shape[1] * channels, memory_available()  # images, encodings, join
+    if free is not None and need > free:
+        raise DataError(f"{len(headers)} images of {shape[0]}x{shape[1]}x{channels} need about {need / 2**30:.1f} GiB "
+                        f"of memory; {free / 2**30:.1f} GiB are available (pack fewer or smaller images: --size)")
 
     def read(path: str) -> np.ndarray:
         try:
@@ -491,19 +486,10 @@ def _header(path: str) -> tuple[str, tuple[int, int]]:
         raise DataError(f"{path} is not a readable image ({exc})") from None
 
 
-def check_memory(need: int, what: str) -> None:
-    """A DataError where ``need`` bytes exceed the memory available now (``MemAvailable``; unchecked where the
-    system does not say)."""
-    free = memory_available()
-    if free is not None and need > free:
-        raise DataError(f"{what} need about {need / 2**30:.1f} GiB of memory; {free / 2**30:.1f} GiB are available "
-                        "(pack fewer or smaller images: --size)")
-
-
 def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
     """Write ``train`` and ``test`` (ImageDatasets or torchvision datasets) as a packed ``.npz`` file;
     ``png`` is lossless (1 to 4 channels), ``jpeg`` smaller (1 or 3). Returns its path."""
-    check_choice("image format", format, ENCODINGS)
+    check_choice("image format", format, ENCODED_CHANNELS)
     train = as_image_dataset(train)
     test = as_image_dataset(test, train.class_names)
     if train.channels not in ENCODED_CHANNELS[format]:
@@ -570,12 +556,6 @@ def data_folders(data: str | os.PathLike | None = None) -> list[Path]:
     return [*([path_of(env)] if env else []), Path("data"), Path("../shared/data"), path_of(CACHE)]
 
 
-def where_to_put(name: str, data: str | os.PathLike | None = None) -> str:
-    """Where a packed ``name`` is looked for and how to make one, in a sentence."""
-    return (f"Put {name}.npz (or {name}_jpeg.npz) in one of {', '.join(map(str, data_folders(data)))} (or set "
-            f"{DATA_ENV} to its folder); make it where there is internet with: connlearn pack {name} -o {name}.npz")
-
-
 def find_packed(name: str, data: str | os.PathLike | None = None) -> Path | None:
     """The packed file of dataset ``name``: ``data`` itself where it is a file, else ``{name}_jpeg.npz`` or
     ``{name}.npz`` in the first of :func:`data_folders` that holds one."""
@@ -624,7 +604,9 @@ def load_dataset(name: str, data: str | os.PathLike | None = None,
         default = ": cifar100 is the default dataset, --dataset names another" if name == "cifar100" else ""
         failed = " ".join(str(exc).split())[:200]
         raise DataError(f"no {name} data found{default} ({looked}; the download failed: {failed}). "
-                        f"{where_to_put(name, data)}; or pass --data FILE_OR_FOLDER") from None
+                        f"Put {name}.npz (or {name}_jpeg.npz) in one of {', '.join(map(str, folders))} (or set "
+                        f"{DATA_ENV} to its folder); make it where there is internet with: connlearn pack {name} -o "
+                        f"{name}.npz; or pass --data FILE_OR_FOLDER") from None
     return as_image_dataset(splits[0]), as_image_dataset(splits[1])
 
 
