@@ -76,10 +76,10 @@ class ShardedBatches:
         return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
     def _from_workers(self, samples: torch.utils.data.Dataset, epoch: int,
-                      order: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``samples[(epoch, i)]`` for ``i`` in ``order``, read by ``self.num_workers`` workers."""
+                      keys: list[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``samples[key]`` for ``key`` in ``keys``, read by ``self.num_workers`` workers."""
         loader = torch.utils.data.DataLoader(
-            samples, batch_size=self.batch_size, sampler=[(epoch, i) for i in order], drop_last=self.drop_last,
+            samples, batch_size=self.batch_size, sampler=keys, drop_last=self.drop_last,
             num_workers=self.num_workers, pin_memory=self.pin_memory, worker_init_fn=worker_init(),
             generator=epoch_generator(self.seed, epoch))  # not the global RNG
         return ((self._finish(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True))
@@ -105,8 +105,7 @@ class _Augmented(ShardedBatches):
         """This rank's samples, crop corners ``[n, 2]`` (row, column, in the padded image) and flips of
         ``epoch``, drawn for the whole dataset, so that every rank sees the same draws."""
         generator = epoch_generator(self.seed, epoch)
-        order = torch.randperm(self.count, generator=generator) if self.shuffle else torch.arange(self.count)
-        height, width = self.dataset.image_size
+        order, (height, width) = self.order(epoch, generator), self.dataset.image_size
         if self.train:
             tops = torch.randint(0, height + 2 * self.pad - self.crop + 1, (self.count,), generator=generator)
             lefts = torch.randint(0, width + 2 * self.pad - self.crop + 1, (self.count,), generator=generator)
@@ -115,7 +114,7 @@ class _Augmented(ShardedBatches):
             corners = torch.tensor([(height - self.crop) // 2, (width - self.crop) // 2]).expand(self.count, 2)
             flips = torch.zeros(self.count, dtype=torch.bool)
         at = self._positions()
-        return order[at], corners[at].contiguous(), flips[at]
+        return order, corners[at].contiguous(), flips[at]
 
 
 class BatchLoader(_Augmented):
@@ -151,35 +150,25 @@ class BatchLoader(_Augmented):
 
 
 class _Samples(torch.utils.data.Dataset):
-    """Samples keyed by ``(epoch, index)``, their crop and flip drawn from ``(seed, epoch, index)``."""
+    """Samples keyed by ``(index, top, left, flip)``: a crop and flip of :meth:`_Augmented.plan`."""
 
     def __init__(self, loader: DataLoaderPath) -> None:
         self.images, self.labels, self.mean = loader.dataset.images, loader.dataset.labels, loader.mean.contiguous()
-        self.train, self.pad, self.crop, self.seed = loader.train, loader.pad, loader.crop, loader.seed
+        self.pad, self.crop = loader.pad, loader.crop
 
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        epoch, index = key
-        height, width = self.images.shape[1:3]
+    def __getitem__(self, key: tuple[int, int, int, bool]) -> tuple[torch.Tensor, int]:
+        index, top, left, flip = key
         x = torch.from_numpy(self.images[index]).permute(2, 0, 1).to(torch.float32).div_(255.0).sub_(self.mean)
-        if self.train:
-            rng = np.random.default_rng([self.seed, epoch, index])
-            top = int(rng.integers(0, height + 2 * self.pad - self.crop + 1))
-            left = int(rng.integers(0, width + 2 * self.pad - self.crop + 1))
-            x = F.pad(x, (self.pad,) * 4)[:, top:top + self.crop, left:left + self.crop]
-            x = x.flip(2) if rng.random() < 0.5 else x
-        else:
-            top, left = (height - self.crop) // 2, (width - self.crop) // 2
-            x = x[:, top:top + self.crop, left:left + self.crop]
-        return x.contiguous(), int(self.labels[index])
+        x = F.pad(x, (self.pad,) * 4)[:, top:top + self.crop, left:left + self.crop]
+        return (x.flip(2) if flip else x).contiguous(), int(self.labels[index])
 
 
 class DataLoaderPath(_Augmented):
     """torch's ``DataLoader``, augmenting per sample in ``num_workers`` workers: :class:`BatchLoader`'s
-    arguments, order and kind of augmentation (other draws: from ``(seed, epoch, index)``, so the batches do
-    not depend on the workers), plus ``num_workers`` and ``pin_memory``."""
+    arguments and batches, plus ``num_workers`` and ``pin_memory``."""
 
     def __init__(self, dataset: ImageDataset, batch_size: int, *, train: bool, num_workers: int = 2,
                  pin_memory: bool = False, **options: Any) -> None:
@@ -187,7 +176,9 @@ class DataLoaderPath(_Augmented):
         self.num_workers, self.pin_memory = num_workers, pin_memory
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._from_workers(_Samples(self), epoch, self.plan(epoch)[0][start * self.batch_size:].tolist())
+        order, corners, flips = self.plan(epoch)
+        keys = list(zip(order.tolist(), *corners.T.tolist(), flips.tolist(), strict=True))
+        return self._from_workers(_Samples(self), epoch, keys[start * self.batch_size:])
 
 
 class ArrayLoader(ShardedBatches):
@@ -346,7 +337,8 @@ class FolderLoader(ShardedBatches):
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._from_workers(_FolderSamples(self), epoch, self.order(epoch)[start * self.batch_size:].tolist())
+        keys = [(epoch, i) for i in self.order(epoch)[start * self.batch_size:].tolist()]
+        return self._from_workers(_FolderSamples(self), epoch, keys)
 
 
 def folder_loaders(train: ImageFiles, test: ImageFiles, batch_size: int, *, device: str | torch.device, seed: int = 0,
