@@ -116,17 +116,10 @@ def _study(args: argparse.Namespace) -> Any:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from connlearn.prune import prune_dead_blocks
-    from connlearn.train.checkpoint import load_checkpoint, make_checkpoint, net_from_checkpoint, save_checkpoint
+    from connlearn.train.checkpoint import load_checkpoint, save_pruned
 
     output = check_target(args.output or path_of(args.checkpoint).with_suffix(".pruned.pt"), args.checkpoint)
-    ckpt = load_checkpoint(args.checkpoint)
-    pruned, report = prune_dead_blocks(net_from_checkpoint(ckpt), freeze=True)
-    meta = {**ckpt.get("meta", {}), "prune": str(report), "params_train": ckpt.get("meta", {}).get(
-        "params_train", report.params_before), "top1": _top1(ckpt)}
-    save_checkpoint(make_checkpoint(pruned, meta=meta, **{k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}),
-                    output)
-    print(f"{report}\nwrote {output}")
+    print(f"{save_pruned(load_checkpoint(args.checkpoint), output)}\nwrote {output}")
     return 0
 
 
@@ -169,17 +162,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _top1(ckpt: dict[str, Any]) -> float | None:
-    """The top-1 of a checkpoint's own weights: what a pruned one recorded, else its log's last epoch."""
-    meta = ckpt.get("meta", {})
-    return meta["top1"] if "top1" in meta else (ckpt.get("history") or [{}])[-1].get("test_top1")
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     from connlearn.graph import active_branches, input_overlap
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
     from connlearn.topologies import PRESETS
-    from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint
+    from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint, top1
 
     ckpt = load_checkpoint(args.checkpoint)
     net = net_from_checkpoint(ckpt)
@@ -198,7 +185,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "params_test": report.params_after if report else "n/a (not frozen)",
             "active_branches": " ".join(map(str, active_branches(graph).values())),
             "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
-            "epochs_done": ckpt.get("epoch"), "best_top1": ckpt.get("best_top1"), "top1": _top1(ckpt),
+            "epochs_done": ckpt.get("epoch"), "best_top1": ckpt.get("best_top1"), "top1": top1(ckpt),
             "evaluated_on": ("validation" if meta.get("run", {}).get("val_split") else "test") if "run" in meta
             else "unknown"}
     print(json.dumps(info) if args.json else "\n".join(f"{k:15s} {v}" for k, v in info.items()))

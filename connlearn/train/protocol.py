@@ -33,9 +33,9 @@ from connlearn.graph import (
     input_shape,
     random_overlap,
 )
-from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
+from connlearn.prune import freezing_changes_outputs
 from connlearn.topologies import PRESETS, resnext
-from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
+from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, save_pruned
 from connlearn.train.data import (
     NUM_CLASSES,
     ArrayDataset,
@@ -315,13 +315,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
     """Prune, write ``summary.json`` and the pictures, and say what the run gave."""
     net, graph = trainer.net, trainer.net.graph()
     overlap = input_overlap(graph)
-    report = None
-    if not freezing_changes_outputs(net):
-        pruned, report = prune_dead_blocks(net, freeze=True)
-        save_checkpoint(make_checkpoint(pruned, meta={"run": config.to_dict(), "source": source, "prune": str(report),
-                                                      "params_train": report.params_before,
-                                                      "top1": history[-1].get("test_top1")},
-                                        epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
+    report = None if freezing_changes_outputs(net) else save_pruned(trainer.state(), out / "pruned.pt")
     chance = {m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
     gate = "frozen" if config.connectivity else config.gate or "topk"  # as asked for, not as the freeze left it
     summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,
