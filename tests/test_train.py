@@ -244,10 +244,11 @@ def test_held_out_gate_steps_move_only_the_gates_and_weight_steps_only_the_weigh
     x, y = next(iter(trainer.train_loader.epoch(0)))
     gates, weights = trainer.net.gate_parameters(), trainer.net.weight_parameters()
     before = [p.clone() for p in gates + weights]
-    trainer._pass(x, y, trainer.optimizers.for_training_batch())
+    weights_sgd, gates_own = trainer.optimizers.all  # a training batch steps the first, a held-out one the second
+    trainer._pass(x, y, [weights_sgd])
     assert all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
     after_weights = [p.clone() for p in weights]
-    trainer._pass(*trainer.optimizers.held_out_batch(0), trainer.optimizers.for_held_out_batch())
+    trainer._pass(*trainer.optimizers.held_out_batch(0), [gates_own])
     assert all(torch.equal(a, b) for a, b in zip(after_weights, weights, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(before[:len(gates)], gates, strict=True))
 

@@ -1,18 +1,8 @@
-"""``connlearn compare``: named arms x paired seeds, each run an ordinary ``connlearn train`` folder, and the
-paired statistics that say whether an arm beats a baseline, loses to it, or is level with it within a margin.
-
-An arm is a name and the train options it sets on top of the common ones (a gate kind and its knobs, a
-connectivity file, ...), or ``retrain = ARM``: train from scratch the connectivity that ARM learned with the
-same seed (its runs start once that run has finished). Run ``ARM`` of seed ``S`` lives in ``OUT/ARM-sS``: the
-same command again skips the finished runs and resumes the others. Arms change the network, its gates and how
-they learn; every run of a study shares the data, the evaluation set and the schedule, and every arm uses the
-same seeds, so seed ``S`` gives every arm the same data order, augmentation and starting weights where the
-architecture allows.
-
-The statistics, per arm against the baseline, over the seeds both have (paired): the mean difference with its
-95% t-interval and p-value (two-sided paired t-test), the p-values Holm-corrected across the arms, TOST at
-``margin`` (equivalent when the 90% interval lies inside ``±margin``), and the smallest difference that many
-seeds detect with power 0.8 at the seen spread.
+"""``connlearn compare``: named arms x paired seeds, each run an ordinary ``connlearn train`` folder
+(``OUT/ARM-sS``, resumed by the same command), and the paired statistics of each arm against a baseline:
+the mean difference with its 95% t-interval and p-value, Holm across the arms, TOST at ``±margin`` and the
+smallest difference the seeds detect with power 0.8 (docs/compare.md says each). An arm sets train options
+on top of the common ones, or ``retrain = ARM``: ARM's learned connectivity of the same seed, from scratch.
 """
 
 from __future__ import annotations

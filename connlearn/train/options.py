@@ -254,12 +254,6 @@ def names(*groups: str) -> list[str]:
     return [o.name for o in _OPTIONS if o.group in groups]
 
 
-def defaults() -> dict[str, Any]:
-    """Each option's value where a run leaves it out and its gate kind sets nothing: what a run that predates an
-    option trained with."""
-    return {o.name: o.default for o in _OPTIONS}
-
-
 def recorded(run: dict[str, Any]) -> dict[str, Any]:
     """The options of a run as ``summary.json`` or a checkpoint recorded them (lists for tuples): one the run
     predates at its default, one since removed (``engine``) left out."""

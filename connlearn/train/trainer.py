@@ -1,16 +1,11 @@
 """The GateConnect trainer: a :class:`~connlearn.train.recipe.Recipe` run on a network, in plain PyTorch.
 
-Each epoch appends one JSON line to ``out_dir/log.jsonl`` (losses, top-1/top-5, learning rates, times, active
-branches, gate statistics and, for sampled gates, how many distinct input sets each block drew and how often
-a draw was its top-K) and writes the checkpoints ``last.pt`` and ``best.pt``, each whole (see
-:mod:`connlearn.train.run_folder`). Every ``snapshot_every`` steps (and at the freeze) it appends the real gates
-to ``gates.jsonl``. While ``fit`` runs the folder is held: another process is refused it.
-
-Resuming (``fit(resume="auto")``) goes on exactly: a run stopped after any epoch, or within one at a
-``checkpoint_every`` checkpoint or a stop signal, ends with the same weights, gates and log (timings aside)
-as an uninterrupted one, on the CPU. Under ``torch.distributed`` the trainer wraps the network in
-DistributedDataParallel, sums metrics over the ranks and writes files from rank 0; give each rank its shard
-of the data (the loaders' ``rank``/``world_size``).
+Each epoch appends a JSON line to ``log.jsonl`` (losses, top-1/top-5, learning rates, times, active branches,
+gate and draw statistics) and writes ``last.pt`` and ``best.pt`` whole (:mod:`connlearn.train.run_folder`);
+every ``snapshot_every`` steps and at the freeze the real gates go to ``gates.jsonl``. ``fit(resume="auto")``
+goes on exactly: a run stopped after any epoch, or within one at a checkpoint or a stop signal, ends as an
+uninterrupted one (timings aside) on the CPU. Under ``torch.distributed``: DDP, metrics summed over the
+ranks, files from rank 0; give each rank its shard (the loaders' ``rank``/``world_size``).
 """
 
 from __future__ import annotations
@@ -150,14 +145,6 @@ class Optimizers:
         learning = epoch >= self.recipe.gate_warmup
         for group in (g for optimizer in self.all for g in optimizer.param_groups):
             group["lr"] = (phase.gate_lr if learning else 0.0) if group.get("name") == "gates" else phase.lr
-
-    def for_training_batch(self) -> list[torch.optim.Optimizer]:
-        """The optimizers a training batch steps: all but the gates' where they step on held-out batches."""
-        return [self.weights] if self.gate_loader is not None and self.gates is not None else self.all
-
-    def for_held_out_batch(self) -> list[torch.optim.Optimizer]:
-        """The optimizer a held-out batch steps: the gates' own."""
-        return self.all[1:]
 
     def temperature_at(self, epoch: int, batch: int, batches: int) -> float:
         """The draws' temperature at ``batch`` (of ``batches``) of ``epoch``: its phase's schedule, from the phase's
@@ -400,11 +387,12 @@ class Trainer:
     def _step(self, x: torch.Tensor, y: torch.Tensor, draws: list[Any] | None) -> torch.Tensor:
         """One training step (its draw appended to ``draws``; where the gates step on held-out batches, then
         theirs); returns its loss sum, correct answers and images."""
-        out, loss = self._pass(x, y, self.optimizers.for_training_batch())
+        held_out, every = self.optimizers.held_out_batch(self.step), self.optimizers.all
+        out, loss = self._pass(x, y, every if held_out is None else every[:1])
         if draws is not None:
             record_draw(self.net, draws)
-        if (held_out := self.optimizers.held_out_batch(self.step)) is not None:
-            self._pass(*held_out, self.optimizers.for_held_out_batch())
+        if held_out is not None:  # the gates' own step
+            self._pass(*held_out, every[1:])
         self.step += 1
         return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
                             torch.tensor(float(len(y)), device=out.device)])
