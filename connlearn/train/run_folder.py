@@ -97,7 +97,7 @@ class RunFolder:
             raise CheckpointError(f"resume=True, but {self.path} holds no checkpoint")
         some = float(found is not None)
         if over_ranks(some, "min", self.device) != over_ranks(some, "max", self.device):
-            raise CheckpointError("the ranks disagree on whether there is a checkpoint: give them a shared out_dir")
+            raise CheckpointError("the ranks disagree on whether there is a checkpoint: give them a shared out folder")
         return found
 
     def read(self, path: Path) -> tuple[dict[str, Any], Path]:

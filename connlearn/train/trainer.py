@@ -62,7 +62,7 @@ def _check_finite(net: ConnectivityNet, folder: RunFolder, epoch: int, loss: flo
     kept = f"{folder.last} holds epoch {folder.saved[0]}" if folder.saved else "nothing was saved"
     where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
     raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
-                          f"{kept}. Train again with a lower learning rate, in a new out_dir")
+                          f"{kept}. Train again with a lower learning rate, in a new out folder")
 
 
 def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor | None) -> Iterator[Any]:
@@ -219,12 +219,6 @@ class Execution:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         return torch.compile(model, mode=self.compile) if self.compile else model
 
-    def autocast(self) -> Any:
-        return autocast(self.device, self.amp)
-
-    def input(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
     def evaluate(self, model: torch.nn.Module, loader: Loader) -> dict[str, float]:
         return evaluate(model, loader, amp=self.amp, channels_last=self.channels_last)
 
@@ -272,7 +266,7 @@ class Trainer:
             time_limit: float | None = None, stop_signals: Iterable[Any] | None = ()) -> list[dict[str, Any]]:
         """Train to the end of the recipe (or ``max_epochs`` more); returns the epoch log.
 
-        ``resume``: ``"auto"`` goes on from ``out_dir/last.pt`` where there is one, ``True`` requires it,
+        ``resume``: ``"auto"`` goes on from ``out/last.pt`` where there is one, ``True`` requires it,
         ``False`` starts afresh (removing the folder's checkpoints), a path resumes from that checkpoint.
         ``time_limit`` (seconds): start no epoch after it. ``stop_signals`` (e.g.
         :data:`~connlearn.train.signals.STOP_SIGNALS`): on the first one, stop at the next step with a checkpoint
@@ -400,8 +394,8 @@ class Trainer:
     def _pass(self, x: torch.Tensor, y: torch.Tensor,
               optimizers: list[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, backward and a step of ``optimizers``; returns the outputs and the mean loss."""
-        with self.execution.autocast():
-            out = self.model(self.execution.input(x))
+        with autocast(self.device, self.execution.amp):
+            out = self.model(x.contiguous(memory_format=torch.channels_last) if self.config.channels_last else x)
             losses = F.cross_entropy(out, y, reduction="none")
             loss = losses.mean()
             objective = loss + self.net.surrogate_loss(losses)  # what the gate kind adds (score's); else 0
@@ -491,7 +485,7 @@ def _check_same_run(ckpt: dict[str, Any], path: Path, trainer: Trainer) -> None:
         differ.append(f"the training loader (batch {within['batch']} of {len(trainer.train_loader)} an epoch)")
     if differ:
         raise CheckpointError(f"{path} is of another run ({'; '.join(differ)}): resume it with the settings it was "
-                              "trained with, or train in another out_dir")
+                              "trained with, or train in another out folder")
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:
