@@ -193,26 +193,18 @@ def flags(options: dict[str, Any]) -> list[str]:
     return argv
 
 
-def changed_runs(study: Study) -> dict[str, str]:
-    """The finished runs whose recorded settings differ from the study's, each with how they differ."""
-    changed = {}
-    for arm, seed in study.runs():
-        summary = study.folder(arm, seed) / "summary.json"
-        if summary.is_file():
-            differ = _differ(_settings(_read_summary(summary.parent)["run"]),
-                             _settings(RunConfig(**study.options(arm, seed)).to_dict()), "{k}={a!r} there, {b!r} here")
-            if differ:
-                changed[summary.parent.name] = differ
-    return changed
-
-
 def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_changed: bool = False) -> list[str]:
     """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each), each on the
     least busy GPU where there are several and the run sets no ``device``; returns the names of the runs that
     failed (each reported as it ends; the others go on). A finished run trained with other settings than the
     study's is refused, or with ``rerun_changed`` set aside and trained again. A stop signal (Ctrl-C, SIGTERM,
     SIGHUP), or any error here, stops the running runs (each with a checkpoint) before compare ends."""
-    changed = changed_runs(study)
+    changed = {}  # the finished runs whose recorded settings differ from the study's, and how
+    for arm, seed in study.runs():
+        if (study.folder(arm, seed) / "summary.json").is_file():
+            differ = _differ(_settings(_read_summary(study.folder(arm, seed))["run"]),
+                             _settings(RunConfig(**study.options(arm, seed)).to_dict()), "{k}={a!r} there, {b!r} here")
+            changed.update({f"{arm}-s{seed}": differ} if differ else {})
     if changed and not rerun_changed:
         listed = "; ".join(f"{name} ({how})" for name, how in changed.items())
         raise ConfigError(f"finished runs trained with other settings than this command's: {listed}: give another "
