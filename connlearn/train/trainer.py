@@ -224,8 +224,8 @@ class Execution:
 
 
 class Trainer:
-    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``config.out`` (see the module
-    docstring). ``config``'s machine options say how (``device``, ``amp``, ``compile``, ``channels_last``,
+    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``config.output`` (its ``out``; see
+    the module docstring). ``config``'s machine options say how (``device``, ``amp``, ``compile``, ``channels_last``,
     ``tensorboard``, ``progress``), and ``snapshot_every``, ``checkpoint_every``, ``eval_every`` and
     ``recalibrate_bn`` when (``connlearn train --help`` says each); its other options are the protocol's.
 
