@@ -29,8 +29,9 @@ import torch
 import connlearn
 from connlearn.train.data import load_dataset, synthetic
 from connlearn.train.loaders import make_loaders
+from connlearn.train.options import COMPILE_MODES, RunConfig
 from connlearn.train.recipe import Phase, Recipe
-from connlearn.train.trainer import COMPILE_MODES, Trainer
+from connlearn.train.trainer import Trainer
 
 FULL_EPOCH = 50_000
 ARMS = {"full": ("full", None), "topk4": ("topk", 4), "random4": ("random", 4), "real4": ("real", 4),
@@ -55,8 +56,9 @@ def epoch_times(arch: str, arm: str, loader, device: torch.device, compile: str 
     net = connlearn.build(preset=arch, gate=gate, K=K, num_classes=10)
     recipe = Recipe("bench", [Phase(1 + repeats, 0.1, gate_lr=0.2)])
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(net, loader, None, recipe, out_dir=out, device=device, compile=compile or False,
-                          channels_last=channels_last, snapshot_every=0, progress=False)
+        trainer = Trainer(net, loader, None, recipe, RunConfig(out=out, device=str(device), compile=compile or False,
+                                                               channels_last=channels_last, snapshot_every=0,
+                                                               progress=False))
         return [r["epoch_time"] for r in trainer.fit()[1:]]
 
 

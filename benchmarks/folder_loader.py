@@ -1,4 +1,4 @@
-"""Images per second of the ImageNet folder loader (``connlearn.train.folders.FolderLoader``), without a model.
+"""Images per second of the ImageNet folder loader (``connlearn.train.loaders.FolderLoader``), without a model.
 
 It writes ``--images`` generated JPEGs of ImageNet's typical size (500x375, quality 90) into a temporary
 folder of 10 classes, then times one training epoch (random-area crop to 224, colour jitter, lighting,
@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from connlearn.train.data import image_files
-from connlearn.train.folders import FolderLoader
+from connlearn.train.loaders import FolderLoader
 
 
 def write_images(root: Path, count: int, size: tuple[int, int] = (500, 375), classes: int = 10) -> None:

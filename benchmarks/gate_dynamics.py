@@ -16,6 +16,7 @@ which epoch on is the top-K the one phase 1 ends with?
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from connlearn.files import read_jsonl
-from connlearn.plots import gate_statistics, settled_epoch
+from connlearn.plots import gate_statistics
 from connlearn.train.checkpoint import net_from_checkpoint
 
 
@@ -73,7 +74,8 @@ def _settled(stats: list[dict]) -> str:
     """The epoch from which on the top-K is the last snapshot's; "never" when it changed up to the last."""
     if len(stats) < 2:
         return "-"
-    settled = settled_epoch(stats)
+    held = list(itertools.takewhile(lambda record: record["final_topk_share"] >= 1, reversed(stats)))
+    settled = held[-1]["epoch"]  # the earliest snapshot from which on every block's top-K is the last one's
     return "never" if settled == stats[-1]["epoch"] else f"{settled:.2f}"
 
 
@@ -94,8 +96,8 @@ def write_report(out: Path, header: str, C: int, stats: dict[str, list[dict]], l
 
     "top-K changed (last 5 snapshots)" is the mean of the last snapshots' ``topk_changed``; in a run that
     snapshotted its gates at the freeze, the last interval is shorter than the others (the freeze falls
-    between two regular snapshots). "top-K final since epoch" is :func:`connlearn.plots.settled_epoch`
-    ("never": it changed up to the last snapshot)."""
+    between two regular snapshots). "top-K final since epoch" is the earliest snapshot from which on every
+    top-K is the last one's ("never": it changed up to the last snapshot)."""
     out.mkdir(parents=True, exist_ok=True)
     uniform = math.log(C)  # entropy of a uniform choice among C inputs
     lines = [header, "",

@@ -33,7 +33,7 @@ import torch
 import connlearn
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import PRESETS
-from connlearn.train.trainer import COMPILE_MODES
+from connlearn.train.options import COMPILE_MODES
 
 ORACLE = Path(__file__).resolve().parent.parent / "tests" / "plain_resnext.py"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from connlearn.train.compare import collect
-from connlearn.train.options import GATE_TRAINING, defaults, names
+from connlearn.train.options import GATE_TRAINING, OPTIONS, names
 
 KINDS = ("topk", "gumbel", "simple", "imle", "magnitude")
 CONFIGS = 8
@@ -46,7 +46,7 @@ def analyse(folders: list[Path]) -> str:
         arms = tried if kind == "random search" else sorted(a for a in top1 if a.rsplit("_", 1)[0] == kind)
         for arm in arms:
             run = done[arm][SEEDS[0]]["run"]  # the knobs a configuration sets: where it leaves the paper's
-            knobs = ", ".join(f"{k[5:]} {run[k]}" for k in names(GATE_TRAINING) if run[k] != defaults()[k])
+            knobs = ", ".join(f"{k[5:]} {run[k]}" for k in names(GATE_TRAINING) if run[k] != OPTIONS[k].default)
             lines.append(f"| {arm} | {knobs or '-'} | " + " | ".join(f"{v:.2f}" for v in top1[arm]) +
                          f" | {top1[arm].mean():.2f} | {(top1[arm] - random).mean():+.2f} |")
         if arms:

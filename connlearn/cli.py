@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from connlearn.errors import ConfigError, ConnlearnError, DataError, check_int
-from connlearn.files import check_target, path_of, read_text
+from connlearn.files import check_target, path_of
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
@@ -36,31 +36,14 @@ def add_train_arguments(parser: argparse.ArgumentParser, skip: Sequence[str] = (
                             **option.flag)
 
 
-def config_from(args: argparse.Namespace, dataset: str | None = None, only_given: bool = False) -> Any:
+def config_from(args: argparse.Namespace, only_given: bool = False) -> Any:
     """The RunConfig of parsed flags, on top of ``--config`` (``only_given``: just the options they set)."""
-    from connlearn.train.options import OPTIONS, RunConfig
+    from connlearn.train.options import OPTIONS, RunConfig, check_names, read_options, relative_to
 
-    options: dict[str, Any] = _read_config(path_of(args.config)) if args.config else {}
+    path = path_of(args.config or ".")
+    options = relative_to(path.parent, check_names(f"{path}: ", read_options(path, "config"))) if args.config else {}
     options.update({k: v for k, v in vars(args).items() if k in OPTIONS and v is not None})
-    if dataset:
-        options["dataset"] = dataset
     return options if only_given else RunConfig(**options)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    """The options of a JSON or TOML file; a relative ``data`` path from its folder."""
-    import tomllib
-
-    from connlearn.train.options import check_names, relative_to
-
-    text = read_text(path, "config", ConfigError)
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"cannot read the config {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold one object of options, e.g. {{\"epochs\": 30}}")
-    return relative_to(path.parent, check_names(f"{path}: ", data))
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -73,9 +56,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from connlearn.train import compare
-    from connlearn.train.options import finite_above
+    from connlearn.train.options import number
 
-    margin = finite_above(0.0)("--margin", args.margin)
+    margin = number(0.0, above=True)("--margin", args.margin)
     if args.report:
         if args.arms or args.arm:
             raise ConfigError("--report reads finished runs: give it the folders, without --arms or --arm")
@@ -88,7 +71,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         study = _study(args)
         if args.print_commands:
             study.record()
-            compare.print_commands(study)
+            print("\n".join(shlex.join(study.command(arm, seed)) for arm, seed in study.runs()))
             return 0
         failed = compare.run_study(study, check_int("--parallel", args.parallel, 1),
                                    check_int("--threads", args.threads, 1), args.rerun_changed)
@@ -133,17 +116,10 @@ def _study(args: argparse.Namespace) -> Any:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from connlearn.prune import prune_dead_blocks
-    from connlearn.train.checkpoint import load_checkpoint, make_checkpoint, net_from_checkpoint, save_checkpoint
+    from connlearn.train.checkpoint import load_checkpoint, save_pruned
 
     output = check_target(args.output or path_of(args.checkpoint).with_suffix(".pruned.pt"), args.checkpoint)
-    ckpt = load_checkpoint(args.checkpoint)
-    pruned, report = prune_dead_blocks(net_from_checkpoint(ckpt), freeze=True)
-    meta = {**ckpt.get("meta", {}), "prune": str(report), "params_train": ckpt.get("meta", {}).get(
-        "params_train", report.params_before), "top1": _top1(ckpt)}
-    save_checkpoint(make_checkpoint(pruned, meta=meta, **{k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}),
-                    output)
-    print(f"{report}\nwrote {output}")
+    print(f"{save_pruned(load_checkpoint(args.checkpoint), output)}\nwrote {output}")
     return 0
 
 
@@ -186,17 +162,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _top1(ckpt: dict[str, Any]) -> float | None:
-    """The top-1 of a checkpoint's own weights: what a pruned one recorded, else its log's last epoch."""
-    meta = ckpt.get("meta", {})
-    return meta["top1"] if "top1" in meta else (ckpt.get("history") or [{}])[-1].get("test_top1")
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     from connlearn.graph import active_branches, input_overlap
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
     from connlearn.topologies import PRESETS
-    from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint
+    from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint, top1
 
     ckpt = load_checkpoint(args.checkpoint)
     net = net_from_checkpoint(ckpt)
@@ -215,7 +185,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "params_test": report.params_after if report else "n/a (not frozen)",
             "active_branches": " ".join(map(str, active_branches(graph).values())),
             "input_overlap": ", ".join(f"m{m}: {v:.2f}" for m, v in input_overlap(graph).items()),
-            "epochs_done": ckpt.get("epoch"), "best_top1": ckpt.get("best_top1"), "top1": _top1(ckpt),
+            "epochs_done": ckpt.get("epoch"), "best_top1": ckpt.get("best_top1"), "top1": top1(ckpt),
             "evaluated_on": ("validation" if meta.get("run", {}).get("val_split") else "test") if "run" in meta
             else "unknown"}
     print(json.dumps(info) if args.json else "\n".join(f"{k:15s} {v}" for k, v in info.items()))
@@ -242,11 +212,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         ArrayDataset,
         load_dataset,
         load_packed,
+        load_ucr,
         pack,
         pack_arrays,
         read_image_folder,
     )
-    from connlearn.train.ucr import load_ucr
 
     train: Any
     test: Any
@@ -370,15 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def train_script(dataset: str, description: str | None, argv: Sequence[str] | None = None) -> int:
     """The scripts of ``examples/``: the ``train`` flags, the dataset fixed."""
-    from connlearn.train.protocol import run
-
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser, skip=("dataset",))
-    def train(args: argparse.Namespace) -> int:
-        run(config_from(args, dataset))
-        return 0
-
-    return guarded(train, parser.parse_args(argv))
+    parser.set_defaults(dataset=dataset)
+    return guarded(cmd_train, parser.parse_args(argv))
 
 
 def guarded(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:

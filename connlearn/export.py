@@ -24,12 +24,6 @@ from connlearn.net import ConnectivityNet
 FORMATS = {"torchscript": ".ts", "onnx": ".onnx", "export": ".pt2"}
 
 
-def example_input(net: ConnectivityNet, batch: int = 2) -> torch.Tensor:
-    """A random batch of the network's input shape, on its device and in its dtype."""
-    param = next(net.parameters())
-    return torch.randn(batch, net.in_channels, *net.input_size, device=param.device, dtype=param.dtype)
-
-
 def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchscript") -> list[Path]:
     """Write ``net`` in eval mode to ``path`` as ``format`` (``torchscript``, ``onnx`` or ``export``); returns the
     files written (ONNX keeps large weights in ``<path>.data`` beside the model: keep them together)."""
@@ -41,7 +35,8 @@ def export(net: ConnectivityNet, path: str | os.PathLike, format: str = "torchsc
     model = copy.deepcopy(net).eval()
     if not model.fixed_connectivity and not model.weighted:  # fixed to it, the graph holds no sort
         model.freeze()
-    example = example_input(model)
+    param = next(model.parameters())  # a random batch of 2 of its input, on its device and in its dtype
+    example = torch.randn(2, model.in_channels, *model.input_size, device=param.device, dtype=param.dtype)
     batch = torch.export.Dim("batch", min=1)
     buffer = io.BytesIO()  # serialised in memory first: torch's writers abort on a file that fails
     if format == "torchscript":

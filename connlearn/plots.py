@@ -182,12 +182,6 @@ def gate_statistics(snapshots: Records, K: int) -> list[dict[str, Any]]:
     return stats
 
 
-def settled_epoch(stats: list[dict[str, Any]]) -> float | None:
-    """The epoch of the earliest snapshot from which on every block's top-K is the last snapshot's."""
-    held = list(itertools.takewhile(lambda record: record["final_topk_share"] >= 1, reversed(stats)))
-    return held[-1]["epoch"] if held else None
-
-
 def plot_gate_evolution(snapshots: Records, path: str | os.PathLike, K: int) -> Path:
     """The real gates over training in three panels: mean ± std and the mean std within a row; the shares
     clipped at 0 and 1; the blocks whose top-K changed, and the share of the last top-K already held."""
@@ -224,11 +218,6 @@ def plot_gate_evolution(snapshots: Records, path: str | os.PathLike, K: int) -> 
     return _save(fig, path)
 
 
-def axis_label(key: str, eval_set: str = "test") -> str:
-    """The axis label of log key ``key``; ``eval_set`` names the data of the ``test_*`` values."""
-    return LOG_LABELS.get(key, key).format(eval=eval_set)
-
-
 def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.PathLike,
                          keys: str | Sequence[str] = ("test_top1",), eval_set: str = "test",
                          title: str = "Training, epoch by epoch") -> Path:
@@ -249,7 +238,7 @@ def plot_training_curves(log: Records | Mapping[str, Records], path: str | os.Pa
                 raise DataError(f"{label or _named(log)}: a record with {key!r} needs it and its epoch as numbers, as "
                                 "log.jsonl holds them")
             ax.plot(*zip(*points, strict=True), marker=".", label=label or key)
-        ax.set_ylabel(axis_label(key, eval_set))
+        ax.set_ylabel(LOG_LABELS.get(key, key).format(eval=eval_set))
         ax.grid(alpha=0.3)
         first = next(iter(runs.values()))
         for before, after in itertools.pairwise(first):

@@ -4,7 +4,7 @@ accuracies of Wang, Yan and Oates's 1-D ResNet and of InceptionTime on the same 
 
     pip install 'connlearn[timeseries]'          # aeon: the sets ship inside its wheel, no download
     python examples/timeseries.py --out runs/timeseries --seeds 0 1 2 3 4
-    python examples/timeseries.py --sets BasicMotions OSULeaf     # any sets aeon ships: connlearn.train.ucr.ucr_sets()
+    python examples/timeseries.py --sets BasicMotions OSULeaf     # any sets aeon ships: connlearn.train.data.ucr_sets()
 
 For each set, its train/test split as the archive gives it is packed once (``connlearn pack ucr:NAME``), and
 ``connlearn compare`` trains every arm x seed (each run a resumable ``connlearn train`` folder) on the packed

@@ -156,14 +156,14 @@ def planted_run(tmp_path_factory):
     from conftest import RandomLoader
 
     from connlearn.graph import active_branches
+    from connlearn.train import RunConfig, Trainer
     from connlearn.train.recipe import Phase, Recipe
-    from connlearn.train.trainer import Trainer
 
     out = tmp_path_factory.mktemp("runs") / "planted-s0"
     net = connlearn.build(**tiny(C=4, kernels=(1, 3), uninformative=(3, 4)))
     recipe = Recipe("tiny", [Phase(2, 0.1, gate_lr=0.2), Phase(1, 0.01, frozen=True)])
     history = Trainer(net, RandomLoader(n=8, batch=4, size=16), RandomLoader(n=8, batch=4, seed=1, size=16), recipe,
-                      out_dir=out, snapshot_every=1, progress=False).fit()
+                      RunConfig(out=out, snapshot_every=1, progress=False)).fit()
     (out / "summary.json").write_text(json.dumps({
         "gate": "topk", "K": net.K, "test_top1": history[-1]["test_top1"],
         "active_branches": {str(m): n for m, n in active_branches(net.graph()).items()}}))

@@ -13,6 +13,7 @@ import torch
 from scipy import stats
 
 from connlearn.cli import main
+from connlearn.errors import ConfigError
 from connlearn.train import compare
 from connlearn.train.checkpoint import load_checkpoint
 
@@ -146,7 +147,8 @@ def test_a_run_of_changed_settings_is_set_aside_and_trained_again_on_request(tmp
     _run(tmp_path / "b-s0", 51.0, gate="random")
     study = compare.Study({"a": {"gate": "random", "K": 1}, "b": {"gate": "random"}},
                           {"dataset": "cifar10", "epochs": 16}, (0,), tmp_path, "a")
-    assert compare.changed_runs(study) == {"a-s0": "K=2 there, 1 here"}
+    with pytest.raises(ConfigError, match=r"a-s0 \(K=2 there, 1 here\)"):
+        compare.run_study(study)
     assert compare.run_study(study, rerun_changed=True) == []
     assert started == [("a-s0", None)] and (tmp_path / "a-s0.replaced-1" / "summary.json").is_file()
 

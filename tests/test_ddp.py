@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from conftest import SHAPES, shaped, tiny
 
 import connlearn
-from connlearn.train import Trainer, get_recipe
+from connlearn.train import RunConfig, Trainer, get_recipe
 from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import make_loaders
 
@@ -31,7 +31,7 @@ def _worker(rank, world, init, out, results):
     def trainer(folder, gate="topk"):
         loaders = make_loaders(train, test, 16 // world, device="cpu", seed=0, rank=rank, world_size=world)
         return Trainer(connlearn.build(**tiny(gate=gate)), *loaders, get_recipe("cifar").scaled(2),
-                       out_dir=os.path.join(out, folder), progress=False, snapshot_every=0)
+                       RunConfig(out=os.path.join(out, folder), progress=False, snapshot_every=0))
 
     straight = trainer("straight")
     straight.fit()
@@ -48,7 +48,7 @@ def _worker(rank, world, init, out, results):
         def of_shape(folder, dims=dims, arrays=arrays):
             loaders = make_loaders(arrays, arrays, 16 // world, device="cpu", seed=0, rank=rank, world_size=world)
             return Trainer(connlearn.build(**shaped(dims)), *loaders, get_recipe("cifar").scaled(2),
-                           out_dir=os.path.join(out, folder), progress=False, snapshot_every=0)
+                           RunConfig(out=os.path.join(out, folder), progress=False, snapshot_every=0))
 
         whole = _fit(of_shape(f"d{dims}"))
         of_shape(f"d{dims}-resumed").fit(max_epochs=1)

@@ -19,7 +19,7 @@ from connlearn.estimators import (
     marginals,
     sample_subsets,
 )
-from connlearn.train import Trainer, get_recipe
+from connlearn.train import RunConfig, Trainer, get_recipe
 
 KINDS = ["gumbel", "simple", "imle", "score", "magnitude"]
 SUBSETS = [frozenset(s) for s in itertools.combinations(range(5), 2)]
@@ -114,8 +114,8 @@ def test_magnitude_reads_its_top_k_in_training_and_learns_straight_through():
 def test_every_kind_resumes_a_run_bit_for_bit(kind, tmp_path):
     def trainer(out):
         net = connlearn.build(**tiny(gate=kind, gate_init="uniform"))
-        return Trainer(net, RandomLoader(n=32), None, get_recipe("cifar").scaled(2), out_dir=out, progress=False,
-                       checkpoint_every=1, snapshot_every=1)
+        return Trainer(net, RandomLoader(n=32), None, get_recipe("cifar").scaled(2),
+                       RunConfig(out=out, progress=False, checkpoint_every=1, snapshot_every=1))
 
     torch.manual_seed(0)
     straight = trainer(tmp_path / "a")

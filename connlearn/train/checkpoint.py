@@ -31,6 +31,7 @@ from connlearn.errors import CheckpointError, ConfigError
 from connlearn.files import open_input, path_of, write_atomic
 from connlearn.graph import BranchGraph
 from connlearn.net import ConnectivityNet, state_of_branches
+from connlearn.prune import PruneReport, prune_dead_blocks
 
 FORMAT, VERSION = "connlearn.checkpoint", 2
 
@@ -133,6 +134,23 @@ def net_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> Connectivit
             faults[:3]) + (f"; and {len(faults) - 3} more" if len(faults) > 3 else ""))
     net.load_state_dict(found)
     return net
+
+
+def top1(ckpt: dict[str, Any]) -> float | None:
+    """The top-1 of a checkpoint's own weights: what a pruned one recorded, else its log's last epoch."""
+    meta = ckpt.get("meta", {})
+    return meta["top1"] if "top1" in meta else (ckpt.get("history") or [{}])[-1].get("test_top1")
+
+
+def save_pruned(ckpt: dict[str, Any], path: str | os.PathLike) -> PruneReport:
+    """Write the network of ``ckpt`` with its dead blocks pruned (its gates frozen) to ``path``, with its meta,
+    epoch and top-1; returns what the pruning removed."""
+    pruned, report = prune_dead_blocks(net_from_checkpoint(ckpt), freeze=True)
+    meta = {**ckpt.get("meta", {}), "prune": str(report), "top1": top1(ckpt),
+            "params_train": ckpt.get("meta", {}).get("params_train", report.params_before)}
+    save_checkpoint(make_checkpoint(pruned, meta=meta, **{k: ckpt[k] for k in ("epoch", "best_top1") if k in ckpt}),
+                    path)
+    return report
 
 
 def _described(value: Any) -> str:

@@ -1,28 +1,19 @@
-"""``connlearn compare``: named arms x paired seeds, each run an ordinary ``connlearn train`` folder, and the
-paired statistics that say whether an arm beats a baseline, loses to it, or is level with it within a margin.
-
-An arm is a name and the train options it sets on top of the common ones (a gate kind and its knobs, a
-connectivity file, ...), or ``retrain = ARM``: train from scratch the connectivity that ARM learned with the
-same seed (its runs start once that run has finished). Run ``ARM`` of seed ``S`` lives in ``OUT/ARM-sS``: the
-same command again skips the finished runs and resumes the others. Arms change the network, its gates and how
-they learn; every run of a study shares the data, the evaluation set and the schedule, and every arm uses the
-same seeds, so seed ``S`` gives every arm the same data order, augmentation and starting weights where the
-architecture allows.
-
-The statistics, per arm against the baseline, over the seeds both have (paired): the mean difference with its
-95% t-interval and p-value (two-sided paired t-test), the p-values Holm-corrected across the arms, TOST at
-``margin`` (equivalent when the 90% interval lies inside ``±margin``), and the smallest difference that many
-seeds detect with power 0.8 at the seen spread.
+"""``connlearn compare``: named arms x paired seeds, each run an ordinary ``connlearn train`` folder
+(``OUT/ARM-sS``, resumed by the same command), and the paired statistics of each arm against a baseline:
+the mean difference with its 95% t-interval and p-value, Holm across the arms, TOST at ``±margin`` and the
+smallest difference the seeds detect with power 0.8 (docs/compare.md says each). An arm sets train options
+on top of the common ones, or ``retrain = ARM``: ARM's learned connectivity of the same seed, from scratch.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import itertools
 import json
 import math
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -43,6 +34,7 @@ from connlearn.train.options import (
     RunConfig,
     check_names,
     names,
+    read_options,
     recorded,
     relative_to,
 )
@@ -84,13 +76,8 @@ def check_name(name: str) -> str:
 def read_study(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str | None]:
     """``(common, arms, baseline)`` of a TOML file: top-level train options for every arm, ``baseline = NAME``,
     and a table per arm under ``[arms.NAME]``; a relative ``data`` path from its folder."""
-    import tomllib
-
     path = path_of(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the arms file {path}: {exc}") from None
+    data = read_options(path, "arms file")
     arms = data.pop("arms", None)
     if not isinstance(arms, dict) or not arms or not all(isinstance(v, dict) for v in arms.values()):
         raise ConfigError(f"{path} needs a table per arm, e.g. [arms.random] gate = \"random\"")
@@ -206,54 +193,27 @@ def flags(options: dict[str, Any]) -> list[str]:
     return argv
 
 
-def print_commands(study: Study) -> None:
-    for arm, seed in study.runs():
-        print(shlex.join(study.command(arm, seed)))
-
-
-def visible_gpus() -> list[str]:
-    """The CUDA devices this process sees, by the ids a child's ``CUDA_VISIBLE_DEVICES`` takes."""
-    import torch
-
-    count, visible = torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
-    return visible.split(",")[:count] if visible else [str(i) for i in range(count)]
-
-
-def changed_runs(study: Study) -> dict[str, str]:
-    """The finished runs whose recorded settings differ from the study's, each with how they differ."""
-    changed = {}
-    for arm, seed in study.runs():
-        summary = study.folder(arm, seed) / "summary.json"
-        if summary.is_file():
-            differ = _differ(_settings(_read_summary(summary.parent)["run"]),
-                             _settings(RunConfig(**study.options(arm, seed)).to_dict()), "{k}={a!r} there, {b!r} here")
-            if differ:
-                changed[summary.parent.name] = differ
-    return changed
-
-
-def set_aside(folder: Path) -> Path:
-    """Rename a run's folder ``NAME.replaced-N`` (the first N free), out of the study's way."""
-    n = 1
-    while folder.with_name(f"{folder.name}.replaced-{n}").exists():
-        n += 1
-    return folder.rename(folder.with_name(f"{folder.name}.replaced-{n}"))
-
-
 def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_changed: bool = False) -> list[str]:
     """Train every run not yet finished, ``parallel`` processes at a time (``threads`` each), each on the
     least busy GPU where there are several and the run sets no ``device``; returns the names of the runs that
     failed (each reported as it ends; the others go on). A finished run trained with other settings than the
     study's is refused, or with ``rerun_changed`` set aside and trained again. A stop signal (Ctrl-C, SIGTERM,
     SIGHUP), or any error here, stops the running runs (each with a checkpoint) before compare ends."""
-    changed = changed_runs(study)
+    changed = {}  # the finished runs whose recorded settings differ from the study's, and how
+    for arm, seed in study.runs():
+        if (study.folder(arm, seed) / "summary.json").is_file():
+            differ = _differ(_settings(_read_summary(study.folder(arm, seed))["run"]),
+                             _settings(RunConfig(**study.options(arm, seed)).to_dict()), "{k}={a!r} there, {b!r} here")
+            changed.update({f"{arm}-s{seed}": differ} if differ else {})
     if changed and not rerun_changed:
         listed = "; ".join(f"{name} ({how})" for name, how in changed.items())
         raise ConfigError(f"finished runs trained with other settings than this command's: {listed}: give another "
                           "--out, or --rerun-changed to train them again (their folders kept as NAME.replaced-N)")
-    for name in changed:
-        print(f"compare: {name} was trained with other settings: kept as {set_aside(study.out / name).name}, "
-              "trained again", flush=True)
+    for name in changed:  # set aside as NAME.replaced-N, the first N free
+        n = next(n for n in itertools.count(1) if not (study.out / f"{name}.replaced-{n}").exists())
+        (study.out / name).rename(study.out / f"{name}.replaced-{n}")
+        print(f"compare: {name} was trained with other settings: kept as {name}.replaced-{n}, trained again",
+              flush=True)
     study.record()
     runs = study.runs()
     queue = [r for r in runs if not (study.folder(*r) / "summary.json").exists()]
@@ -269,12 +229,6 @@ def run_study(study: Study, parallel: int = 1, threads: int | None = 1, rerun_ch
         for s, handler in earlier.items():
             signal.signal(s, handler)
         _stop_runs(running)
-
-
-def _end_with_compare() -> None:
-    """In a run's process before it starts (Linux): a SIGTERM (a checkpoint, then the end) when compare's process
-    ends, however it ends, so that no run goes on holding its folder's lock."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -302,7 +256,12 @@ def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, An
                threads: int | None) -> list[str]:
     runs, done = study.runs(), len(study.runs()) - len(queue)
     env = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads)})}
-    gpus = visible_gpus()
+    import torch
+
+    count, visible = torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",")[:count] if visible else [str(i) for i in range(count)]  # as a child's env names them
+    # PR_SET_PDEATHSIG (Linux): a SIGTERM (a checkpoint, then the end) to each run when compare ends, however it ends
+    tied = functools.partial(ctypes.CDLL(None).prctl, 1, signal.SIGTERM) if sys.platform == "linux" else None
     failed: list[str] = []
     spent: list[float] = []  # minutes of each run ended here, for the time left
 
@@ -326,7 +285,7 @@ def _run_queue(study: Study, queue: list[tuple[str, int]], running: dict[str, An
                 gpus, key=lambda g: sum(r[3] == g for r in running.values()))
             proc = subprocess.Popen(study.command(arm, seed), stdout=log, stderr=subprocess.STDOUT, process_group=0,
                                     env=env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu},
-                                    preexec_fn=_end_with_compare if sys.platform == "linux" else None)
+                                    preexec_fn=tied)
             running[folder.name] = (proc, log, time.perf_counter(), gpu)
             print(f"compare: {folder.name} started (pid {proc.pid}; its output in {folder / 'output.log'})",
                   flush=True)

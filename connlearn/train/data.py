@@ -12,7 +12,8 @@ format is an ``.npz`` of ``train_x``, ``train_y``, ``test_x``, ``test_y`` and, o
 ImageDatasets.
 
 :func:`load_dataset` finds a dataset by name where :func:`data_folders` says, and for CIFAR downloads it
-there if it can; nothing found is one DataError saying where it looked and how to fix it.
+there if it can; nothing found is one DataError saying where it looked and how to fix it. :func:`load_ucr`
+reads the UCR/UEA time-series sets that the ``aeon`` package ships in its wheel (``connlearn pack ucr:NAME``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from connlearn.files import memory_available, open_input, path_of, write_atomic
 DATA_ENV = "CONNLEARN_DATA"
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "miniimagenet": 100, "imagenet": 1000}
 PACK_MINIIMAGENET = "connlearn pack FOLDER --size 84 --test-per-class 100 -o miniimagenet.npz"
-ENCODINGS = ("png", "jpeg")
 ENCODED_CHANNELS = {"png": (1, 2, 3, 4), "jpeg": (1, 3)}  #: the channel counts each encoding stores
 KEPT_MODES = ("L", "LA", "RGB", "RGBA")  #: decoded as they are (1, 2, 3 or 4 channels); others as RGB
 CACHE = Path("~/.cache/connlearn")
@@ -64,6 +64,9 @@ class ClassBalanced:
 
     labels: np.ndarray
     class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
 
     @property
     def num_classes(self) -> int:
@@ -100,16 +103,13 @@ class ImageDataset(ClassBalanced):
 
     images: np.ndarray = attrs.field(converter=np.ascontiguousarray)
     labels: np.ndarray = attrs.field(converter=whole_labels)
-    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
 
     def __attrs_post_init__(self) -> None:
         if self.images.dtype != np.uint8 or self.images.ndim != 4 or not len(self.images):
             raise DataError(f"images must be uint8 [N, H, W, C] with N >= 1, got {self.images.dtype} "
                             f"{list(self.images.shape)}")
         _check_labels(self.labels, len(self.images), self.num_classes)
-
-    def __len__(self) -> int:
-        return len(self.images)
 
     def __repr__(self) -> str:
         n, h, w, c = self.images.shape
@@ -134,7 +134,7 @@ class ArrayDataset(ClassBalanced):
 
     x: np.ndarray = attrs.field(converter=lambda v: np.ascontiguousarray(v, dtype=np.float32))
     labels: np.ndarray = attrs.field(converter=whole_labels)
-    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(n) for n in v))
+    class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
 
     def __attrs_post_init__(self) -> None:
         if self.x.ndim not in (2, 3) or not len(self.x):
@@ -144,9 +144,6 @@ class ArrayDataset(ClassBalanced):
             first = np.argwhere(~np.isfinite(self.x))[0]
             raise DataError(f"arrays must be finite; x{first.tolist()} is {self.x[tuple(first)]}")
         _check_labels(self.labels, len(self.x), self.num_classes)
-
-    def __len__(self) -> int:
-        return len(self.x)
 
     def __repr__(self) -> str:
         return f"ArrayDataset({len(self)} of {'x'.join(map(str, self.x.shape[1:]))}, {self.num_classes} classes)"
@@ -179,9 +176,6 @@ class ImageFiles(ClassBalanced):
     paths: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
     labels: np.ndarray = attrs.field(converter=lambda v: np.asarray(v, dtype=np.int64))
     class_names: tuple[str, ...] = attrs.field(converter=lambda v: tuple(map(str, v)))
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def _take(self, keep: np.ndarray) -> ImageFiles:
         return ImageFiles([p for p, k in zip(self.paths, keep, strict=True) if k], self.labels[keep], self.class_names)
@@ -432,8 +426,10 @@ def read_image_folder(folder: str | os.PathLike, size: int | None = None, classe
         channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
     channels = check_choice("channels", channels, (1, 3))
     shape = (size, size) if size else headers[0][1][::-1]
-    need = 3 * len(headers) * shape[0] * shape[1] * channels  # the images, their encodings and their join
-    check_memory(need, f"{len(headers)} images of {shape[0]}x{shape[1]}x{channels}")
+    need, free = 3 * len(headers) * shape[0] * shape[1] * channels, memory_available()  # images, encodings, join
+    if free is not None and need > free:
+        raise DataError(f"{len(headers)} images of {shape[0]}x{shape[1]}x{channels} need about {need / 2**30:.1f} GiB "
+                        f"of memory; {free / 2**30:.1f} GiB are available (pack fewer or smaller images: --size)")
 
     def read(path: str) -> np.ndarray:
         try:
@@ -490,19 +486,10 @@ def _header(path: str) -> tuple[str, tuple[int, int]]:
         raise DataError(f"{path} is not a readable image ({exc})") from None
 
 
-def check_memory(need: int, what: str) -> None:
-    """A DataError where ``need`` bytes exceed the memory available now (``MemAvailable``; unchecked where the
-    system does not say)."""
-    free = memory_available()
-    if free is not None and need > free:
-        raise DataError(f"{what} need about {need / 2**30:.1f} GiB of memory; {free / 2**30:.1f} GiB are available "
-                        "(pack fewer or smaller images: --size)")
-
-
 def pack(path: str | os.PathLike, train: Any, test: Any, format: str = "png", quality: int = 95) -> Path:
     """Write ``train`` and ``test`` (ImageDatasets or torchvision datasets) as a packed ``.npz`` file;
     ``png`` is lossless (1 to 4 channels), ``jpeg`` smaller (1 or 3). Returns its path."""
-    check_choice("image format", format, ENCODINGS)
+    check_choice("image format", format, ENCODED_CHANNELS)
     train = as_image_dataset(train)
     test = as_image_dataset(test, train.class_names)
     if train.channels not in ENCODED_CHANNELS[format]:
@@ -569,12 +556,6 @@ def data_folders(data: str | os.PathLike | None = None) -> list[Path]:
     return [*([path_of(env)] if env else []), Path("data"), Path("../shared/data"), path_of(CACHE)]
 
 
-def where_to_put(name: str, data: str | os.PathLike | None = None) -> str:
-    """Where a packed ``name`` is looked for and how to make one, in a sentence."""
-    return (f"Put {name}.npz (or {name}_jpeg.npz) in one of {', '.join(map(str, data_folders(data)))} (or set "
-            f"{DATA_ENV} to its folder); make it where there is internet with: connlearn pack {name} -o {name}.npz")
-
-
 def find_packed(name: str, data: str | os.PathLike | None = None) -> Path | None:
     """The packed file of dataset ``name``: ``data`` itself where it is a file, else ``{name}_jpeg.npz`` or
     ``{name}.npz`` in the first of :func:`data_folders` that holds one."""
@@ -623,5 +604,57 @@ def load_dataset(name: str, data: str | os.PathLike | None = None,
         default = ": cifar100 is the default dataset, --dataset names another" if name == "cifar100" else ""
         failed = " ".join(str(exc).split())[:200]
         raise DataError(f"no {name} data found{default} ({looked}; the download failed: {failed}). "
-                        f"{where_to_put(name, data)}; or pass --data FILE_OR_FOLDER") from None
+                        f"Put {name}.npz (or {name}_jpeg.npz) in one of {', '.join(map(str, folders))} (or set "
+                        f"{DATA_ENV} to its folder); make it where there is internet with: connlearn pack {name} -o "
+                        f"{name}.npz; or pass --data FILE_OR_FOLDER") from None
     return as_image_dataset(splits[0]), as_image_dataset(splits[1])
+
+
+# ------------------------------------------------------------------------------------------ UCR/UEA sets
+def ucr_sets() -> list[str]:
+    """The UCR/UEA classification sets the installed ``aeon`` package ships inside its wheel (no download)."""
+    root = _aeon_data()
+    return sorted(d.name for d in root.iterdir() if (d / f"{d.name}_TRAIN.ts").is_file()
+                  and (d / f"{d.name}_TEST.ts").is_file() and _classification(d / f"{d.name}_TRAIN.ts"))
+
+
+def _classification(path: Path) -> bool:
+    """Whether a .ts file's header says its series have class labels (not regression targets)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.lower().startswith("@data"):
+                return False
+            if line.lower().split()[:2] == ["@classlabel", "true"]:
+                return True
+    return False
+
+
+def _aeon_data() -> Path:
+    try:
+        import aeon.datasets
+    except ImportError:
+        raise DataError("the UCR/UEA sets come with the aeon package: pip install 'connlearn[timeseries]' (or "
+                        "pip install aeon)") from None
+    return Path(aeon.datasets.__file__).parent / "data"
+
+
+def load_ucr(name: str) -> tuple[ArrayDataset, ArrayDataset]:
+    """``(train, test)`` of a UCR/UEA time-series classification set that ``aeon`` ships (:func:`ucr_sets`:
+    GunPoint, ArrowHead, ItalyPowerDemand, BasicMotions, JapaneseVowels, OSULeaf, ...) as the archive splits
+    it. Series of unequal length are padded with zeros at their end to the longest of both splits (the UEA
+    archive's JapaneseVowels: 29); class names are the archive's labels, in natural order."""
+    from aeon.datasets import load_from_ts_file
+
+    root = _aeon_data() / check_choice("UCR/UEA set (shipped with aeon)", name, ucr_sets())
+    splits = [load_from_ts_file(str(root / f"{name}_{split}.ts")) for split in ("TRAIN", "TEST")]
+    length = max(x.shape[-1] for xs, _ in splits for x in xs)
+    labels = sorted({str(v) for _, y in splits for v in y}, key=lambda v: (not v.isdigit(), int(v) if v.isdigit()
+                                                                          else 0, v))
+    index = {v: i for i, v in enumerate(labels)}
+    out = []
+    for xs, y in splits:
+        x = np.zeros((len(xs), xs[0].shape[0], length), dtype=np.float32)
+        for i, series in enumerate(xs):
+            x[i, :, :series.shape[-1]] = np.nan_to_num(np.asarray(series, dtype=np.float32))
+        out.append(ArrayDataset(x, [index[str(v)] for v in y], labels))
+    return out[0], out[1]

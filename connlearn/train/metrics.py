@@ -1,5 +1,6 @@
 """What the trainer measures: evaluation, the gates' statistics, the draws' statistics, the connectivity's
-numbers per epoch and the lines of ``gates.jsonl``; sums over the ranks under ``torch.distributed``."""
+numbers per epoch and the lines of ``gates.jsonl``; sums and decisions over the ranks under
+``torch.distributed``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,22 @@ class Loader(Protocol):
 
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def over_ranks(value: float, op: str, device: torch.device) -> float:
+    """The ``"min"`` or ``"max"`` of ``value`` over the ranks (``value`` itself outside torch.distributed): a
+    decision each rank takes by its own clock, signal or files is taken by all, or the ranks that go on wait
+    forever for those that stopped."""
+    if not distributed():
+        return value
+    t = torch.tensor([value], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    return t.item()
+
+
+def on_every_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every rank."""
+    return bool(over_ranks(float(flag), "min", device))
 
 
 def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,9 @@ The groups:
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,14 +27,16 @@ import attrs
 import torch
 
 from connlearn.errors import ConfigError, check_choice, check_float, check_int, closest, number_or_text
+from connlearn.files import read_text
 from connlearn.gates import GATES
 from connlearn.graph import CONV_INITS, RESIDUAL_INITS
 from connlearn.topologies import PRESETS
 from connlearn.train.loaders import MAX_SEED
 from connlearn.train.recipe import GATE_OPTIMIZERS, TEMPERATURES, Recipe, get_recipe
-from connlearn.train.trainer import AMP_MODES, COMPILE_MODES
 from connlearn.updater import GRAD_MODES
 
+AMP_MODES = ("auto", "bf16", "fp16", "none")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: The architecture options of every topology, and of each topology of its own.
 COMMON = ("topology", "gate", "K", "density", "connectivity")
 NEURAL_GRAPH = ("nodes", "features")
@@ -69,26 +73,16 @@ def at_least(low: int, high: int | None = None) -> Callable[[str, Any], Any]:
     return lambda name, value: check_int(name, value, low, high)
 
 
-def finite_above(low: float, inclusive: bool = False) -> Callable[[str, Any], float]:
-    """A finite number above ``low`` (or from it, ``inclusive``)."""
+def number(low: float, high: float = math.inf, above: bool = False) -> Callable[[str, Any], float]:
+    """A finite number in [low, high], or (low, high] ``above`` low."""
     def check(name: str, value: Any) -> float:
         value = check_float(name, value)
-        if not math.isfinite(value) or value < low or (value == low and not inclusive):
-            raise ConfigError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value}")
-        return value
+        if math.isfinite(value) and low <= value <= high and not (above and value == low):
+            return value
+        allowed = (f"a finite number {'>' if above else '>='} {low:g}" if high == math.inf
+                   else f"in {'(' if above else '['}{low:g}, {high:g}]")
+        raise ConfigError(f"{name} must be {allowed}, got {value}")
     return check
-
-
-def within(low: float, high: float) -> Callable[[str, Any], float]:
-    return lambda name, value: check_float(name, value, low, high)
-
-
-def share(name: str, value: Any) -> float:
-    """A share in (0, 1]."""
-    value = check_float(name, value)
-    if not 0 < value <= 1:
-        raise ConfigError(f"{name} must be in (0, 1], got {value}")
-    return value
 
 
 def sizes(low: int, high: int) -> Callable[[str, Any], tuple[int, ...]]:
@@ -101,9 +95,9 @@ def sizes(low: int, high: int) -> Callable[[str, Any], tuple[int, ...]]:
 
 
 def text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
+    if not isinstance(value, str | os.PathLike):
         raise ConfigError(f"{name} must be a path or a name (a string), got {value!r}")
-    return value
+    return os.fspath(value)
 
 
 def switch(name: str, value: Any) -> bool:
@@ -200,7 +194,7 @@ _OPTIONS = [
            "or another registered kind (docs/estimators.md)", gate_kind),
     Option("K", None, ARCHITECTURE, "inputs per block (default C/2; C for full)", at_least(1, 256), flag=INT),
     Option("density", None, ARCHITECTURE, "one budget of edges over the network instead of K: the share of all "
-           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", share, flag=FLOAT),
+           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", number(0.0, 1.0, above=True), flag=FLOAT),
     Option("C", None, ARCHITECTURE, "branches per module (default: the preset's)", at_least(1, 256), flag=INT),
     Option("M", None, ARCHITECTURE, "modules, a multiple of 3 (default: the preset's)", at_least(1, 300), flag=INT),
     Option("width", None, ARCHITECTURE, "a branch's bottleneck width in the first stage", at_least(1, 4096),
@@ -219,12 +213,12 @@ _OPTIONS = [
     Option("connectivity", None, ARCHITECTURE, "train this checkpoint's (or graph JSON's) connectivity from scratch, "
            "with new weights", text),
     Option("gate_lr", None, GATE_TRAINING, "the gates' learning rate in phase 1 (default: the recipe's, 0.2; 0 "
-           "keeps them where they start)", finite_above(0.0, inclusive=True), flag=FLOAT),
+           "keeps them where they start)", number(0.0), flag=FLOAT),
     Option("gate_optimizer", "sgd", GATE_TRAINING, "sgd (the paper's: the gates in the weights' SGD at --gate-lr) or "
            "adam (the gates alone in Adam at --gate-lr, e.g. 0.01)", choices=GATE_OPTIMIZERS),
     Option("gate_rule", "plain", GATE_TRAINING, "how the gates learn (plain: the paper's)", choices=GRAD_MODES),
     Option("gate_momentum", None, GATE_TRAINING, "the gates' momentum (default: the weights'; 0: Algorithm 1's plain "
-           "step)", within(0.0, 1.0), flag=FLOAT),
+           "step)", number(0.0, 1.0), flag=FLOAT),
     Option("gate_init", 0.5, GATE_TRAINING, "initial real gates: a value in [0, 1] or 'uniform'", gate_init,
            flag={"type": number_or_text}),
     Option("gate_warmup", 0, GATE_TRAINING, "epochs at the start of phase 1 in which the gates do not learn (the "
@@ -233,9 +227,9 @@ _OPTIONS = [
            "for the gates: each weight step is followed by a gate step on a held-out batch (first-order bilevel)",
            at_least(1), flag=INT),
     Option("gate_temperature", 1.0, GATE_TRAINING, "sampling temperature of phase 1 (1: the paper's; below 1: closer "
-           "to the top-K)", within(*TEMPERATURES), flag=FLOAT),
+           "to the top-K)", number(*TEMPERATURES), flag=FLOAT),
     Option("gate_temperature_end", None, GATE_TRAINING, "anneal the temperature geometrically over phase 1 to this "
-           "value", within(*TEMPERATURES), flag=FLOAT),
+           "value", number(*TEMPERATURES), flag=FLOAT),
     Option("schedule", None, SHARED, "the recipe: the dataset's (the paper's four phases, the connectivity frozen "
            "after the first) or dnw (three phases at lr 0.1, 0.01, 0.001 over 1/2, 1/4, 1/4 of the epochs, weight "
            "decay 1e-4, nothing frozen: Discovering Neural Wirings')", choices=("dnw",)),
@@ -243,7 +237,7 @@ _OPTIONS = [
            "two stages (stages) or every node's in- and out-degree (degrees), from the run's seed",
            choices=("stages", "degrees")),
     Option("lr", None, TRAINING, "the weights' learning rate in phase 1, the later phases' scaled with it (default: "
-           "the recipe's, 0.1)", finite_above(0.0), flag=FLOAT),
+           "the recipe's, 0.1)", number(0.0, above=True), flag=FLOAT),
     Option("loader", "auto", TRAINING, "auto: batches made on the device; dataloader: torch's DataLoader (--workers)",
            choices=("auto", "dataloader")),
     Option("recalibrate_bn", 0, TRAINING, "before the last evaluation, recompute the batch-norm statistics of the "
@@ -255,6 +249,8 @@ _OPTIONS = [
     Option("compile", False, MACHINE, "torch.compile the network, in MODE: " + ", ".join(COMPILE_MODES) + " (on a "
            "GPU: reduce-overhead)", compile_mode,
            flag={"nargs": "?", "const": "default", "metavar": "MODE"}, resumable=True),
+    Option("channels_last", False, MACHINE, "train in channels-last memory format", switch, flag=BOOL,
+           resumable=True),
     Option("activation_checkpointing", False, MACHINE, "recompute each module's activations in the backward pass "
            "(less memory, more time)", switch, flag=BOOL, resumable=True),
     Option("workers", None, MACHINE, "DataLoader processes (with --loader dataloader)", at_least(0), flag=INT,
@@ -275,12 +271,6 @@ def names(*groups: str) -> list[str]:
     return [o.name for o in _OPTIONS if o.group in groups]
 
 
-def defaults() -> dict[str, Any]:
-    """Each option's value where a run leaves it out and its gate kind sets nothing: what a run that predates an
-    option trained with."""
-    return {o.name: o.default for o in _OPTIONS}
-
-
 def recorded(run: dict[str, Any]) -> dict[str, Any]:
     """The options of a run as ``summary.json`` or a checkpoint recorded them (lists for tuples): one the run
     predates at its default, one since removed (``engine``) left out."""
@@ -292,6 +282,20 @@ def relative_to(folder: Path, options: dict[str, Any]) -> dict[str, Any]:
     paths = [o.name for o in _OPTIONS if o.path]
     return {k: str(folder / v) if k in paths and isinstance(v, str) and not Path(v).expanduser().is_absolute()
             else v for k, v in options.items()}
+
+
+def read_options(path: Path, what: str) -> dict[str, Any]:
+    """The top-level table of a JSON or TOML file (by its suffix)."""
+    import tomllib
+
+    text = read_text(path, what, ConfigError)
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the {what} {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold one object of options, e.g. {{\"epochs\": 30}}")
+    return data
 
 
 def check_names(where: str, options: dict[str, Any], allowed: Iterable[str] = OPTIONS) -> dict[str, Any]:

@@ -33,9 +33,9 @@ from connlearn.graph import (
     input_shape,
     random_overlap,
 )
-from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
+from connlearn.prune import freezing_changes_outputs
 from connlearn.topologies import PRESETS, neural_graph, resnext
-from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, make_checkpoint, save_checkpoint
+from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, save_pruned
 from connlearn.train.data import (
     NUM_CLASSES,
     ArrayDataset,
@@ -45,8 +45,7 @@ from connlearn.train.data import (
     load_packed,
     synthetic,
 )
-from connlearn.train.folders import folder_loaders, load_imagenet
-from connlearn.train.loaders import make_loaders
+from connlearn.train.loaders import folder_loaders, load_imagenet, make_loaders
 from connlearn.train.options import ARCHITECTURE, NEURAL_GRAPH, OPTIONS, PROTOCOLS, RunConfig, names, recorded
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
@@ -320,11 +319,8 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     _say(f"connlearn: {network_words(config, graph)} gate={net.gate_kind} K={net.K} on {source}: {len(train)} train "
          f"/ {len(test)} eval {noun(train)}, {schedule_words(config)}; {world} process(es) on {device}")
     facts = data_facts(train, test)
-    trainer = Trainer(net, train_loader, test_loader, recipe, out_dir=out, device=device, amp=config.amp,
-                      compile=config.compile,
-                      snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
-                      eval_every=config.eval_every, recalibrate_bn=config.recalibrate_bn, gate_loader=gate_loader,
-                      tensorboard=config.tensorboard, progress=config.progress,
+    here = RunConfig(**{**config.to_dict(), "device": str(device)})  # this process's GPU under torchrun
+    trainer = Trainer(net, train_loader, test_loader, recipe, here, gate_loader=gate_loader,
                       meta={"run": config.to_dict(), "source": source, "data": facts},
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
     left = None if time_limit is None else time_limit - (time.perf_counter() - started)
@@ -345,13 +341,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
     """Prune, write ``summary.json`` and the pictures, and say what the run gave."""
     net, graph = trainer.net, trainer.net.graph()
     overlap = input_overlap(graph)
-    report = None
-    if not freezing_changes_outputs(net):
-        pruned, report = prune_dead_blocks(net, freeze=True)
-        save_checkpoint(make_checkpoint(pruned, meta={"run": config.to_dict(), "source": source, "prune": str(report),
-                                                      "params_train": report.params_before,
-                                                      "top1": history[-1].get("test_top1")},
-                                        epoch=trainer.epoch, best_top1=trainer.best_top1), out / "pruned.pt")
+    report = None if freezing_changes_outputs(net) else save_pruned(trainer.state(), out / "pruned.pt")
     chance = {m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
     gate = "frozen" if config.connectivity else config.gate or "topk"  # as asked for, not as the freeze left it
     summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,

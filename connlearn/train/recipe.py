@@ -20,22 +20,9 @@ GATE_OPTIMIZERS = ("sgd", "adam")
 TEMPERATURES = (1e-4, 1e4)
 
 
-def _positive(_: Any, a: attrs.Attribute, value: Any) -> None:
-    check_int(a.name, value, 1)
-
-
-def _rate(_: Any, a: attrs.Attribute, value: Any) -> None:
-    check_float(a.name, value, 0.0, math.inf)
-
-
-def _temperature(_: Any, a: attrs.Attribute, value: Any) -> None:
-    if value is not None or a.name == "temperature":
-        check_float(a.name, value, *TEMPERATURES)
-
-
-def _momentum(_: Any, a: attrs.Attribute, value: Any) -> None:
-    if value is not None or a.name == "momentum":
-        check_float(a.name, value, 0.0, 1.0)
+def _checked(check: Any, *bounds: Any, optional: bool = False) -> Any:
+    """An attrs validator: ``check(name, value, *bounds)`` (None passes where ``optional``)."""
+    return lambda _, a, v: None if optional and v is None else check(a.name, v, *bounds)
 
 
 @attrs.frozen
@@ -44,12 +31,13 @@ class Phase:
     start. The draws' temperature moves geometrically from ``temperature`` at the phase's first step to
     ``temperature_end`` (if given) at its last."""
 
-    epochs: int = attrs.field(validator=_positive)
-    lr: float = attrs.field(validator=_rate)
-    gate_lr: float = attrs.field(default=0.0, validator=_rate)
+    epochs: int = attrs.field(validator=_checked(check_int, 1))
+    lr: float = attrs.field(validator=_checked(check_float, 0.0, math.inf))
+    gate_lr: float = attrs.field(default=0.0, validator=_checked(check_float, 0.0, math.inf))
     frozen: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    temperature: float = attrs.field(default=1.0, validator=_temperature)
-    temperature_end: float | None = attrs.field(default=None, validator=_temperature)
+    temperature: float = attrs.field(default=1.0, validator=_checked(check_float, *TEMPERATURES))
+    temperature_end: float | None = attrs.field(default=None, validator=_checked(check_float, *TEMPERATURES,
+                                                                                  optional=True))
 
     def temperature_at(self, progress: float) -> float:
         """The temperature at ``progress`` in [0, 1] of the phase."""
@@ -63,10 +51,6 @@ class Phase:
         return min(max(t, low), high)
 
 
-def _gate_rule(_: Any, a: attrs.Attribute, value: Any) -> None:
-    check_choice("gate rule", value, GRAD_MODES)
-
-
 @attrs.frozen
 class Recipe:
     """A phased SGD schedule. ``gate_momentum``: the gates' own momentum (None: ``momentum``; 0: Algorithm
@@ -77,13 +61,13 @@ class Recipe:
 
     name: str
     phases: tuple[Phase, ...] = attrs.field(converter=lambda v: tuple(v))
-    batch_size: int = attrs.field(default=128, validator=_positive)
-    momentum: float = attrs.field(default=0.9, validator=_momentum)
-    weight_decay: float = attrs.field(default=5e-4, validator=_rate)
-    gate_momentum: float | None = attrs.field(default=None, validator=_momentum)
-    gate_rule: str = attrs.field(default="plain", validator=_gate_rule)
-    gate_optimizer: str = attrs.field(default="sgd", validator=lambda _, a, v: check_choice(a.name, v, GATE_OPTIMIZERS))
-    gate_warmup: int = attrs.field(default=0, validator=lambda _, a, v: check_int(a.name, v, 0))
+    batch_size: int = attrs.field(default=128, validator=_checked(check_int, 1))
+    momentum: float = attrs.field(default=0.9, validator=_checked(check_float, 0.0, 1.0))
+    weight_decay: float = attrs.field(default=5e-4, validator=_checked(check_float, 0.0, math.inf))
+    gate_momentum: float | None = attrs.field(default=None, validator=_checked(check_float, 0.0, 1.0, optional=True))
+    gate_rule: str = attrs.field(default="plain", validator=_checked(check_choice, GRAD_MODES))
+    gate_optimizer: str = attrs.field(default="sgd", validator=_checked(check_choice, GATE_OPTIMIZERS))
+    gate_warmup: int = attrs.field(default=0, validator=_checked(check_int, 0))
 
     def __attrs_post_init__(self) -> None:
         frozen = [p.frozen for p in self.phases]
@@ -129,10 +113,6 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Recipe:
-        return cls(**{**d, "phases": [Phase(**p) for p in d["phases"]]})
 
 
 def _paper(name: str, epochs: tuple[int, ...], **options: Any) -> Recipe:

@@ -25,8 +25,7 @@ from connlearn.errors import CheckpointError, ConfigError
 from connlearn.files import path_of, read_jsonl, remove_leftovers, write_jsonl
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import folder_lock, load_checkpoint, save_checkpoint
-from connlearn.train.metrics import distributed, gate_snapshot
-from connlearn.train.ranks import on_every_rank, over_ranks
+from connlearn.train.metrics import distributed, gate_snapshot, on_every_rank, over_ranks
 from connlearn.train.signals import TrainingStopped
 
 WRITES = ("last.pt", ".next.pt", "best.pt", "log.jsonl")
@@ -98,7 +97,7 @@ class RunFolder:
             raise CheckpointError(f"resume=True, but {self.path} holds no checkpoint")
         some = float(found is not None)
         if over_ranks(some, "min", self.device) != over_ranks(some, "max", self.device):
-            raise CheckpointError("the ranks disagree on whether there is a checkpoint: give them a shared out_dir")
+            raise CheckpointError("the ranks disagree on whether there is a checkpoint: give them a shared out folder")
         return found
 
     def read(self, path: Path) -> tuple[dict[str, Any], Path]:

@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from connlearn.errors import check_choice
-from connlearn.train.metrics import distributed
-from connlearn.train.ranks import on_every_rank, over_ranks
+from connlearn.train.metrics import distributed, on_every_rank, over_ranks
 
 #: Ctrl-C, a scheduler's SIGTERM and Slurm's ``--signal`` default, SIGUSR1.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)

@@ -1,16 +1,11 @@
 """The GateConnect trainer: a :class:`~connlearn.train.recipe.Recipe` run on a network, in plain PyTorch.
 
-Each epoch appends one JSON line to ``out_dir/log.jsonl`` (losses, top-1/top-5, learning rates, times, active
-branches, gate statistics and, for sampled gates, how many distinct input sets each block drew and how often
-a draw was its top-K) and writes the checkpoints ``last.pt`` and ``best.pt``, each whole (see
-:mod:`connlearn.train.run_folder`). Every ``snapshot_every`` steps (and at the freeze) it appends the real gates
-to ``gates.jsonl``. While ``fit`` runs the folder is held: another process is refused it.
-
-Resuming (``fit(resume="auto")``) goes on exactly: a run stopped after any epoch, or within one at a
-``checkpoint_every`` checkpoint or a stop signal, ends with the same weights, gates and log (timings aside)
-as an uninterrupted one, on the CPU. Under ``torch.distributed`` the trainer wraps the network in
-DistributedDataParallel, sums metrics over the ranks and writes files from rank 0; give each rank its shard
-of the data (the loaders' ``rank``/``world_size``).
+Each epoch appends a JSON line to ``log.jsonl`` (losses, top-1/top-5, learning rates, times, active branches,
+gate and draw statistics) and writes ``last.pt`` and ``best.pt`` whole (:mod:`connlearn.train.run_folder`);
+every ``snapshot_every`` steps and at the freeze the real gates go to ``gates.jsonl``. ``fit(resume="auto")``
+goes on exactly: a run stopped after any epoch, or within one at a checkpoint or a stop signal, ends as an
+uninterrupted one (timings aside) on the CPU. Under ``torch.distributed``: DDP, metrics summed over the
+ranks, files from rank 0; give each rank its shard (the loaders' ``rank``/``world_size``).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
-from connlearn.errors import CheckpointError, DivergenceError, check_choice, check_int
+from connlearn.errors import CheckpointError, DivergenceError
 from connlearn.files import path_of
 from connlearn.net import ConnectivityNet
 from connlearn.train.checkpoint import architecture, make_checkpoint, net_from_checkpoint
@@ -40,19 +35,16 @@ from connlearn.train.metrics import (
     distributed,
     draw_statistics,
     evaluate,
+    on_every_rank,
     recalibrate_batch_norm,
     record_draw,
     sum_over_ranks,
 )
-from connlearn.train.optimizers import Optimizers
-from connlearn.train.ranks import on_every_rank
+from connlearn.train.options import RunConfig
 from connlearn.train.recipe import Recipe
 from connlearn.train.run_folder import RunFolder
 from connlearn.train.signals import StopRequests
-
-AMP_MODES = ("auto", "bf16", "fp16", "none")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
+from connlearn.updater import GateUpdater, drop_gate_group, param_groups
 
 
 def _finite(net: ConnectivityNet) -> bool:
@@ -70,7 +62,7 @@ def _check_finite(net: ConnectivityNet, folder: RunFolder, epoch: int, loss: flo
     kept = f"{folder.last} holds epoch {folder.saved[0]}" if folder.saved else "nothing was saved"
     where = f"epoch {epoch + 1}" + (f" (batch {batch})" if batch else "")
     raise DivergenceError(f"training diverged in {where}, train loss {loss:.4g}: weights are no longer finite; "
-                          f"{kept}. Train again with a lower learning rate, in a new out_dir")
+                          f"{kept}. Train again with a lower learning rate, in a new out folder")
 
 
 def _batches(loader: Loader, epoch: int, start: int, rng_at_start: torch.Tensor | None) -> Iterator[Any]:
@@ -114,19 +106,104 @@ def _show(bar: Any, totals: torch.Tensor, shown: float, last: bool) -> float:
     return shown
 
 
-class Execution:
-    """How a network trains: on ``device`` (default CUDA where there is one), under autocast to ``amp``
-    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), in channels-last memory format or not,
-    ``torch.compile``-d or not (True or a mode of :data:`COMPILE_MODES`), in DDP under torch.distributed."""
+class Optimizers:
+    """``weights``: SGD over the weights (and the gates, unless they have their own); ``gates``: the gates'
+    own optimizer, or None (none of their own, or frozen); ``scaler``: fp16's GradScaler (else a disabled one).
 
-    def __init__(self, device: str | torch.device | None, amp: str, channels_last: bool, compile: bool | str) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    The paper trains the gates in the weights' SGD, in a param group of their own (own lr, no weight decay).
+    ``Recipe(gate_optimizer="adam")`` gives them Adam at the phase's gate lr instead, as differentiable NAS
+    trains its architecture; a ``gate_loader`` of held-out batches gives them a step of their own on the next
+    held-out batch after every weight step (a first-order bilevel step, as DARTS's). Either way the gates do
+    not move in the recipe's ``gate_warmup`` epochs, the :class:`~connlearn.updater.GateUpdater` clips them
+    after each of their steps, and the freeze takes them out of every optimizer."""
+
+    def __init__(self, net: ConnectivityNet, recipe: Recipe, gate_loader: Loader | None,
+                 scaler: torch.amp.GradScaler) -> None:
+        self.recipe, self.gate_loader, self.scaler = recipe, gate_loader, scaler
+        self._held_out: tuple[int, Iterator[Any]] | None = None  # the next gate step's index, its batches
+        self.updater = GateUpdater(net, grad_mode=recipe.gate_rule)
+        phase = recipe.phases[0]
+        groups = param_groups(net, phase.lr, recipe.weight_decay, phase.gate_lr, recipe.gate_momentum)
+        own = len(groups) > 1 and (recipe.gate_optimizer == "adam" or gate_loader is not None)
+        sgd: dict[str, Any] = {"momentum": recipe.momentum}
+        self.weights = torch.optim.SGD(groups[:1] if own else groups, lr=phase.lr, **sgd)
+        self.gates: torch.optim.Optimizer | None = None
+        if own and recipe.gate_optimizer == "adam":
+            self.gates = torch.optim.Adam([{k: v for k, v in groups[1].items() if k != "momentum"}])
+        elif own:
+            self.gates = torch.optim.SGD(groups[1:], lr=phase.gate_lr, **sgd)
+        self.updater.attach(self.gates or self.weights)
+
+    @property
+    def all(self) -> list[torch.optim.Optimizer]:
+        return [self.weights] + ([self.gates] if self.gates is not None else [])
+
+    def start_epoch(self, epoch: int) -> None:
+        """Set the learning rates of ``epoch``'s phase; the gates' is 0 in the warm-up, where they stay as they
+        start (the draws go on)."""
+        phase = self.recipe.phase_at(epoch)[1]
+        learning = epoch >= self.recipe.gate_warmup
+        for group in (g for optimizer in self.all for g in optimizer.param_groups):
+            group["lr"] = (phase.gate_lr if learning else 0.0) if group.get("name") == "gates" else phase.lr
+
+    def temperature_at(self, epoch: int, batch: int, batches: int) -> float:
+        """The draws' temperature at ``batch`` (of ``batches``) of ``epoch``: its phase's schedule, from the phase's
+        first step to its last."""
+        index, phase = self.recipe.phase_at(epoch)
+        done = (epoch - sum(p.epochs for p in self.recipe.phases[:index])) * batches + batch  # the phase's steps
+        return phase.temperature_at(done / max(phase.epochs * batches - 1, 1))
+
+    def held_out_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The held-out batch of gate step ``index`` (batch ``index % n`` of the gate loader's epoch ``index // n``),
+        or None where the gates take no step of their own."""
+        if self.gate_loader is None or self.gates is None:
+            return None
+        n = len(self.gate_loader)
+        if self._held_out is None or self._held_out[0] != index or index % n == 0:  # a start or a resume
+            self._held_out = (index, iter(self.gate_loader.epoch(index // n, start=index % n)))  # type: ignore[call-arg]
+        batch = next(self._held_out[1])
+        self._held_out = (index + 1, self._held_out[1])
+        return batch
+
+    def step(self, objective: torch.Tensor, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Backward from ``objective`` and a step of ``optimizers``; the others' gradients are dropped."""
+        for optimizer in self.all:
+            optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(objective).backward()
+        for optimizer in optimizers:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def freeze(self) -> None:
+        """After ``net.freeze()``: the gates leave the weights' SGD, and their own optimizer goes."""
+        drop_gate_group(self.weights)
+        self.gates = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's entries ``optimizer``, ``gate_optimizer`` and ``scaler``."""
+        return {"optimizer": self.weights.state_dict(),
+                "gate_optimizer": None if self.gates is None else self.gates.state_dict(),
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, ckpt: dict[str, Any]) -> None:
+        self.weights.load_state_dict(ckpt["optimizer"])
+        if self.gates is not None and ckpt.get("gate_optimizer"):
+            self.gates.load_state_dict(ckpt["gate_optimizer"])
+        if ckpt["scaler"]:
+            self.scaler.load_state_dict(ckpt["scaler"])
+
+
+class Execution:
+    """How a network trains, as ``config`` says: on its device (default CUDA where there is one), under autocast
+    (``auto``: bf16 on CUDA, off on the CPU; ``fp16`` with a GradScaler), channels-last or not,
+    ``torch.compile``-d or not, in DDP under torch.distributed."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None,
-                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[check_choice("amp mode", amp,
-                                                                                                 AMP_MODES)]
-        self.compile = compile if compile is False else check_choice("compile mode", "default" if compile is True
-                                                                     else compile, COMPILE_MODES)
-        self.channels_last = channels_last
+                    "auto": torch.bfloat16 if self.device.type == "cuda" else None}[config.amp]
+        self.compile = "default" if config.compile is True else config.compile
+        self.channels_last = config.channels_last
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: cuDNN's autotuned kernels are chosen once
 
@@ -142,54 +219,33 @@ class Execution:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         return torch.compile(model, mode=self.compile) if self.compile else model
 
-    def grad_scaler(self) -> torch.amp.GradScaler:
-        return torch.amp.GradScaler(self.device.type, enabled=self.amp is torch.float16)
-
-    def autocast(self) -> Any:
-        return autocast(self.device, self.amp)
-
-    def input(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
     def evaluate(self, model: torch.nn.Module, loader: Loader) -> dict[str, float]:
         return evaluate(model, loader, amp=self.amp, channels_last=self.channels_last)
 
 
 class Trainer:
-    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``out_dir`` (see the module docstring).
+    """Runs ``recipe`` on ``net`` with SGD, writing logs and checkpoints to ``config.output`` (its ``out``; see
+    the module docstring). ``config``'s machine options say how (``device``, ``amp``, ``compile``, ``channels_last``,
+    ``tensorboard``, ``progress``), and ``snapshot_every``, ``checkpoint_every``, ``eval_every`` and
+    ``recalibrate_bn`` when (``connlearn train --help`` says each); its other options are the protocol's.
 
     Args:
         net: the network; a resume replaces it by the checkpoint's. train_loader, test_loader: ``len()`` and
             ``epoch(e, start=0)`` giving ``(images, labels)`` on the device (``test_loader`` may be None).
-        device: default CUDA where there is one. amp: ``auto`` (bf16 on CUDA, off on the CPU), ``bf16``,
-            ``fp16`` (with a GradScaler) or ``none``. channels_last: train in channels-last memory format.
-        compile: ``torch.compile`` the network (True, or a mode of :data:`COMPILE_MODES`: on a GPU
-            ``reduce-overhead``); recompiled once, when the connectivity freezes.
-        snapshot_every: steps between gate snapshots (0: none). checkpoint_every: steps between checkpoints
-            within an epoch (0: at its end only). eval_every: evaluate after every this many epochs and the last.
-            recalibrate_bn: before the last evaluation, recompute the batch norms' statistics over this many
-            training batches (0: not); the log keeps the top-1 before it as ``test_top1_before_recalibration``.
-            tensorboard: also write TensorBoard scalars to ``out_dir/tb``.
-        gate_loader: held-out batches for the gates' own steps (see :mod:`connlearn.train.optimizers`).
-        progress: progress bars (a line per epoch is printed either way). meta: JSON-able facts kept in the
-            checkpoints. resume_check: called with the checkpoint a resume is about to load; it raises to refuse it.
+        gate_loader: held-out batches for the gates' own steps (see :class:`Optimizers`).
+        meta: JSON-able facts kept in the checkpoints. resume_check: called with the checkpoint a resume is
+            about to load; it raises to refuse it.
     """
 
-    def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe, *,
-                 out_dir: str | os.PathLike, device: str | torch.device | None = None, amp: str = "auto",
-                 channels_last: bool = False, compile: bool | str = False, snapshot_every: int = 100,
-                 checkpoint_every: int = 0, eval_every: int = 1, recalibrate_bn: int = 0, tensorboard: bool = False,
-                 progress: bool = True, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
-                 resume_check: Any = None) -> None:
-        self.execution = Execution(device, amp, channels_last, compile)
+    def __init__(self, net: ConnectivityNet, train_loader: Loader, test_loader: Loader | None, recipe: Recipe,
+                 config: RunConfig, *, gate_loader: Loader | None = None, meta: dict[str, Any] | None = None,
+                 resume_check: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config, self.execution = config, Execution(config)
         self.train_loader, self.test_loader, self.recipe = train_loader, test_loader, recipe
         self.gate_loader, self.device = gate_loader, self.execution.device
-        self.folder = RunFolder(out_dir, self.device)
+        self.folder = RunFolder(config.output, self.device)
         self.out_dir, self.is_main = self.folder.path, self.folder.is_main
-        self.snapshot_every, self.checkpoint_every = snapshot_every, checkpoint_every
-        self.eval_every = check_int("eval_every", eval_every, 1)
-        self.recalibrate_bn = check_int("recalibrate_bn", recalibrate_bn, 0)
-        self.tensorboard, self.progress, self.meta, self.resume_check = tensorboard, progress, meta or {}, resume_check
+        self.meta, self.resume_check = meta or {}, resume_check
         self.history: list[dict[str, Any]] = []
         self.epoch = self.step = 0
         self.best_top1: float | None = None
@@ -200,7 +256,8 @@ class Trainer:
 
     def _set_net(self, net: ConnectivityNet) -> None:
         self.net = self.execution.place(net)
-        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, self.execution.grad_scaler())
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.execution.amp is torch.float16)
+        self.optimizers = Optimizers(self.net, self.recipe, self.gate_loader, scaler)
         self._last_connectivity = self.net.connectivity()
         self.model = self.execution.wrap(self.net)
 
@@ -209,7 +266,7 @@ class Trainer:
             time_limit: float | None = None, stop_signals: Iterable[Any] | None = ()) -> list[dict[str, Any]]:
         """Train to the end of the recipe (or ``max_epochs`` more); returns the epoch log.
 
-        ``resume``: ``"auto"`` goes on from ``out_dir/last.pt`` where there is one, ``True`` requires it,
+        ``resume``: ``"auto"`` goes on from ``out/last.pt`` where there is one, ``True`` requires it,
         ``False`` starts afresh (removing the folder's checkpoints), a path resumes from that checkpoint.
         ``time_limit`` (seconds): start no epoch after it. ``stop_signals`` (e.g.
         :data:`~connlearn.train.signals.STOP_SIGNALS`): on the first one, stop at the next step with a checkpoint
@@ -239,14 +296,14 @@ class Trainer:
                                   "to go on from: make a new Trainer (and network)")
 
     def _start(self) -> None:
-        if self.tensorboard:
+        if self.config.tensorboard:
             self.folder.open_board(self.epoch)
         if self.step:
             return
         if self.recipe.gate_rule == "renormalized":
             self.optimizers.updater.renormalize()  # Algorithm 1 normalises before the first forward pass
         self.folder.restart_snapshots()
-        if self.snapshot_every:
+        if self.config.snapshot_every:
             first = self.recipe.phases[0]
             if self.net.stochastic and not first.frozen:
                 self.net.sample_temperature = first.temperature_at(0.0)
@@ -284,7 +341,7 @@ class Trainer:
         n, start = len(self.train_loader), 0 if within is None else within["batch"]
         sampled = self.net.stochastic and not phase.frozen
         totals, draws, rng, elapsed = _epoch_so_far(within, self.device, self.is_main)
-        bar = tqdm(total=n, initial=start, disable=not (self.progress and self.is_main), leave=False,
+        bar = tqdm(total=n, initial=start, disable=not (self.config.progress and self.is_main), leave=False,
                    desc=f"epoch {epoch + 1}/{self.recipe.total_epochs} (phase {index + 1})", dynamic_ncols=True)
         t0, shown = time.perf_counter() - elapsed, -math.inf
         with bar:
@@ -293,11 +350,11 @@ class Trainer:
                 if sampled:
                     self.net.sample_temperature = self.optimizers.temperature_at(epoch, i, n)
                 totals += self._step(x, y, draws if sampled else None)
-                if self.snapshot_every and self.step % self.snapshot_every == 0:
+                if self.config.snapshot_every and self.step % self.config.snapshot_every == 0:
                     self.folder.snapshot(self.net, self.step, epoch + (i + 1) / n, tie_order=False)
                 if i + 1 < n:
                     signum = stop.signal(self.step)
-                    if signum or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
+                    if signum or (self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0):
                         self._save_within(epoch, i + 1, totals, draws, rng, time.perf_counter() - t0)
                     self._stop_if(signum)
                 shown = _show(bar, totals, shown, i == n - 1)
@@ -324,11 +381,12 @@ class Trainer:
     def _step(self, x: torch.Tensor, y: torch.Tensor, draws: list[Any] | None) -> torch.Tensor:
         """One training step (its draw appended to ``draws``; where the gates step on held-out batches, then
         theirs); returns its loss sum, correct answers and images."""
-        out, loss = self._pass(x, y, self.optimizers.for_training_batch())
+        held_out, every = self.optimizers.held_out_batch(self.step), self.optimizers.all
+        out, loss = self._pass(x, y, every if held_out is None else every[:1])
         if draws is not None:
             record_draw(self.net, draws)
-        if (held_out := self.optimizers.held_out_batch(self.step)) is not None:
-            self._pass(*held_out, self.optimizers.for_held_out_batch())
+        if held_out is not None:  # the gates' own step
+            self._pass(*held_out, every[1:])
         self.step += 1
         return torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
                             torch.tensor(float(len(y)), device=out.device)])
@@ -336,8 +394,8 @@ class Trainer:
     def _pass(self, x: torch.Tensor, y: torch.Tensor,
               optimizers: list[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, backward and a step of ``optimizers``; returns the outputs and the mean loss."""
-        with self.execution.autocast():
-            out = self.model(self.execution.input(x))
+        with autocast(self.device, self.execution.amp):
+            out = self.model(x.contiguous(memory_format=torch.channels_last) if self.config.channels_last else x)
             losses = F.cross_entropy(out, y, reduction="none")
             loss = losses.mean()
             objective = loss + self.net.surrogate_loss(losses)  # what the gate kind adds (score's); else 0
@@ -348,20 +406,21 @@ class Trainer:
         """The eval numbers after ``epoch`` where it is one to evaluate (with the batch norms recalibrated first
         after the last), else none."""
         last = epoch + 1 == self.recipe.total_epochs
-        if self.test_loader is None or not ((epoch + 1) % self.eval_every == 0 or last):
+        if self.test_loader is None or not ((epoch + 1) % self.config.eval_every == 0 or last):
             return {}
         t0 = time.perf_counter()
         record: dict[str, Any] = self.execution.evaluate(self.model, self.test_loader)
-        if last and self.recalibrate_bn:
+        if last and self.config.recalibrate_bn:
             record["test_top1_before_recalibration"] = record["test_top1"]
-            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.recalibrate_bn, self.execution.amp)
+            recalibrate_batch_norm(self.net, self.train_loader.epoch(epoch), self.config.recalibrate_bn,
+                                   self.execution.amp)
             record.update(self.execution.evaluate(self.model, self.test_loader))
         return {**record, "eval_time": time.perf_counter() - t0}
 
     def _freeze(self, epoch: int) -> None:
         """Fix the connectivity to each block's top-K and stop updating gates; the gates it reads are
         snapshotted first (unless this step's regular snapshot holds them)."""
-        if self.snapshot_every and self.net.gate_parameters() and self.folder.snapshot_step != self.step:
+        if self.config.snapshot_every and self.net.gate_parameters() and self.folder.snapshot_step != self.step:
             self.folder.snapshot(self.net, self.step, float(epoch), tie_order=True)
         self._frozen_from = self.net.gate_kind
         self.net.freeze()
@@ -426,7 +485,7 @@ def _check_same_run(ckpt: dict[str, Any], path: Path, trainer: Trainer) -> None:
         differ.append(f"the training loader (batch {within['batch']} of {len(trainer.train_loader)} an epoch)")
     if differ:
         raise CheckpointError(f"{path} is of another run ({'; '.join(differ)}): resume it with the settings it was "
-                              "trained with, or train in another out_dir")
+                              "trained with, or train in another out folder")
 
 
 def _summary_line(r: dict[str, Any], total: int) -> str:
