@@ -37,8 +37,10 @@ def _train_freeze_prune_draw(net, tmp_path):
 def test_every_registered_gate_kind_and_topology_trains_freezes_prunes_and_draws(gate, topology, tmp_path):
     if gate == "full" and topology == "dense":
         pytest.skip("full is ResNeXt's connectivity")
-    options = {"preset": "cifar-20-4-8", "num_classes": 10} if topology == "resnext" else tiny(M=6)  # {20,4,8}
-    C = 8 if topology == "resnext" else 4
+    options = {"resnext": {"preset": "cifar-20-4-8", "num_classes": 10},  # {20,4,8}
+               "neural-graph": {"nodes": [4, 4], "stem_nodes": 4, "features": 2, "image_size": 8}}.get(
+        topology, tiny(M=6))
+    C = 8 if topology == "resnext" else 4  # the neural graph's: its stem's nodes
     net = connlearn.build(topology, **{**options, "gate": gate, "K": C if gate == "full" else C // 2})
     _train_freeze_prune_draw(net, tmp_path)
 
