@@ -21,7 +21,9 @@ Graph attributes: ``gate`` (gate kind), ``K`` (fan-in; under a ``density``, the 
 ``edge_weights`` (the gate values are signed weights on the kept edges) and ``density`` (one budget of
 ``round(density · candidate gate edges)`` over the network; see :mod:`connlearn.wiring`), ``seed``,
 ``residual_init`` and ``conv_init`` (how the branches start; where absent ``"one"`` and each block's own),
-``topology`` and ``options`` (how it was made);
+``topology`` and ``options`` (how it was made); ``node_graph`` (the blocks are the one-channel nodes of a node
+graph: no shortcut, no ReLU before a block, the first module's node j reading the stem's channel j, the head
+reading the last module's nodes side by side; see :mod:`connlearn.topologies.neural_graph`);
 ``weighted_inputs`` (unfrozen ``real`` gates: the function weights every input by its gate) and, once
 frozen, ``frozen_from`` (the gate kind that learned it).
 """
