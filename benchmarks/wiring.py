@@ -10,6 +10,7 @@ median of the rounds') and each one's peak memory, in one run:
     python benchmarks/wiring.py                       # DNW's static graph, 5% of the edges, batch 128
     python benchmarks/wiring.py --gates dnw random --density 0.05 0.2 --json wiring.json
     python benchmarks/wiring.py --masks runs/wiring_masks   # the sigma_conn study's 8 random graphs
+    python benchmarks/wiring.py --allocation runs/wiring    # where the learned runs keep their edges
 
 Target: compiled / plain <= 1.15 (forward + backward). Results go in BENCHMARKS.md with the device, date,
 command and number of runs.
@@ -18,6 +19,7 @@ command and number of runs.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import importlib.util
 import json
@@ -32,6 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import connlearn
+from connlearn.graph import BranchGraph
+from connlearn.train.checkpoint import load_checkpoint
+from connlearn.wiring import gate_edges
 
 
 def _speed() -> Any:  # benchmarks/speed.py, by path (benchmarks/ is no package)
@@ -81,6 +86,28 @@ class MaskedGraph(nn.Module):
         return self.net.head(y)
 
 
+def allocation(runs: Path) -> None:
+    """For every finished ``learned-sS`` run of ``runs``: the share of its kept edges it did not keep at the start
+    (its seed's initial graph); then the mean kept edges per pair of stages against the random graph's expectation."""
+    counts, names = [], {1: "stem", 2: "s1", 3: "s2", 4: "s3", 5: "s4", 6: "feat"}
+    for summary in sorted(runs.glob("learned-s*/summary.json")):
+        seed = int(summary.parent.name.rsplit("-s", 1)[1])
+        end = BranchGraph.from_json(load_checkpoint(summary.parent / "last.pt")["graph"])
+        start = connlearn.build("neural-graph", gate="dnw", density=0.05, seed=seed, num_classes=10).graph()
+        kept = [{e for e in gate_edges(g) if g.edges[e]["active"]} for g in (start, end)]
+        print(f"- seed {seed}: {len(kept[1] - kept[0]) / len(kept[1]):.3f} of the {len(kept[1])} kept edges are new")
+        stages = {n: d["module"] for n, d in end.nodes(data=True) if d["kind"] == "block"}
+        counts.append(collections.Counter((stages[u], stages[v]) for u, v in kept[1]))
+        candidates = collections.Counter((stages[u], stages[v]) for u, v in gate_edges(end))
+        share = len(kept[1]) / len(gate_edges(end))
+    print(f"\n| source → target | candidates | random graph (expected) | learned (mean of {len(counts)} runs) | "
+          "learned / random |\n| --- | --- | --- | --- | --- |")
+    for p in sorted(candidates):
+        mean = sum(c[p] for c in counts) / len(counts)
+        print(f"| {names[p[0]]} → {names[p[1]]} | {candidates[p]:,} | {candidates[p] * share:.0f} | {mean:.0f} | "
+              f"{mean / (candidates[p] * share):.2f} |")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gates", nargs="+", default=["dnw", "random"])
@@ -94,7 +121,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--masks", metavar="DIR", help="instead, write 8 random graphs at --density's first (seeds "
                         "1000 to 1007) to DIR/maskI.json: the connectivities of the study's sigma_conn")
+    parser.add_argument("--allocation", metavar="RUNS", help="instead, print where the finished learned runs of "
+                        "RUNS (a compare folder) keep their edges, and how many moved since the start")
     args = parser.parse_args(argv)
+    if args.allocation:
+        allocation(Path(args.allocation))
+        return {}
     if args.masks:
         Path(args.masks).mkdir(parents=True, exist_ok=True)
         for i in range(8):
@@ -107,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)")
     results = {}
     for gate, density in ((g, d) for g in args.gates for d in args.density):
-        net = connlearn.build("neural-graph", gate=gate, density=density, nodes=args.nodes)
+        net = connlearn.build("neural-graph", gate=gate, density=density, nodes=args.nodes,
+                              features=min(100, args.nodes[-1]))
         plain = MaskedGraph(copy.deepcopy(net))
         rounds = [(speed.measure(net, args, memory=r == 0), speed.measure(plain, args, memory=r == 0))
                   for r in range(args.rounds)]  # alternately: a load that comes and goes falls on both

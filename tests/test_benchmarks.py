@@ -186,6 +186,9 @@ def test_the_measuring_scripts_run(tmp_path):
                           "--arms", "random4", "--paths", "resident"])
     script("folder_loader").main(["--images", "8", "--batch-size", "4", "--workers", "0", "--repeats", "1"])
     assert "cifar-20-4-8" in script("k1_pruning").main(["--presets", "cifar-20-4-8", "--seeds", "0"])[2]
+    wiring = script("wiring").main(["--nodes", "8", "8", "--batch", "2", "--warmup", "0", "--repeats", "1",
+                                    "--rounds", "1", "--gates", "dnw"])
+    assert wiring["results"]["dnw 0.05"]["ratio"]["step"] > 0
 
 
 def test_a_steps_peak_memory_counts_what_it_allocates_and_not_what_was_there():
