@@ -368,7 +368,7 @@ class ConnectivityNet(nn.Module):
         mine = self.connectivity()
         if connectivity is not None and (set(connectivity) != set(mine) or any(
                 connectivity[m].dtype != torch.bool or connectivity[m].shape != mine[m].shape
-                or (budget(self._graph) is None and (connectivity[m].sum(dim=1) != self.K).any()) for m in mine)):
+                or (not self.budgeted and (connectivity[m].sum(dim=1) != self.K).any()) for m in mine)):
             raise ConfigError(f"connectivity must give modules {sorted(mine)} a boolean [rows, cols] tensor with K="
                               f"{self.K} ones per row (any number under a density), as net.connectivity() does")
         if self.fixed_connectivity:

@@ -4,7 +4,8 @@ the count between every two modules, and RandWire's random graph generators.
 A graph of edge weights (attribute ``edge_weights``) compiles its gate kind through ``weighting()`` (see
 :mod:`connlearn.gates`): its gate values are signed weights on the kept (``active``) edges. ``density``, where
 present, is the share of the network's candidate gate edges that one budget keeps, ``round(density · M)``;
-each block then keeps whatever part of it falls to it (none: it reads zeros).
+each block then keeps whatever part of it falls to it (a block no path of kept edges reaches from the stem is
+switched off: see :class:`~connlearn.net.ConnectivityNet`).
 """
 
 from __future__ import annotations

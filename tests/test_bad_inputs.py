@@ -342,6 +342,8 @@ CASES = [
     (lambda _: _train("--device", "meta"), ConfigError, ["device 'meta'", "this machine has cpu"]),
     (lambda _: _network(width=4096), ConfigError, ["{D=29, w=4096, C=8} would hold", "up to 1,000,000,000"]),
     (lambda _: _network(C=256), ConfigError, ["M=9 modules of C=256 branches", "up to 262,144"]),
+    (lambda _: _network(topology="neural-graph", nodes=[400] * 4), ConfigError,
+     ["nodes [400, 400, 400, 400] make 1,041,200 candidate edges", "up to 262,144"]),
     (lambda _: RunConfig(amp="fp32"), ConfigError, ["unknown amp 'fp32'", "'fp16'"]),
     (lambda t: (os.symlink("last.pt", t / "last.pt"), Trainer(connlearn.build(**tiny()), [], None,
                 connlearn.train.get_recipe("cifar"), RunConfig(out=t)).fit()), CheckpointError, ["last.pt"]),

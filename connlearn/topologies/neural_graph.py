@@ -21,9 +21,27 @@ from connlearn.errors import ConfigError, check_int
 from connlearn.graph import BranchGraph, block_name
 from connlearn.topologies.resnext import _fan_in, _gated
 
+#: DNW's static graph: the stages' nodes after the stem's, the stem's nodes, the features.
+NODES, STEM_NODES, FEATURES = (192, 192, 192, 192), 32, 100
 
-def neural_graph(*, nodes: tuple[int, ...] | list[int] = (192, 192, 192, 192), stem_nodes: int = 32,
-                 features: int = 100, channels: int = 1, gate: str = "dnw", density: float | None = None,
+
+def stage_sizes(nodes: tuple[int, ...] | list[int], stem_nodes: int, features: int) -> list[int]:
+    """The node count of every module, checked: the stem's, the stages', the last one's split off as the
+    features (a stage left empty by the split is dropped)."""
+    stages = [check_int("stem_nodes", stem_nodes, 1), *(check_int("nodes", n, 1) for n in nodes)]
+    if not nodes or not 1 <= check_int("features", features, 1) <= stages[-1]:
+        raise ConfigError(f"features must be 1 to the last stage's nodes, {stages[-1]}; got {features} "
+                          f"(nodes={list(nodes)})")
+    return [n for n in (*stages[:-1], stages[-1] - features, features) if n]
+
+
+def candidate_edges(stages: list[int]) -> int:
+    """The candidate edges of modules of ``stages`` nodes: every node to every node of a later module."""
+    return sum(n * sum(stages[:i]) for i, n in enumerate(stages))
+
+
+def neural_graph(*, nodes: tuple[int, ...] | list[int] = NODES, stem_nodes: int = STEM_NODES,
+                 features: int = FEATURES, channels: int = 1, gate: str = "dnw", density: float | None = None,
                  K: int | None = None, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
                  seed: int = 0, gate_init: float | str = 0.5, gate_options: dict[str, Any] | None = None,
                  block: str = "node") -> BranchGraph:
@@ -39,14 +57,9 @@ def neural_graph(*, nodes: tuple[int, ...] | list[int] = (192, 192, 192, 192), s
         num_classes, in_channels, image_size: the data's. seed: the weights, the initial edges and draws.
         gate_init, gate_options: as for :func:`~connlearn.topologies.resnext`.
     """
-    stages = [check_int("stem_nodes", stem_nodes, 1), *(check_int("nodes", n, 1) for n in nodes)]
-    if not nodes or not 1 <= check_int("features", features, 1) <= stages[-1]:
-        raise ConfigError(f"features must be 1 to the last stage's nodes, {stages[-1]}; got {features} "
-                          f"(nodes={list(nodes)})")
-    stages = [*stages[:-1], stages[-1] - features, features]
-    stages = [n for n in stages if n]
+    stages = stage_sizes(nodes, stem_nodes, features)
     ch = check_int("channels", channels, 1)
-    candidates = sum(n * sum(stages[:i]) for i, n in enumerate(stages))
+    candidates = candidate_edges(stages)
     density = 0.05 if density is None and K is None else density
     # under a density K is the mean kept fan-in; else at most the first gated stage's inputs, the stem's nodes
     K = _fan_in(gate, K, max(1, candidates // sum(stages[1:])) if density is not None else stages[0], density)

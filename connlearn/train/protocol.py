@@ -35,6 +35,7 @@ from connlearn.graph import (
 )
 from connlearn.prune import freezing_changes_outputs
 from connlearn.topologies import PRESETS, neural_graph, resnext
+from connlearn.topologies.neural_graph import FEATURES, NODES, STEM_NODES, candidate_edges, stage_sizes
 from connlearn.train.checkpoint import environment, folder_lock, load_checkpoint, save_pruned
 from connlearn.train.data import (
     NUM_CLASSES,
@@ -46,7 +47,7 @@ from connlearn.train.data import (
     synthetic,
 )
 from connlearn.train.loaders import folder_loaders, load_imagenet, make_loaders
-from connlearn.train.options import ARCHITECTURE, NEURAL_GRAPH, OPTIONS, PROTOCOLS, RunConfig, names, recorded
+from connlearn.train.options import NEURAL_GRAPH, OPTIONS, PROTOCOLS, RESNEXT, RunConfig, recorded
 from connlearn.train.recipe import get_recipe
 from connlearn.train.signals import STOP_SIGNALS
 from connlearn.train.trainer import Trainer
@@ -144,7 +145,7 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     if (M - 1) * C * C > MAX_GATE_EDGES:
         raise ConfigError(f"M={M} modules of C={C} branches make {(M - 1) * C * C:,} gate edges; a run builds up to "
                           f"{MAX_GATE_EDGES:,}: give fewer modules or branches")
-    options = {k: getattr(config, k) for k in names(ARCHITECTURE) if k not in NOT_RESNEXT}
+    options = {k: getattr(config, k) for k in ("K", "density", *RESNEXT) if k != "preset"}
     graph = resnext(preset=preset, gate=config.gate or "topk", seed=config.seed, gate_init=config.gate_init,
                     **{k: v for k, v in options.items() if v is not None}, **shape)
     count = block_parameters(graph)
@@ -154,17 +155,13 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     return graph
 
 
-#: The architecture options resnext() does not take.
-NOT_RESNEXT = ("preset", "gate", "connectivity", "topology", *NEURAL_GRAPH)
-
-
 def _neural_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     """The node graph of ``config`` (topology ``neural-graph``), refused where it has too many edges."""
     given = {k: getattr(config, k) for k in ("K", "density", *NEURAL_GRAPH) if getattr(config, k) is not None}
-    stages = [32, *given.get("nodes", (192,) * 4)]
-    edges = sum(n * sum(stages[:i]) for i, n in enumerate(stages))
+    nodes = given.get("nodes", NODES)
+    edges = candidate_edges(stage_sizes(nodes, STEM_NODES, given.get("features", FEATURES)))
     if edges > MAX_GATE_EDGES:
-        raise ConfigError(f"nodes {stages[1:]} make about {edges:,} candidate edges; a run builds up to "
+        raise ConfigError(f"nodes {list(nodes)} make {edges:,} candidate edges; a run builds up to "
                           f"{MAX_GATE_EDGES:,}: give fewer nodes")
     return neural_graph(gate=config.gate or "dnw", seed=config.seed, gate_init=config.gate_init, **given, **shape)
 
