@@ -398,10 +398,11 @@ class WiringGate(SignedWeights):
     def active(self) -> torch.Tensor:
         if self.budget is None:
             return topk_mask(self.weight.abs(), self.K)
-        return self._spent(self.scope)[self.scope.index(self)]
+        return self._spent()[self.scope.index(self)]
 
-    def _spent(self, gates: Sequence[WiringGate]) -> list[torch.Tensor]:
-        """The kept edges of ``gates`` (the whole scope of the budget, in order), one sort for them all."""
+    def _spent(self) -> list[torch.Tensor]:
+        """The kept edges of every gate of the budget's scope, in order: one selection for them all."""
+        gates = self.scope
         kept = self.spend(torch.cat([g.weight.flatten() for g in gates]), cast(int, self.budget))
         return [k.view(g.shape) for g, k in zip(gates, kept.split([g.weight.numel() for g in gates]), strict=True)]
 
@@ -410,7 +411,7 @@ class WiringGate(SignedWeights):
         wiring = cast("list[WiringGate]", list(gates))
         if wiring[0].budget is None or wiring != wiring[0].scope:
             return super().matrices(gates, drawn)
-        return [g.weighted_by(k) for g, k in zip(wiring, wiring[0]._spent(wiring), strict=True)]
+        return [g.weighted_by(k) for g, k in zip(wiring, wiring[0]._spent(), strict=True)]
 
     def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
         return self.weighted_by(self.active())
