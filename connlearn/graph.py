@@ -328,12 +328,13 @@ def live_blocks(graph: BranchGraph) -> set[str]:
 
 def dead_blocks(graph: BranchGraph) -> set[str]:
     """Blocks that are not live: what the pruner removes (none where no block is live: such a network computes
-    a constant, and stays as it is). A node graph's first nodes read one channel of the stem each, and its head
-    reads each of its last nodes as one feature: they stay."""
+    a constant, and stays as it is). The last module's blocks stay: the head averages all of them (a node
+    graph's reads each as one feature), switched off or not; so do a node graph's first nodes, which read one
+    channel of the stem each."""
     live = live_blocks(graph)
     if not live:
         return set()
-    ends = (graph.modules()[0], graph.modules()[-1]) if graph.graph.get("node_graph") else ()
+    ends = (graph.modules()[0], graph.modules()[-1]) if graph.graph.get("node_graph") else (graph.modules()[-1],)
     kept = {n for m in ends for n in graph.branches(m)}
     return set(graph.block_nodes()) - live - kept
 
