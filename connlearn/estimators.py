@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import torch
 
-from connlearn.gates import GATES, Gate, LearnedGate, topk_mask
+from connlearn.gates import GATES, Budgeted, Gate, LearnedGate, topk_mask
 
 #: log 0 in the recursions: finite, so that their gradients stay finite where a term is impossible
 _NEG = -1.0e30
@@ -241,12 +241,16 @@ class ScoreFunctionGate(_ScoreGate):
         return out
 
 
-class MagnitudeGate(_ScoreGate):
+class MagnitudeGate(Budgeted, _ScoreGate):
     """Discovering Neural Wirings (Wortsman, Farhadi & Rastegari 2019): each block reads the top-K of its
     learned scores, in training too (no sampling), and the gradient reaches every score straight through
-    (their Eq. 3-4): ``G = top-K(θ) + θ − sg(θ)``: the matrix of every score kind in evaluation."""
+    (their Eq. 3-4): ``G = top-K(θ) + θ − sg(θ)``: the matrix of every score kind in evaluation. Under a
+    ``density`` the top scores of the whole network, K free per block (equal ones: each row's tie ranks)."""
 
     trains_with: ClassVar[dict[str, Any]] = {"gate_optimizer": "adam", "gate_lr": 0.00133}  # the tuning's best, K=4
+
+    def weighted_by(self, kept: torch.Tensor) -> torch.Tensor:
+        return kept.to(self.real.dtype) + (self.real - self.real.detach())
 
 
 for _name, _cls in (("gumbel", GumbelGate), ("simple", SimpleGate), ("imle", ImleGate), ("score", ScoreFunctionGate),

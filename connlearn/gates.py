@@ -24,6 +24,8 @@ they are ordinary weights (the weights' param group, with its weight decay). ``d
 one budget of ``round(density · candidates)`` edges over every gate edge of the network, by |w|: K is then free
 per block; a block that no path of kept edges reaches from the stem is switched off (its output is 0, so no
 batch norm normalises a constant) and pruned.
+``magnitude`` (:mod:`connlearn.estimators`) spends a ``density`` too, as binary gates averaged by the nominal
+1/K (``round(density · C)``): its scores rank the edges of the whole network.
 ``random`` with ``density`` is DNW's random graph, the fair baseline of ``dnw``: that many edges drawn uniformly
 over all candidate edges once from the seed, then fixed, each carrying a trainable signed weight started as
 ``dnw``'s are (uniform in [-1, 1]). Freezing keeps the kept edges and their weights (the function does not change).
@@ -41,9 +43,10 @@ is read through its protocol, nowhere else:
 - how it weights: ``averaged`` (the kept inputs are averaged by 1/K; else they are multiplied by the values,
   signed edge weights), ``weighting()`` (the class that compiles the kind on a graph of edge weights, the
   graph attribute ``edge_weights``: the kind itself, the fixed :class:`EdgeWeights` for ``random`` and
-  ``frozen``, None where it has no such form), and for a kind that spends a budget, ``spend(values, budget,
-  generator)`` (the initial kept edges of the whole network) and ``share(gates, budget)`` (its gates choose
-  their top edges together);
+  ``frozen``, None where it has no such form), and for a kind that ``spends`` one budget itself (the class
+  that compiles it: :class:`Budgeted` kinds select their top edges by score, :class:`EdgeWeights` draws them),
+  ``spend(values, budget, generator)`` (the initial kept edges of the whole network) and ``share(gates,
+  budget)`` (its gates choose their top edges together);
 - what it is: ``learnable`` (holds parameters, ``real_parameters()``), ``stochastic`` (draws a connectivity
   every training step), ``weighted`` (its values weight the inputs, as unfrozen ``real`` gates do; else they
   only select ``kept`` inputs, averaged by 1/K), ``clipped`` (the :class:`~connlearn.updater.GateUpdater`
@@ -161,6 +164,7 @@ class Gate(nn.Module):
     clipped: ClassVar[bool] = True
     single_stream: ClassVar[bool] = False
     averaged: ClassVar[bool] = True
+    spends: ClassVar[bool] = False
     knobs: ClassVar[dict[str, Any]] = {}  # the keyword options it takes (the graph's gate_options), by default
     #: how ``connlearn train`` trains it where a run leaves them unset: its ``gate_optimizer``, ``gate_lr``,
     #: ``gate_rule``, ``gate_warmup``, ``gate_holdout``, ``gate_temperature_end`` (docs/estimators.md)
@@ -199,7 +203,8 @@ class Gate(nn.Module):
 
     @classmethod
     def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator) -> torch.Tensor:
-        """The kept edges (boolean, like ``values``: every gate edge of the network, flat) of one budget."""
+        """The kept edges (boolean, like ``values``: every gate edge of the network, flat) of one budget, for
+        a kind that ``spends``."""
         raise NotImplementedError
 
     def share(self, gates: Sequence[Gate], budget: int) -> None:
@@ -334,11 +339,15 @@ class SignedWeights(Gate):
     def values(self) -> torch.Tensor:
         return self.weight.detach()
 
+    def active(self) -> torch.Tensor:
+        return topk_mask(self.weight.abs(), self.K)
+
 
 class EdgeWeights(SignedWeights):
     """A fixed set of kept edges (the buffer ``mask``), each weighting its input by its trainable signed weight:
     a frozen ``dnw`` network, and DNW's random graph."""
 
+    spends = True
     mask: torch.Tensor
 
     def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
@@ -359,7 +368,65 @@ class EdgeWeights(SignedWeights):
         return self.weight * self.mask
 
 
-class WiringGate(SignedWeights):
+class Budgeted(Gate):
+    """A kind that can spend one budget over the network (``density``): the gates of one scope keep their
+    top edges by ``score`` together, one selection a pass (equal scores: the higher ``ties()`` rank, then the
+    lower index, first); without a budget each block keeps its own K. A subclass gives ``weighted_by``."""
+
+    spends = True
+
+    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
+        super().__init__(values, active, K, **options)
+        self.budget: int | None = None  # None: each block its K
+        self.scope: list[Budgeted] = [self]  # the gates of the network that spend the budget, in order
+
+    @staticmethod
+    def score(values: torch.Tensor) -> torch.Tensor:
+        """What the budget ranks edges by, given their values."""
+        return values
+
+    @classmethod
+    def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator | None = None,
+              order: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``budget`` edges of largest score; equal ones by ``order`` (larger first), then index."""
+        a = cls.score(values.detach())
+        if budget == 0:
+            return torch.zeros_like(a, dtype=torch.bool)
+        last = torch.kthvalue(a, a.numel() - budget + 1).values  # the budget-th largest: a selection, not a sort
+        kept, tied = a > last, (a == last).nonzero().flatten()
+        if order is not None:
+            tied = tied[order[tied].argsort(descending=True, stable=True)]
+        return kept.index_fill_(0, tied[:budget - int(kept.sum())], True)
+
+    def share(self, gates: Sequence[Gate], budget: int) -> None:
+        self.scope, self.budget = cast("list[Budgeted]", list(gates)), budget
+
+    def active(self) -> torch.Tensor:
+        return super().active() if self.budget is None else self._spent()[self.scope.index(self)]
+
+    def _spent(self) -> list[torch.Tensor]:
+        """The kept edges of every gate of the budget's scope, in order: one selection for them all."""
+        gates, ties = self.scope, [g.ties() for g in self.scope]
+        order = None if any(t is None for t in ties) else torch.cat([t.flatten() for t in cast(list, ties)])
+        kept = self.spend(torch.cat([g.values().flatten() for g in gates]), cast(int, self.budget), order=order)
+        return [k.view(g.shape) for g, k in zip(gates, kept.split([math.prod(g.shape) for g in gates]), strict=True)]
+
+    @classmethod
+    def matrices(cls, gates: Sequence[Gate], drawn: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        budgeted = cast("list[Budgeted]", list(gates))
+        if budgeted[0].budget is None or budgeted != budgeted[0].scope:
+            return super().matrices(gates, drawn)
+        return [g.weighted_by(k) for g, k in zip(budgeted, budgeted[0]._spent(), strict=True)]
+
+    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
+        return self.weighted_by(self.active())
+
+    def weighted_by(self, kept: torch.Tensor) -> torch.Tensor:
+        """The forward pass's matrix given the kept edges (boolean, like the gate)."""
+        raise NotImplementedError
+
+
+class WiringGate(Budgeted, SignedWeights):
     """Discovering Neural Wirings: signed edge weights (the parameter ``weight``, in the weights' param group);
     the forward pass keeps the top edges by |weight| (each block its K, or one budget over the network) and
     every edge gets the gradient of the dense matrix at it (straight-through, DNW's ChooseTopEdges)."""
@@ -367,27 +434,13 @@ class WiringGate(SignedWeights):
     learnable = True
     clipped = False
 
-    def __init__(self, values: torch.Tensor, active: torch.Tensor, K: int, **options: Any) -> None:
-        super().__init__(values, active, K, **options)
-        self.budget: int | None = None  # None: each block its K
-        self.scope: list[WiringGate] = [self]  # the gates of the network that spend the budget, in order
-
     @classmethod
     def weighting(cls) -> type[Gate]:
         return cls
 
-    @classmethod
-    def spend(cls, values: torch.Tensor, budget: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The ``budget`` edges of largest magnitude (equal ones: the lower index first)."""
-        a = values.detach().abs()
-        if budget == 0:
-            return torch.zeros_like(a, dtype=torch.bool)
-        last = torch.kthvalue(a, a.numel() - budget + 1).values  # the budget-th largest: a selection, not a sort
-        kept, tied = a > last, (a == last).nonzero().flatten()
-        return kept.index_fill_(0, tied[:budget - int(kept.sum())], True)
-
-    def share(self, gates: Sequence[Gate], budget: int) -> None:
-        self.scope, self.budget = cast("list[WiringGate]", list(gates)), budget
+    @staticmethod
+    def score(values: torch.Tensor) -> torch.Tensor:
+        return values.abs()
 
     def freeze(self, active: torch.Tensor) -> Gate:
         """The kept edges, each with its weight (the same parameter: an optimizer holding it goes on)."""
@@ -395,29 +448,8 @@ class WiringGate(SignedWeights):
         frozen.weight = self.weight
         return frozen
 
-    def active(self) -> torch.Tensor:
-        if self.budget is None:
-            return topk_mask(self.weight.abs(), self.K)
-        return self._spent()[self.scope.index(self)]
-
-    def _spent(self) -> list[torch.Tensor]:
-        """The kept edges of every gate of the budget's scope, in order: one selection for them all."""
-        gates = self.scope
-        kept = self.spend(torch.cat([g.weight.flatten() for g in gates]), cast(int, self.budget))
-        return [k.view(g.shape) for g, k in zip(gates, kept.split([g.weight.numel() for g in gates]), strict=True)]
-
-    @classmethod
-    def matrices(cls, gates: Sequence[Gate], drawn: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-        wiring = cast("list[WiringGate]", list(gates))
-        if wiring[0].budget is None or wiring != wiring[0].scope:
-            return super().matrices(gates, drawn)
-        return [g.weighted_by(k) for g, k in zip(wiring, wiring[0]._spent(), strict=True)]
-
-    def matrix(self, drawn: torch.Tensor | None = None) -> torch.Tensor:
-        return self.weighted_by(self.active())
-
     def weighted_by(self, kept: torch.Tensor) -> torch.Tensor:
-        """The forward pass's matrix given the kept edges: their weights; backward, every edge's dense gradient."""
+        """Their weights; backward, every edge's dense gradient."""
         w = self.weight
         return w.detach() * kept + (w - w.detach())
 

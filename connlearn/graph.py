@@ -180,11 +180,15 @@ class BranchGraph(nx.DiGraph):
                 raise GraphError(f"the graph has no {key!r} attribute")
         _count("the graph's K", self.graph["K"])
         check_choice("gate kind", self.gate_kind, GATES.names(), GraphError)
-        weights = self.graph.get("edge_weights") or "density" in self.graph
-        if weights and GATES.get(self.gate_kind).weighting() is None:
-            raise GraphError(f"gate kind {self.gate_kind!r} has no form with edge weights (edge_weights, density)")
-        if "density" in self.graph and not (self.graph.get("edge_weights") and 0 < self.graph["density"] <= 1):
-            raise GraphError(f"graph density {self.graph['density']!r}: a share in (0, 1] of a graph of edge_weights")
+        kind = GATES.get(self.gate_kind)
+        weighted = kind.weighting() if self.graph.get("edge_weights") else kind
+        if weighted is None:
+            raise GraphError(f"gate kind {self.gate_kind!r} has no form with edge weights (edge_weights)")
+        spent = weighted.spends or self.gate_kind == "frozen"  # a frozen graph keeps the edges its budget kept
+        if "density" in self.graph and not (spent and 0 < self.graph["density"] <= 1):
+            raise GraphError(f"graph density {self.graph['density']!r}: a share in (0, 1] of the gate edges, spent "
+                             f"by gate kind dnw, magnitude or frozen, or random with edge_weights; the graph's gate "
+                             f"is {self.gate_kind!r}{' with edge_weights' if self.graph.get('edge_weights') else ''}")
         if "density" in self.graph and not any(d.get("kind") == "gate" for *_, d in self.edges(data=True)):
             raise GraphError(f"density {self.graph['density']} keeps a share of the candidate gate edges, and this "
                              f"graph ({self.graph.get('topology', 'of its own')}) has none: leave density out")

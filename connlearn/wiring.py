@@ -3,7 +3,8 @@ the count between every two modules, and RandWire's random graph generators.
 
 A graph of edge weights (attribute ``edge_weights``) compiles its gate kind through ``weighting()`` (see
 :mod:`connlearn.gates`): its gate values are signed weights on the kept (``active``) edges. ``density``, where
-present, is the share of the network's candidate gate edges that one budget keeps, ``round(density · M)``;
+present, is the share of the network's candidate gate edges that one budget keeps, ``round(density · M)``
+(spent by the kind's edge-weight form, or by a kind that spends it itself: ``magnitude``'s binary gates);
 each block then keeps whatever part of it falls to it (a block no path of kept edges reaches from the stem is
 switched off: see :class:`~connlearn.net.ConnectivityNet`).
 """
@@ -32,6 +33,13 @@ def gate_class(graph: BranchGraph) -> type[Gate]:
     return weighted
 
 
+def spender(kind: type[Gate]) -> type[Gate] | None:
+    """The class that spends one budget for gate ``kind``: the kind itself where it ``spends`` (its own
+    scores select the edges), else its form with edge weights (``weighting()``); None: it cannot."""
+    weighted = kind if kind.spends else kind.weighting()
+    return weighted if weighted is not None and weighted.spends else None
+
+
 def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
     """``density`` checked where it enters (with ``gate`` and ``K``); returns the nominal fan-in K of the graph
     (the mean number of edges a block keeps, at least 1)."""
@@ -41,18 +49,19 @@ def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
     density = check_float("density", density)
     if not 0 < density <= 1:
         raise ConfigError(f"density must be in (0, 1] (the share of the candidate edges kept), got {density}")
-    if GATES.get(gate).weighting() is None:
-        spenders = [n for n in GATES.names() if GATES.get(n).weighting() and not issubclass(GATES.get(n), FrozenGate)]
+    if spender(GATES.get(gate)) is None:
+        spenders = [n for n in GATES.names() if spender(GATES.get(n)) and not issubclass(GATES.get(n), FrozenGate)]
         raise ConfigError(f"gate {gate!r} cannot spend one budget over the network (density); these can: "
                           f"{', '.join(spenders)}")
     return max(1, round(density * C))
 
 
 def weighting_attributes(gate: str, density: float | None) -> dict[str, Any]:
-    """The graph attributes of a kind built with ``density``, or of a kind whose values are edge weights."""
-    if density is not None:
-        return {"edge_weights": True, "density": float(density)}
-    return {"edge_weights": True} if not GATES.get(gate).averaged else {}
+    """The graph attributes of a kind built with ``density``, or of a kind whose values are edge weights: a
+    kind that spends a budget in its own averaged form keeps it (``magnitude``), the others weight edges."""
+    kind = GATES.get(gate)
+    weights = not kind.averaged or (density is not None and not kind.spends)
+    return {**({"edge_weights": True} if weights else {}), **({} if density is None else {"density": float(density)})}
 
 
 def gate_edges(graph: BranchGraph) -> list[tuple[str, str]]:

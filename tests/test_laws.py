@@ -21,6 +21,7 @@ from connlearn.graph import BranchGraph, dead_blocks
 from connlearn.net import FusedModule, SingleStreamModule, mix_branches
 from connlearn.prune import prune_dead_blocks
 from connlearn.updater import GateUpdater, drop_gate_group, param_groups
+from connlearn.wiring import spender
 
 
 @st.composite
@@ -30,7 +31,7 @@ def configs(draw):
     gate = draw(st.sampled_from([g for g in GATES.names() if g != "frozen" and (g != "full" or topology == "resnext")]))
     dims = draw(st.sampled_from([2, 1, 0]))
     block = "vector" if dims == 0 else draw(st.sampled_from(["bottleneck", "basic"]))
-    budget = {"density": draw(st.sampled_from([0.05, 0.3, 1.0])), "K": None} if GATES.get(gate).weighting() and draw(
+    budget = {"density": draw(st.sampled_from([0.05, 0.3, 1.0])), "K": None} if spender(GATES.get(gate)) and draw(
         st.booleans()) else {"K": C if gate == "full" else draw(st.integers(1, C))}  # one budget, or K a block
     return topology, shaped(dims, C=C, **budget, gate=gate,
                             M=draw(st.sampled_from([3, 6])), block=block,
