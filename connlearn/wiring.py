@@ -11,6 +11,7 @@ switched off: see :class:`~connlearn.net.ConnectivityNet`).
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -92,6 +93,17 @@ def spend(graph: BranchGraph) -> BranchGraph:
     kept = gate_class(graph).spend(values, count, generator)
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
+    return graph
+
+
+def start_at_top(graph: BranchGraph) -> BranchGraph:
+    """``graph`` (edge weights under a density d) with its kept edges started as ``dnw``'s kept edges start, at
+    the top of uniform weights: ``|w| -> 1 - d + d|w|``, signs kept; the other edges as they are."""
+    d = float(graph.graph["density"])
+    for e in gate_edges(graph):
+        if graph.edges[e]["active"]:
+            w = float(graph.edges[e]["gate"])
+            graph.edges[e]["gate"] = math.copysign(1 - d + d * abs(w), w)
     return graph
 
 

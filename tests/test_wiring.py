@@ -19,6 +19,10 @@ import connlearn
 from connlearn.export import export
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import TOPOLOGIES
+from connlearn.train import RunConfig, make_checkpoint
+from connlearn.train.checkpoint import save_checkpoint
+from connlearn.train.data import synthetic
+from connlearn.train.protocol import build_net
 from connlearn.updater import param_groups
 from connlearn.wiring import edge_counts, gate_edges, generated, rewire, shuffle
 
@@ -253,3 +257,26 @@ def test_the_summary_says_how_many_candidate_edges_are_kept(options):
     net = connlearn.build(**tiny(**options))
     kept, candidates = edge_counts(net.graph())
     assert f"{kept} of {candidates} candidate edges kept" in connlearn.summary(net)
+
+
+def test_a_retrained_connectivity_rewinds_to_its_seeds_weights_unless_reinit_and_random_can_start_at_the_top(
+        tmp_path):
+    train, graph = synthetic(n_train=10, n_test=10)[0], {"dataset": "cifar10", "topology": "neural-graph",
+                                                         "nodes": [3, 4], "features": 2, "density": 0.3, "seed": 7}
+    learned = build_net(RunConfig(**graph, gate="dnw"), train)
+    save_checkpoint(make_checkpoint(learned), tmp_path / "learned.pt")
+    again, other = (build_net(RunConfig(dataset="cifar10", connectivity=str(tmp_path / "learned.pt"), seed=7,
+                                        reinit=reinit), train) for reinit in (False, True))
+
+    def weights(net):
+        return torch.cat([g.values().flatten() for _, g in net.gates()])
+
+    for net, same in ((again, True), (other, False)):  # the same seed draws the learning run's own weights
+        assert torch.equal(weights(net), weights(learned)) == same
+        assert torch.equal(net.stem.conv.weight, learned.stem.conv.weight) == same
+    plain, top = (build_net(RunConfig(**graph, gate="random", edge_init=start), train) for start in (None, "top"))
+    kept = torch.cat([m.flatten() for m in plain.connectivity().values()])
+    assert torch.equal(kept, torch.cat([m.flatten() for m in top.connectivity().values()]))
+    assert torch.equal(weights(top)[~kept], weights(plain)[~kept])  # the kept start as dnw's: |w| in [1 - d, 1]
+    assert torch.equal(weights(top)[kept].sign(), weights(plain)[kept].sign())
+    assert weights(top)[kept].abs().min() >= 1 - 0.3

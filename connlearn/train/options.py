@@ -38,7 +38,7 @@ from connlearn.updater import GRAD_MODES
 AMP_MODES = ("auto", "bf16", "fp16", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: The architecture options of every topology, and of each topology of its own.
-COMMON = ("topology", "gate", "K", "density", "connectivity")
+COMMON = ("topology", "gate", "K", "density", "edge_init", "connectivity")
 NEURAL_GRAPH = ("nodes", "features")
 RESNEXT = ("preset", "C", "M", "width", "base_channels", "stem_channels", "kernels", "uninformative", "residual_init",
            "conv_init")
@@ -194,7 +194,10 @@ _OPTIONS = [
            "or another registered kind (docs/estimators.md)", gate_kind),
     Option("K", None, ARCHITECTURE, "inputs per block (default C/2; C for full)", at_least(1, 256), flag=INT),
     Option("density", None, ARCHITECTURE, "one budget of edges over the network instead of K: the share of all "
-           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, random)", number(0.0, 1.0, above=True), flag=FLOAT),
+           "candidate gate edges kept, in (0, 1] (dnw, dnw_masked, magnitude, random)", number(0.0, 1.0, above=True),
+           flag=FLOAT),
+    Option("edge_init", None, ARCHITECTURE, "top: a random graph's kept edges start as dnw's do, at |w| uniform in "
+           "[1 - density, 1] (the top of uniform weights), not in [0, 1]", choices=("top",)),
     Option("C", None, ARCHITECTURE, "branches per module (default: the preset's)", at_least(1, 256), flag=INT),
     Option("M", None, ARCHITECTURE, "modules, a multiple of 3 (default: the preset's)", at_least(1, 300), flag=INT),
     Option("width", None, ARCHITECTURE, "a branch's bottleneck width in the first stage", at_least(1, 4096),
@@ -233,6 +236,9 @@ _OPTIONS = [
     Option("schedule", None, SHARED, "the recipe: the dataset's (the paper's four phases, the connectivity frozen "
            "after the first) or dnw (three phases at lr 0.1, 0.01, 0.001 over 1/2, 1/4, 1/4 of the epochs, weight "
            "decay 1e-4, nothing frozen: Discovering Neural Wirings')", choices=("dnw",)),
+    Option("reinit", False, TRAINING, "with connectivity: start from other weights than the seed's (without it, a "
+           "retrained connectivity starts from its seed's weights: those of the run that learned it, where that ran "
+           "with the same seed)", switch, flag=BOOL),
     Option("rewire", None, TRAINING, "with connectivity: train it rewired, keeping the count of edges between every "
            "two stages (stages) or every node's in- and out-degree (degrees), from the run's seed",
            choices=("stages", "degrees")),
@@ -342,8 +348,12 @@ class RunConfig:
         if other:
             raise ConfigError(f"topology {self.topology or 'resnext'} takes {', '.join((*COMMON[1:], *own))}; not "
                               f"{', '.join(other)}")
-        if self.rewire is not None and self.connectivity is None:
-            raise ConfigError(f"rewire {self.rewire} rewires a given connectivity: give connectivity too")
+        if (self.rewire is not None or self.reinit) and self.connectivity is None:
+            raise ConfigError(f"{'reinit' if self.reinit else f'rewire {self.rewire}'} trains a given connectivity "
+                              "anew: give connectivity too")
+        if self.edge_init is not None and (self.gate != "random" or self.density is None):
+            raise ConfigError(f"edge_init {self.edge_init} starts a random graph's kept edges as dnw's start: give "
+                              f"gate random and density (got gate {self.gate}, density {self.density})")
         if self.gate_holdout is not None and (self.dataset == "imagenet" or self.connectivity is not None or (
                 self.gate is not None and not GATES.get(self.gate).learnable)):
             raise ConfigError("gate_holdout gives learned gates held-out batches: it needs a gate kind that learns "

@@ -138,8 +138,12 @@ def network_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     """The graph of ``config``'s network for data of ``shape`` (``num_classes``, ``in_channels``,
     ``image_size`` or ``input_size``; default the protocol's), refused in one line where it is too large to build
     (:data:`MAX_GATE_EDGES`, :data:`MAX_PARAMETERS`)."""
-    if config.topology == "neural-graph":
-        return _neural_graph(config, **shape)
+    graph = _neural_graph(config, **shape) if config.topology == "neural-graph" else _resnext(config, **shape)
+    return wiring.start_at_top(graph) if config.edge_init == "top" else graph
+
+
+def _resnext(config: RunConfig, **shape: Any) -> BranchGraph:
+    """The ResNeXt-style graph of ``config``, refused where it is too large to build."""
     preset = config.preset or PROTOCOLS[config.dataset].presets[0]
     C, M = config.C or PRESETS[preset]["C"], config.M or (PRESETS[preset]["depth"] - 2) // 3
     if (M - 1) * C * C > MAX_GATE_EDGES:
@@ -181,7 +185,8 @@ def block_parameters(graph: BranchGraph) -> int:
 
 
 def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNet:
-    """The frozen connectivity of ``config.connectivity``, with new weights from the run's seed."""
+    """The frozen connectivity of ``config.connectivity``, with new weights from the run's seed (``reinit``:
+    from another stream)."""
     path = path_of(config.connectivity)
     if path.resolve().parent == path_of(config.output).resolve():
         raise ConfigError(f"connectivity {path} lies in the run's own folder, whose checkpoints it overwrites")
@@ -193,12 +198,13 @@ def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNe
         graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
     if config.rewire is not None:
         graph = (wiring.shuffle if config.rewire == "stages" else wiring.rewire)(graph, seed=config.seed)
+    init = config.seed ^ 0x9E3779B9 if config.reinit else config.seed  # reinit: other low 32 bits (torch reads those)
     if graph.graph.get("edge_weights"):  # from scratch: new edge weights too, drawn as dnw draws them
         edges = wiring.gate_edges(graph)
-        fresh = 2 * torch.rand(len(edges), generator=torch.Generator().manual_seed(config.seed)) - 1
+        fresh = 2 * torch.rand(len(edges), generator=torch.Generator().manual_seed(init)) - 1
         for e, value in zip(edges, fresh.tolist(), strict=True):
             graph.edges[e]["gate"] = value
-    net = connlearn.from_graph(graph, seed=config.seed).freeze()
+    net = connlearn.from_graph(graph, seed=init).freeze()
     if isinstance(train, ArrayDataset):
         fits = (net.in_channels, net.input_size) == (train.channels, train.input_size)
     else:  # images of any size: the loaders crop them
