@@ -124,9 +124,12 @@ class Study:
         for name, config in configs.items():
             if self.source(name) is None:
                 graph = network_graph(config)
-                lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}")
+                top = ", kept edges started at the top" if config.edge_init else ""
+                lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}{top}")
             else:
-                lines.append(f"{name}: the connectivity {self.source(name)} learns, trained from scratch")
+                lines.append(f"{name}: the connectivity {self.source(name)} learns"
+                             + (f", rewired ({config.rewire})" if config.rewire else "") + ", trained again from "
+                             + ("other weights" if config.reinit else "the same seed's weights (its own first ones)"))
         config = configs.get(self.baseline, next(iter(configs.values())))  # all share the schedule and data
         data = f"{config.dataset}{' (a generated stand-in)' if config.synthetic else ''}"
         subsets = ", ".join(f"{what} subset of {n}" for what, n in (("training", config.train_subset),
