@@ -30,7 +30,7 @@ from torch import nn
 
 from connlearn.blocks import BLOCKS, BranchBlock, LoopedBlock, block_dims, conv, norm
 from connlearn.errors import CheckpointError, ConfigError
-from connlearn.gates import GATES, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
+from connlearn.gates import GATES, EdgeWeights, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, ModulePlan, input_shape
 from connlearn.wiring import budget, gate_class
 
@@ -330,8 +330,10 @@ class ConnectivityNet(nn.Module):
         return {name for name, p in self.named_parameters() if id(p) in gates}
 
     def num_parameters(self, gates: bool = False) -> int:
-        """Trainable parameters, without the gates unless ``gates``."""
-        return sum(p.numel() for p in (self.parameters() if gates else self.weight_parameters()))
+        """Trainable parameters, without the gates unless ``gates``; a fixed set of edge weights (a random graph, a
+        frozen ``dnw``) counts its kept edges: the others are multiplied by 0 and never train."""
+        unread = sum(int((~g.mask).sum()) for _, g in self.gates() if isinstance(g, EdgeWeights))
+        return sum(p.numel() for p in (self.parameters() if gates else self.weight_parameters())) - unread
 
     def connectivity(self) -> dict[int, torch.Tensor]:
         """The evaluation connectivity: module → boolean ``[C_i, N_i]`` (columns: ``graph().candidates(i)``)."""

@@ -280,3 +280,11 @@ def test_a_retrained_connectivity_rewinds_to_its_seeds_weights_unless_reinit_and
     assert torch.equal(weights(top)[~kept], weights(plain)[~kept])  # the kept start as dnw's: |w| in [1 - d, 1]
     assert torch.equal(weights(top)[kept].sign(), weights(plain)[kept].sign())
     assert weights(top)[kept].abs().min() >= 1 - 0.3
+
+
+def test_edge_weights_count_as_parameters_while_they_train_and_only_kept_once_fixed():
+    net = _budgeted("dnw", 0.3, "neural-graph", seed=1)
+    every, kept, edges = sum(p.numel() for p in net.weight_parameters()), _kept(net), len(gate_edges(net.graph()))
+    assert net.num_parameters() == every  # every edge weight trains (straight-through)
+    assert copy.deepcopy(net).freeze().num_parameters() == every - edges + kept
+    assert _budgeted("random", 0.3, "neural-graph", seed=1).num_parameters() == every - edges + kept
