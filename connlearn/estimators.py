@@ -14,6 +14,7 @@ kind           forward / backward                                               
 ``imle``       top-K of θ/T + sum-of-Gamma noise / difference of two MAP states    two top-Ks, s Gamma draws
 ``score``      exact k-subset sample per example / score function, LOO baseline   B samples, one recursion
 ``magnitude``  top-K of θ, no sampling / straight-through to every score           one top-K
+               (``density``: the top scores of the network)
 =============  ================================================================  ================================
 """
 

@@ -25,7 +25,7 @@ one budget of ``round(density · candidates)`` edges over every gate edge of the
 per block; a block that no path of kept edges reaches from the stem is switched off (its output is 0, so no
 batch norm normalises a constant) and pruned.
 ``magnitude`` (:mod:`connlearn.estimators`) spends a ``density`` too, as binary gates averaged by the nominal
-1/K (``round(density · C)``): its scores rank the edges of the whole network.
+1/K (the mean kept fan-in, rounded): its scores rank the edges of the whole network.
 ``random`` with ``density`` is DNW's random graph, the fair baseline of ``dnw``: that many edges drawn uniformly
 over all candidate edges once from the seed, then fixed, each carrying a trainable signed weight started as
 ``dnw``'s are (uniform in [-1, 1]). Freezing keeps the kept edges and their weights (the function does not change).
@@ -407,7 +407,9 @@ class Budgeted(Gate):
     def _spent(self) -> list[torch.Tensor]:
         """The kept edges of every gate of the budget's scope, in order: one selection for them all."""
         gates, ties = self.scope, [g.ties() for g in self.scope]
-        order = None if any(t is None for t in ties) else torch.cat([t.flatten() for t in cast(list, ties)])
+        # each row's ranks counted from its top (-1 first), so that equal scores share the budget over the rows
+        order = None if any(t is None for t in ties) else torch.cat([(t - t.shape[-1]).flatten()
+                                                                     for t in cast(list, ties)])
         kept = self.spend(torch.cat([g.values().flatten() for g in gates]), cast(int, self.budget), order=order)
         return [k.view(g.shape) for g, k in zip(gates, kept.split([math.prod(g.shape) for g in gates]), strict=True)]
 

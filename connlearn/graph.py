@@ -40,7 +40,7 @@ import networkx as nx
 
 from connlearn.blocks import BLOCKS
 from connlearn.errors import GraphError, check_choice
-from connlearn.gates import GATES
+from connlearn.gates import GATES, FrozenGate
 
 FORMAT, VERSION = "connlearn.BranchGraph", 1
 RESIDUAL_INITS = ("auto", "sqrt_k", "one", "zero")
@@ -184,11 +184,12 @@ class BranchGraph(nx.DiGraph):
         weighted = kind.weighting() if self.graph.get("edge_weights") else kind
         if weighted is None:
             raise GraphError(f"gate kind {self.gate_kind!r} has no form with edge weights (edge_weights)")
-        spent = weighted.spends or self.gate_kind == "frozen"  # a frozen graph keeps the edges its budget kept
+        spent = weighted.spends or issubclass(kind, FrozenGate)  # a frozen graph keeps what its budget kept
         if "density" in self.graph and not (spent and 0 < self.graph["density"] <= 1):
             raise GraphError(f"graph density {self.graph['density']!r}: a share in (0, 1] of the gate edges, spent "
-                             f"by gate kind dnw, magnitude or frozen, or random with edge_weights; the graph's gate "
-                             f"is {self.gate_kind!r}{' with edge_weights' if self.graph.get('edge_weights') else ''}")
+                             f"by a gate kind that spends one budget (or frozen); the graph's gate "
+                             f"{self.gate_kind!r}{' with edge_weights' if self.graph.get('edge_weights') else ''} "
+                             "does not")
         if "density" in self.graph and not any(d.get("kind") == "gate" for *_, d in self.edges(data=True)):
             raise GraphError(f"density {self.graph['density']} keeps a share of the candidate gate edges, and this "
                              f"graph ({self.graph.get('topology', 'of its own')}) has none: leave density out")

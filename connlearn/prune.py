@@ -48,6 +48,7 @@ def freezing_changes_outputs(net: ConnectivityNet) -> bool:
 def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[ConnectivityNet, PruneReport]:
     """A copy of ``net`` without its dead blocks, with the same eval outputs, and a report. ``net`` must have a
     fixed connectivity; ``freeze=True`` freezes a copy first where that keeps the eval outputs."""
+    before = net.num_parameters()  # as it trains: every edge weight of a dnw network
     if not net.fixed_connectivity:
         if not freeze or freezing_changes_outputs(net):
             raise ConfigError(f"prune_dead_blocks needs a fixed connectivity; the gates are {net.gate_kind!r}: "
@@ -76,7 +77,7 @@ def prune_dead_blocks(net: ConnectivityNet, *, freeze: bool = False) -> tuple[Co
         param = next(net.parameters())
         pruned = pruned.to(param.device, param.dtype).train(net.training)
         pruned.activation_checkpointing = net.activation_checkpointing
-    report = PruneReport(net.num_parameters(), pruned.num_parameters(), len(graph.block_nodes()),
+    report = PruneReport(before, pruned.num_parameters(), len(graph.block_nodes()),
                          len(graph.block_nodes()) - len(dead), removed)
     return pruned, report
 

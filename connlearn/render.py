@@ -23,7 +23,7 @@ import graphviz
 
 from connlearn.errors import ConfigError, check_choice
 from connlearn.files import path_of, write_atomic, write_text
-from connlearn.graph import BranchGraph, dead_blocks
+from connlearn.graph import BranchGraph, live_blocks
 
 DEAD_STYLES = ("hollow", "hide")
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
@@ -109,7 +109,7 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
     blocks = graph.block_nodes()
     reads = " (every input, weighted by its gate)" if graph.graph.get("weighted_inputs") else ""
     legend = (f"gate={graph.gate_label()} K={graph.K}{reads}, "
-              f"{len(blocks) - len(dead_blocks(graph))}/{len(blocks)} blocks live")
+              f"{len(live_blocks(graph) & set(blocks))}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
 
 
@@ -131,7 +131,7 @@ def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str]
 
 def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: bool | None, dead: str) -> None:
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
-    dead_set = dead_blocks(graph)
+    dead_set = set(graph.block_nodes()) - live_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     circle = {"shape": "circle", "style": "filled", "fillcolor": _RED[0], "color": _RED[1], "width": "0.35"}
     dot.node(prefix + "input", label="", tooltip="input (stem)", **circle)
@@ -205,7 +205,7 @@ def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | Non
     fig = Figure(figsize=(max(6.4, sum(0.45 * w + 1.6 for w in widths)), 0.45 * rows + 1.6), layout="constrained")
     for ax, graph, width, name in zip(fig.subplots(1, len(graphs), squeeze=False)[0], graphs, widths,
                                       ["ResNeXt", "learned"][-len(graphs):], strict=True):
-        dead_set = dead_blocks(graph)
+        dead_set = set(graph.block_nodes()) - live_blocks(graph)
         hidden = dead_set if dead == "hide" else set()
         thin = min(1.0, 3.0 / max((len(graph.candidates(m)) for m in graph.modules()), default=1))  # ResNeXt's many
         where = {"input": ((width - 1) / 2, 0.0), "output": ((width - 1) / 2, -(len(graph.modules()) + 1.0))}

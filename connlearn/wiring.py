@@ -61,8 +61,10 @@ def weighting_attributes(gate: str, density: float | None) -> dict[str, Any]:
     """The graph attributes of a kind built with ``density``, or of a kind whose values are edge weights: a
     kind that spends a budget in its own averaged form keeps it (``magnitude``), the others weight edges."""
     kind = GATES.get(gate)
-    weights = not kind.averaged or (density is not None and not kind.spends)
-    return {**({"edge_weights": True} if weights else {}), **({} if density is None else {"density": float(density)})}
+    attrs: dict[str, Any] = {"edge_weights": True} if not kind.averaged or (density and not kind.spends) else {}
+    if density is not None:
+        attrs["density"] = float(density)
+    return attrs
 
 
 def gate_edges(graph: BranchGraph) -> list[tuple[str, str]]:
@@ -93,6 +95,7 @@ def spend(graph: BranchGraph) -> BranchGraph:
     kept = gate_class(graph).spend(values, count, generator)
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
+    graph.graph["K"] = max(1, round(count / max(1, len({v for _, v in edges}))))  # the mean kept fan-in
     return graph
 
 

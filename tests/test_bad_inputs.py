@@ -305,7 +305,7 @@ CASES = [
      ["unknown block kind 'bottleneckk'", "did you mean 'bottleneck'"]),
     (lambda _: connlearn.from_graph(_graph(attrs={"K": 5})), GraphError, ["fan-in K=5", "the 4 inputs of block m2.b1"]),
     (lambda _: connlearn.from_graph(_graph(attrs={"density": 0.5})), GraphError,
-     ["graph density 0.5", "dnw, magnitude or frozen", "the graph's gate is 'topk'"]),
+     ["graph density 0.5", "spends one budget", "the graph's gate 'topk'", "does not"]),
     (lambda _: connlearn.from_graph(_graph(attrs={"edge_weights": True})), GraphError,
      ["gate kind 'topk' has no form with edge weights"]),
     (lambda _: connlearn.from_graph(connlearn.build(**tiny())), ConfigError,
