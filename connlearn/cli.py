@@ -60,10 +60,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     margin = number(0.0, above=True)("--margin", args.margin)
     if args.report:
-        if args.arms or args.arm:
-            raise ConfigError("--report reads finished runs: give it the folders, without --arms or --arm")
+        if args.arm:
+            raise ConfigError("--report reads finished runs: give it the folders (and --arms FILE to report that "
+                              "file's arms only), without --arm")
         found, unfinished = compare.collect(args.report)
-        baseline, out = args.baseline or compare.recorded_baseline(args.report), args.out
+        _, arms, named = compare.read_study(args.arms) if args.arms else ({}, found, None)
+        baseline, out = args.baseline or named or compare.recorded_baseline(args.report), args.out
         if baseline is None:
             raise ConfigError(f"--report: give --baseline NAME (no {compare.STUDY_FILE} in these folders names the "
                               f"study's); arms: {', '.join(found)}")
@@ -76,8 +78,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         failed = compare.run_study(study, check_int("--parallel", args.parallel, 1),
                                    check_int("--threads", args.threads, 1), args.rerun_changed)
         found, unfinished = compare.collect([study.out])
-        baseline, out = study.baseline, study.out
+        arms, baseline, out = study.arms, study.baseline, study.out
         unfinished += [name for name in failed if name not in unfinished]
+    # one question's arms and its baseline (Holm within the question), not every arm of the folders
+    found = {arm: runs for arm, runs in found.items() if arm in arms or arm == baseline}
+    unfinished = [name for name in unfinished if name.rsplit("-s", 1)[0] in arms or name.startswith(f"{baseline}-s")]
     if not found:
         raise DataError(f"no run has finished ({len(unfinished)} unfinished): nothing to report")
     result = compare.report(found, baseline, margin)
@@ -269,7 +274,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-commands", action="store_true",
                    help="print one connlearn train command per run (for SLURM, submitit, ...) and run nothing")
     p.add_argument("--report", nargs="+", metavar="DIR", help="only report the finished runs in these folders "
-                                                              "(made anywhere); it writes nothing without --out")
+                                                              "(made anywhere; with --arms, that file's arms only); "
+                                                              "it writes nothing without --out")
     p.add_argument("--margin", type=float, default=1.0, help="the equivalence margin of TOST, in points of "
                                                              "top-1 (default 1)")
     p.add_argument("--rerun-changed", action="store_true", help="train again the finished runs whose recorded "

@@ -177,6 +177,13 @@ def test_a_report_keeps_the_studys_baseline_and_writes_only_where_out_says(tmp_p
     assert main(["compare", "--report", str(tmp_path), "--out", str(tmp_path / "r")]) == 0
     result = json.loads((tmp_path / "r" / "report.json").read_text())
     assert result["baseline"] == "topk" and result["against"]["random"]["diffs"] == [-2.0, -2.0]
+    for seed in (0, 1):  # another question's arm in the same folder: left out of this one's report and its Holm
+        _run(tmp_path / f"real-s{seed}", 49.0, seed=seed, gate="real")
+    (tmp_path / "question.toml").write_text('baseline = "random"\n[arms.topk]\ngate = "topk"\n[arms.random]\n'
+                                            'gate = "random"\n')
+    assert main(["compare", "--report", str(tmp_path), "--arms", str(tmp_path / "question.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "| random (baseline) |" in out and "| topk |" in out and "real" not in out
     argv = ["--dataset", "cifar10", "--synthetic", "--epochs", "1", "--out", str(tmp_path), "--print-commands"]
     assert main(["compare", "--arm", "real gate=real", "--seeds", "0", "1", *argv]) == 0  # an arm added later
     record = json.loads((tmp_path / compare.STUDY_FILE).read_text())
