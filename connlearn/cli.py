@@ -80,9 +80,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         found, unfinished = compare.collect([study.out])
         arms, baseline, out = study.arms, study.baseline, study.out
         unfinished += [name for name in failed if name not in unfinished]
-    # one question's arms and its baseline (Holm within the question), not every arm of the folders
-    found = {arm: runs for arm, runs in found.items() if arm in arms or arm == baseline}
-    unfinished = [name for name in unfinished if name.rsplit("-s", 1)[0] in arms or name.startswith(f"{baseline}-s")]
+    question = {*arms, baseline}  # one question's arms (Holm within the question), not every arm of the folders
+    found = {arm: runs for arm, runs in found.items() if arm in question}
+    unfinished = [name for name in unfinished if name.rsplit("-s", 1)[0] in question]
     if not found:
         raise DataError(f"no run has finished ({len(unfinished)} unfinished): nothing to report")
     result = compare.report(found, baseline, margin)

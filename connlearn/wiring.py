@@ -42,8 +42,8 @@ def spender(kind: type[Gate]) -> type[Gate] | None:
 
 
 def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
-    """``density`` checked where it enters (with ``gate`` and ``K``); returns the nominal fan-in K of the graph
-    (the mean number of edges a block keeps, at least 1)."""
+    """``density`` checked where it enters (with ``gate`` and ``K``); returns a fan-in of C inputs for the
+    builders' first draws (:func:`spend` then sets the graph's K: the mean number of edges a block keeps)."""
     if K is not None:
         raise ConfigError(f"give K (each block's fan-in) or density (one budget over the network), not both: K={K}, "
                           f"density={density}")

@@ -59,10 +59,9 @@ def neural_graph(*, nodes: tuple[int, ...] | list[int] = NODES, stem_nodes: int 
     """
     stages = stage_sizes(nodes, stem_nodes, features)
     ch = check_int("channels", channels, 1)
-    candidates = candidate_edges(stages)
     density = 0.05 if density is None and K is None else density
-    # under a density K is the mean kept fan-in; else at most the first gated stage's inputs, the stem's nodes
-    K = _fan_in(gate, K, max(1, candidates // sum(stages[1:])) if density is not None else stages[0], density)
+    # at most the first gated stage's inputs, the stem's nodes (under a density, wiring.spend sets the mean kept)
+    K = _fan_in(gate, K, stages[0], density)
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="neural-graph",
                     node_graph=True, **_gated(gate, gate_options, density),
                     options={"nodes": list(nodes), "stem_nodes": stem_nodes, "features": features, "channels": ch})

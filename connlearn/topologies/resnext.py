@@ -201,7 +201,7 @@ def _gated(gate: str, gate_options: dict[str, Any] | None, density: float | None
 
 def _fan_in(gate: str, K: int | None, C: int, density: float | None = None) -> int:
     """The fan-in K of gate kind ``gate`` for C branches: as given (default C // 2), or what the kind keeps;
-    under a ``density``, the mean a block keeps."""
+    under a ``density``, its share of C (the budget's spend then sets the mean a block keeps)."""
     if density is not None:
         return wiring.check_density(gate, K, density, C)
     kept = GATES.get(gate).kept(max(1, C // 2) if K is None else check_int("K", K, 1, C), C)
