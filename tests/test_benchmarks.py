@@ -44,6 +44,16 @@ def test_a_studys_analysis_of_its_committed_summaries_gives_the_numbers_of_its_n
     assert numbers(tables) and numbers(tables) <= numbers((ROOT / "docs" / "results" / f"{note}.md").read_text())
 
 
+@pytest.mark.parametrize(("results", "arms"), [("results", "attribution"), ("results", "controls"),
+                                               ("results_bridge", "bridge")])
+def test_the_wiring_notes_tables_are_compares_report_of_the_committed_summaries(results, arms, capsys):
+    from connlearn.cli import main
+
+    main(["compare", "--report", str(STUDIES / "wiring" / results), "--arms", str(STUDIES / "wiring" / f"{arms}.toml")])
+    tables = "\n".join(line for line in capsys.readouterr().out.splitlines() if line.startswith("|"))
+    assert numbers(tables) and numbers(tables) <= numbers((ROOT / "docs" / "results" / "cpu_wiring.md").read_text())
+
+
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     from connlearn.train.compare import Study, read_study
 

@@ -58,6 +58,16 @@ def test_a_time_limit_stops_between_epochs_and_the_run_goes_on(tmp_path):
     assert run(config)["epochs"] == 2
 
 
+def test_params_train_counts_what_trained_though_the_last_phase_freezes_the_edges(tmp_path):
+    k = TINY.index("--K")
+    tiny = TINY[:k] + TINY[k + 2:]
+    assert main(["train", "--dataset", "cifar10", "--epochs", "3", "--gate", "dnw", "--density", "0.5", "--out",
+                 str(tmp_path), *tiny]) == 0
+    summary, net = json.loads((tmp_path / "summary.json").read_text()), net_from_checkpoint(load_checkpoint(
+        tmp_path / "last.pt"))  # frozen: the edges not kept are multiplied by 0 from here on
+    assert summary["params_train"] == sum(p.numel() for p in net.weight_parameters()) > net.num_parameters()
+
+
 def test_a_run_started_by_an_earlier_version_resumes(finished, tmp_path, capsys):
     ckpt = load_checkpoint(finished / "last.pt")  # as 0.2.0 wrote it: an engine option, no lr, a nesterov flag
     ckpt["meta"]["run"] = {**{k: v for k, v in ckpt["meta"]["run"].items() if k != "lr"}, "engine": "fused",

@@ -324,7 +324,8 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     facts = data_facts(train, test)
     here = RunConfig(**{**config.to_dict(), "device": str(device)})  # this process's GPU under torchrun
     trainer = Trainer(net, train_loader, test_loader, recipe, here, gate_loader=gate_loader,
-                      meta={"run": config.to_dict(), "source": source, "data": facts},
+                      meta={"run": config.to_dict(), "source": source, "data": facts,
+                            "params_train": net.num_parameters()},  # as it trains: a freeze comes later
                       resume_check=lambda ckpt: _check_settings(ckpt, config, facts))
     left = None if time_limit is None else time_limit - (time.perf_counter() - started)
     history = trainer.fit(time_limit=left, stop_signals=stop_signals)
@@ -350,7 +351,7 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
     summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,
                "epochs": trainer.recipe.total_epochs, "test_top1": history[-1].get("test_top1"),
                "test_top1_before_recalibration": history[-1].get("test_top1_before_recalibration"),
-               "best_top1": trainer.best_top1, "params_train": report.params_before if report else net.num_parameters(),
+               "best_top1": trainer.best_top1, "params_train": trainer.meta["params_train"],
                "params_test": report.params_after if report else None,
                "active_branches": {str(m): n for m, n in active_branches(graph).items()},
                "input_overlap": {str(m): v for m, v in overlap.items()},
