@@ -139,7 +139,8 @@ def analyse(folder: Path, prefix: str, family: str, boots: int) -> str:
     by_seed = np.array([components(table[:, rng.integers(0, len(seeds), len(seeds))]) for _ in range(boots)])
     low, high = np.percentile(by_conn, [2.5, 97.5], axis=0)
     low[1], high[1] = np.percentile(by_seed[:, 1], [2.5, 97.5])
-    lines = [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; validation top-1 "
+    split = "validation" if found[arms[0]][seeds[0]]["run"]["val_split"] else "test"
+    lines = [f"{len(arms)} connectivities ({prefix}*) x {len(seeds)} seeds {seeds}; {split} top-1 "
              f"{table.mean():.2f} (range {table.min():.2f} to {table.max():.2f})",
              "| component | sd (points) | bootstrap 95% |", "| --- | --- | --- |"]
     for name, value, lo, hi in zip(("connectivity", "seed", "residual"), (conn, seed, e), low, high, strict=True):

@@ -61,7 +61,9 @@ def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     assert len(files) >= 20
     for path in files:
         common, arms, baseline = read_study(path)
-        Study(arms, common, (0, 1), tmp_path, baseline or next(iter(arms)))  # every arm a valid RunConfig
+        study = Study(arms, common, (0, 1), tmp_path, baseline or next(iter(arms)))  # every arm a valid RunConfig
+        for name, options in arms.items():  # an arm of a connectivity file is the file's network, not a preset's
+            assert ("connectivity" in options) == (f"{name}: the connectivity of " in "\n".join(study.plan))
 
 
 # ---------------------------------------------------------------------------------------------- the planted control

@@ -122,14 +122,16 @@ class Study:
         configs = {name: RunConfig(**self.options(name, self.seeds[0])) for name in self.arms}
         lines = []
         for name, config in configs.items():
-            if self.source(name) is None:
+            rewired = f", rewired ({config.rewire})" if config.rewire else ""
+            if self.source(name) is not None:
+                lines.append(f"{name}: the connectivity {self.source(name)} learns{rewired}, trained again from "
+                             + ("other weights" if config.reinit else "the same seed's weights (its own first ones)"))
+            elif config.connectivity is not None:  # the file's network, read when a run starts
+                lines.append(f"{name}: the connectivity of {config.connectivity}{rewired}, trained from scratch")
+            else:
                 graph = network_graph(config)
                 top = ", kept edges started at the top" if config.edge_init else ""
                 lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}{top}")
-            else:
-                lines.append(f"{name}: the connectivity {self.source(name)} learns"
-                             + (f", rewired ({config.rewire})" if config.rewire else "") + ", trained again from "
-                             + ("other weights" if config.reinit else "the same seed's weights (its own first ones)"))
         config = configs.get(self.baseline, next(iter(configs.values())))  # all share the schedule and data
         data = f"{config.dataset}{' (a generated stand-in)' if config.synthetic else ''}"
         subsets = ", ".join(f"{what} subset of {n}" for what, n in (("training", config.train_subset),
