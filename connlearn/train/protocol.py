@@ -346,7 +346,8 @@ def _finish(config: RunConfig, trainer: Trainer, history: list[dict[str, Any]], 
     net, graph = trainer.net, trainer.net.graph()
     overlap = input_overlap(graph)
     report = None if freezing_changes_outputs(net) else save_pruned(trainer.state(), out / "pruned.pt")
-    chance = {m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
+    chance = {} if graph.graph.get("density") else {  # K of C in every block; a budget has no such chance
+        m: random_overlap(len(graph.candidates(m)), net.K) for m in overlap}
     gate = "frozen" if config.connectivity else config.gate or "topk"  # as asked for, not as the freeze left it
     summary = {"dataset": source, "preset": config.preset, "gate": gate, "K": net.K,
                "epochs": trainer.recipe.total_epochs, "test_top1": history[-1].get("test_top1"),
