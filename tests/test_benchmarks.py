@@ -45,12 +45,18 @@ def test_a_studys_analysis_of_its_committed_summaries_gives_the_numbers_of_its_n
     assert numbers(tables) and numbers(tables) <= numbers((ROOT / "docs" / "results" / f"{note}.md").read_text())
 
 
-@pytest.mark.parametrize(("results", "arms"), [("results", "attribution"), ("results", "controls"),
-                                               ("results_bridge", "bridge")])
-def test_the_wiring_notes_tables_are_compares_report_of_the_committed_summaries(results, arms, capsys):
+WIRING = STUDIES / "wiring"
+
+
+@pytest.mark.parametrize("question", [  # the folders to report and the arms file or baseline of each question
+    ["results", "--arms", "attribution.toml"], ["results", "--arms", "controls.toml"],
+    ["results_bridge", "--arms", "bridge.toml"],
+    *([*sorted(WIRING.glob(f"results_density/*_{d}-s*")), "--baseline", f"random_{d}"] for d in (20, 50)),
+])
+def test_the_wiring_notes_tables_are_compares_report_of_the_committed_summaries(question, capsys):
     from connlearn.cli import main
 
-    main(["compare", "--report", str(STUDIES / "wiring" / results), "--arms", str(STUDIES / "wiring" / f"{arms}.toml")])
+    main(["compare", "--report", *(str(WIRING / a) if (WIRING / a).exists() else a for a in question)])
     tables = "\n".join(line for line in capsys.readouterr().out.splitlines() if line.startswith("|"))
     assert numbers(tables) and numbers(tables) <= numbers((ROOT / "docs" / "results" / "cpu_wiring.md").read_text())
 
