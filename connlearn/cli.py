@@ -183,7 +183,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     info = {"architecture": f"{graph.graph.get('topology')} {named} {{D={options.get('depth')}, "
                             f"w={options.get('width')}, C={options.get('C')}}}".replace("  ", " "),
             "input": "x".join(map(str, (net.in_channels, *net.input_size))),
-            "gate": graph.gate_label(), "K": net.K,
+            "gate": graph.gate_label(),
+            **({"density": graph.graph["density"]} if "density" in graph.graph else {"K": net.K}),
             "residual_init": graph.graph.get("residual_init", "one"),
             "conv_init": graph.graph.get("conv_init", "each block's own"),
             "classes": net.num_classes, "params_train": meta.get("params_train", net.num_parameters()),

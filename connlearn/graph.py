@@ -162,6 +162,12 @@ class BranchGraph(nx.DiGraph):
         learned = self.graph.get("frozen_from")
         return f"frozen from {learned}" if learned else self.gate_kind
 
+    def gate_words(self) -> str:
+        """The gate and its budget for titles: ``gate=topk K=4``, or ``gate=dnw density=0.2`` under one budget over
+        the network (where K is only the mean fan-in)."""
+        budget = f"density={self.graph['density']:g}" if "density" in self.graph else f"K={self.K}"
+        return f"gate={self.gate_label()} {budget}"
+
     def used_edges(self) -> list[tuple[str, str]]:
         """The edges the network's function reads: the active ones, or where it weights its inputs by their
         gates (``weighted_inputs``), every fixed edge and every gate edge of non-zero value."""

@@ -119,7 +119,7 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
     fig.colorbar(cast(Any, image), ax=axes, label="real gate value", shrink=0.8)
     fig.supxlabel("candidate input (a block of the module before)", fontsize=9)
     fig.supylabel("block (branch) of the module", fontsize=9)
-    fig.suptitle(f"Real gates per module (gate={graph.gate_label()}, K={graph.K})\ndots: the inputs each block uses",
+    fig.suptitle(f"Real gates per module ({graph.gate_words()})\ndots: the inputs each block uses",
                  fontsize=10)
     return _save(fig, path)
 

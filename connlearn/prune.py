@@ -89,10 +89,9 @@ def summary(net: ConnectivityNet) -> str:
     live = active_branches(graph)
     form = ", ResNeXt's single stream" if isinstance(net.stages[0], SingleStreamModule) else ""
     kept, candidates = edge_counts(graph)
-    budget = f" (density {graph.graph['density']:g})" if "density" in graph.graph else ""
-    lines = [f"ConnectivityNet: gate={graph.gate_label()} K={net.K}, {len(net.module_ids)} modules{form}, "
+    lines = [f"ConnectivityNet: {graph.gate_words()}, {len(net.module_ids)} modules{form}, "
              f"{'x'.join(map(str, (net.in_channels, *net.input_size)))} in, {net.num_classes} out, "
-             f"{kept} of {candidates} candidate edges kept{budget}"]
+             f"{kept} of {candidates} candidate edges kept"]
     for m in net.module_ids:
         d = graph.nodes[graph.branches(m)[0]]
         fan_in = sorted({sum(bool(e.get("active")) for *_, e in graph.gate_edges(n)) for n in graph.branches(m)})

@@ -108,7 +108,7 @@ def save(graph: BranchGraph, path: str | os.PathLike, *, beside_resnext: bool = 
 def _legend(graph: BranchGraph, title: str | None) -> str:
     blocks = graph.block_nodes()
     reads = " (every input, weighted by its gate)" if graph.graph.get("weighted_inputs") else ""
-    legend = (f"gate={graph.gate_label()} K={graph.K}{reads}, "
+    legend = (f"{graph.gate_words()}{reads}, "
               f"{len(live_blocks(graph) & set(blocks))}/{len(blocks)} blocks live")
     return f"{title}\n{legend}" if title else legend
 

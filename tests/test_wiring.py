@@ -256,9 +256,11 @@ def test_a_pruned_node_graph_keeps_its_features_and_exports_to_what_it_computes(
 
 @pytest.mark.parametrize("options", [{"gate": "topk"}, {"gate": "full", "K": 4}, {"gate": "dnw"},
                                      {"gate": "random", "K": None, "density": 0.2}])
-def test_the_summary_says_how_many_candidate_edges_are_kept(options):
+def test_the_summary_says_how_many_candidate_edges_are_kept_under_which_budget(options):
     net = connlearn.build(**tiny(**options))
     kept, candidates = edge_counts(net.graph())
+    budget = f"density={options['density']}" if "density" in options else f"K={net.K}"  # a density's K is a mean
+    assert f"gate={options['gate']} {budget}, " in connlearn.summary(net)
     assert f"{kept} of {candidates} candidate edges kept" in connlearn.summary(net)
 
 

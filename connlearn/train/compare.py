@@ -131,7 +131,7 @@ class Study:
             else:
                 graph = network_graph(config)
                 top = ", kept edges started at the top" if config.edge_init else ""
-                lines.append(f"{name}: {network_words(config, graph)} gate={graph.gate_kind} K={graph.K}{top}")
+                lines.append(f"{name}: {network_words(config, graph)} {graph.gate_words()}{top}")
         config = configs.get(self.baseline, next(iter(configs.values())))  # all share the schedule and data
         data = f"{config.dataset}{' (a generated stand-in)' if config.synthetic else ''}"
         subsets = ", ".join(f"{what} subset of {n}" for what, n in (("training", config.train_subset),

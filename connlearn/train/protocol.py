@@ -319,7 +319,7 @@ def _run(config: RunConfig, device: torch.device, time_limit: float | None, stop
     out.mkdir(parents=True, exist_ok=True)
     train_loader, test_loader, gate_loader = run_loaders(config, train, test, held, device=device, rank=rank,
                                                          world=world)
-    _say(f"connlearn: {network_words(config, graph)} gate={net.gate_kind} K={net.K} on {source}: {len(train)} train "
+    _say(f"connlearn: {network_words(config, graph)} {graph.gate_words()} on {source}: {len(train)} train "
          f"/ {len(test)} eval {noun(train)}, {schedule_words(config)}; {world} process(es) on {device}")
     facts = data_facts(train, test)
     here = RunConfig(**{**config.to_dict(), "device": str(device)})  # this process's GPU under torchrun
