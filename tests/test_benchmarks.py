@@ -69,6 +69,7 @@ def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     for path in files:
         common, arms, baseline = read_study(path)
         study = Study(arms, common, (0, 1), tmp_path, baseline or next(iter(arms)))  # every arm a valid RunConfig
+        assert ("recalibrate_bn" in common) == ("batch norms recomputed over" in study.plan[0])
         for name, options in arms.items():  # an arm of a connectivity file is the file's network, not a preset's
             assert ("connectivity" in options) == (f"{name}: the connectivity of " in "\n".join(study.plan))
 

@@ -229,13 +229,16 @@ def network_words(config: RunConfig, graph: BranchGraph) -> str:
 
 
 def schedule_words(config: RunConfig) -> str:
-    """The schedule in words: ``320 epochs (120/100/50/50)``, and the phases that too few epochs leave out."""
+    """The schedule in words: ``320 epochs (120/100/50/50)``, the phases that too few epochs leave out, and the
+    batch norms recomputed before the last evaluation."""
     recipe, paper = config.recipe(), get_recipe(config.schedule or PROTOCOLS[config.dataset].recipe)
     epochs = f"{recipe.total_epochs} epoch{'s' * (recipe.total_epochs > 1)}"
     words = f"{epochs} ({'/'.join(str(p.epochs) for p in recipe.phases)})"
     left = len(paper.phases) - len(recipe.phases)
-    return words + (f"; {left} of the {len(paper.phases)} phases left out: each phase needs an epoch (give at least "
-                    f"{len(paper.phases)} epochs)" if left else "")
+    return (words + (f"; {left} of the {len(paper.phases)} phases left out: each phase needs an epoch (give at least "
+                     f"{len(paper.phases)} epochs)" if left else "")
+            + (f", batch norms recomputed over {config.recalibrate_bn} batches before the last evaluation"
+               if config.recalibrate_bn else ""))
 
 
 def noun(data: Any) -> str:
