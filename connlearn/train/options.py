@@ -247,7 +247,8 @@ _OPTIONS = [
     Option("loader", "auto", TRAINING, "auto: batches made on the device; dataloader: torch's DataLoader (--workers)",
            choices=("auto", "dataloader")),
     Option("recalibrate_bn", 0, TRAINING, "before the last evaluation, recompute the batch-norm statistics of the "
-           "final connectivity over this many training batches (0: not)", at_least(0), flag=INT),
+           "final connectivity over this many training batches (0: not; 100 for dnw, whose mask moves until the "
+           "end)", at_least(0), flag=INT),
     Option("device", None, MACHINE, "cpu, cuda, cuda:1, mps (default: cuda where there is one)", device,
            resumable=True),
     Option("amp", "auto", MACHINE, "mixed precision (auto: bf16 or fp16 on a GPU)", choices=AMP_MODES,
