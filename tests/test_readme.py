@@ -25,7 +25,7 @@ def test_the_readme_commands_parse_into_runs_the_library_accepts():
 
     commands = 0
     for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words[:1] == ["torchrun"]:
                 words = ["python", *words[next(i for i, w in enumerate(words) if w.endswith(".py")):]]
