@@ -52,7 +52,7 @@ WIRING = STUDIES / "wiring"
     ["results", "--arms", "attribution.toml"], ["results", "--arms", "controls.toml"],
     ["results_bridge", "--arms", "bridge.toml"],
     *([*sorted(WIRING.glob(f"results_density/*_{d}-s*")), "--baseline", f"random_{d}"] for d in (20, 50)),
-    ["results_confirm", "--arms", "confirm.toml"],
+    ["results_confirm", "--arms", "confirm.toml"], ["results_confirm8", "--arms", "confirm8.toml"],
 ])
 def test_the_wiring_notes_tables_are_compares_report_of_the_committed_summaries(question, capsys):
     from connlearn.cli import main
