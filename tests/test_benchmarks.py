@@ -65,11 +65,12 @@ def test_the_wiring_notes_tables_are_compares_report_of_the_committed_summaries(
 def test_every_declared_study_is_a_set_of_valid_runs(tmp_path):
     from connlearn.cli import build_parser, config_from
     from connlearn.train.compare import Study, read_study
+    from connlearn.train.options import read_options
 
     files = sorted(STUDIES.rglob("*.toml"))
     assert len(files) >= 20
     for path in files:
-        if "[arms." not in path.read_text():  # a single run's config (each seed a `connlearn train --config`)
+        if "arms" not in read_options(path, "study"):  # a single run's config (a `connlearn train --config`)
             config_from(build_parser().parse_args(["train", "--config", str(path)]))
             continue
         common, arms, baseline = read_study(path)
