@@ -2,6 +2,7 @@
 renames of a save, a damaged last.pt), whole files under a full disk, the folder lock, divergence, and the
 recipes' arithmetic."""
 
+import copy
 import errno
 import os
 import signal
@@ -23,6 +24,7 @@ from connlearn.train import Phase, Recipe, RunConfig, Trainer, TrainingStopped, 
 from connlearn.train.checkpoint import folder_lock
 from connlearn.train.data import ArrayDataset, synthetic
 from connlearn.train.loaders import BatchLoader, make_loaders
+from connlearn.train.metrics import recalibrate_batch_norm
 
 TIMING_KEYS = ("epoch_time", "images_per_s", "eval_time")
 
@@ -324,6 +326,17 @@ def test_recalibrated_batch_norms_are_the_average_over_the_batches_given(tmp_pat
     handle.remove()
     expected = torch.stack([x.mean((0, 2, 3)) for x in seen]).mean(0)
     torch.testing.assert_close(trainer.net.stem.bn.running_mean, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_recalibration_sees_the_evaluation_connectivity_not_a_draw():
+    net = connlearn.build(**tiny(gate_init="uniform"))  # topk, not frozen: training passes draw their inputs
+    frozen = copy.deepcopy(net).freeze()
+    batches = [(torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(i)), None) for i in range(3)]
+    for n in (net, frozen):
+        recalibrate_batch_norm(n.train(), batches, 3)
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(net.eval()(x), frozen.eval()(x))
+    assert net.training is False and any(m.training for m in net.modules()) is False
 
 
 @pytest.mark.slow

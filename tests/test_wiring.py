@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import batch, tiny
-from hypothesis import example, given, settings
+from hypothesis import example, given, reject, settings
 from hypothesis import strategies as st
 from oracle import Oracle
 
 import connlearn
+from connlearn import GraphError
 from connlearn.export import export
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import TOPOLOGIES
@@ -34,10 +35,18 @@ TOPOLOGIES_WITH_GATES = ("resnext", "dense", "neural-graph")
 SMALL_GRAPH = {"nodes": [3, 4], "stem_nodes": 2, "features": 2, "image_size": 8}
 
 
+def _built(topology, **options):
+    """The network, or no example where its budget joins no path from the stem to the head (refused)."""
+    try:
+        return connlearn.build(topology, **options)
+    except GraphError:
+        reject()
+
+
 def _budgeted(gate, density, topology="resnext", **options):
     if topology == "neural-graph":
-        return connlearn.build(topology, gate=gate, density=density, seed=options.get("seed", 0), **SMALL_GRAPH)
-    return connlearn.build(topology, **tiny(K=None, gate=gate, density=density, **options))
+        return _built(topology, gate=gate, density=density, seed=options.get("seed", 0), **SMALL_GRAPH)
+    return _built(topology, **tiny(K=None, gate=gate, density=density, **options))
 
 
 def _masked_graph():
@@ -54,13 +63,14 @@ def _masked_graph():
 def test_the_compiled_node_graph_computes_dnws_masked_convolutions_and_its_oracle(seed, gate, density, nodes, stem,
                                                                                   train):
     budget = {"density": density} if density and gate != "topk" else {"K": 1}
-    net = connlearn.build("neural-graph", gate=gate, nodes=nodes, stem_nodes=stem, features=nodes[-1],
-                          image_size=8, seed=seed, **budget).train(train).double()
+    net = _built("neural-graph", gate=gate, nodes=nodes, stem_nodes=stem, features=nodes[-1], image_size=8,
+                 seed=seed, **budget).train(train).double()
     x, target = batch(net, 3, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64)
     out = net(x)
     (out * target).sum().backward()
     grads = {n: p.grad.clone() for n, p in net.named_parameters()}
-    for reference in (_masked_graph()(net), Oracle(net)):
+    drawn = net.training and net.stochastic  # DNW's formulation reads the kept edges, not a training draw
+    for reference in (Oracle(net),) if drawn else (_masked_graph()(net), Oracle(net)):
         net.zero_grad()
         (out_ref := reference(x, net.last_draw) if isinstance(reference, Oracle) else reference(x))
         torch.testing.assert_close(out_ref, out)
@@ -104,7 +114,7 @@ def test_per_block_scope_keeps_each_blocks_k_top_edges_by_magnitude():
 
 @pytest.mark.parametrize("gate", ["dnw", "magnitude"])
 def test_global_scope_keeps_the_largest_scores_of_the_whole_network_and_spreads_ties_over_rows(gate):
-    net = _budgeted(gate, 0.2, M=6, seed=5, gate_init="uniform")
+    net = _budgeted(gate, 0.4, M=6, seed=5, gate_init="uniform")
     score = type(next(iter(net.gates()))[1]).score  # |weight| for dnw, the score itself for magnitude
     w = torch.cat([score(g.values()).flatten() for _, g in net.gates()])
     kept = torch.cat([g.active().flatten() for _, g in net.gates()])
@@ -212,6 +222,20 @@ def test_randwire_generators_keep_the_node_count_and_the_edge_budget(generator):
     again = generated(graph, generator, seed=3)
     assert set(made.edges) == set(graph.edges) and kept == [e for e in gate_edges(again) if again.edges[e]["active"]]
     connlearn.from_graph(made)
+
+
+@pytest.mark.parametrize("gate, options, control", [
+    *((gate, {"density": 0.3}, control) for gate in ("dnw", "magnitude") for control in ("rewire", "shuffle", "er")),
+    ("dnw", {"K": 2}, "rewire"), ("topk", {"K": 2}, "rewire")])  # shuffling and generating keep no per-block K
+def test_a_rewired_learned_graph_compiles_to_a_network_that_reads_exactly_its_kept_edges(gate, options, control):
+    graph = connlearn.build("neural-graph", gate=gate, **options, nodes=[6, 6], stem_nodes=4, features=3,
+                            image_size=8).graph()
+    made = {"rewire": rewire, "shuffle": shuffle}.get(control, lambda g, seed: generated(g, control, seed))(graph, 1)
+
+    def kept(g):
+        return {e for e in gate_edges(g) if g.edges[e]["active"]}
+
+    assert kept(made) != kept(graph) and kept(connlearn.from_graph(made).graph()) == kept(made)
 
 
 def test_rewiring_moves_edges():

@@ -85,14 +85,15 @@ def evaluate(model: torch.nn.Module, loader: Loader, *, amp: torch.dtype | None 
 def recalibrate_batch_norm(net: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                            count: int, amp: torch.dtype | None = None) -> None:
     """Recompute every batch norm's running statistics as the plain average over ``count`` training batches
-    (the network as it now is: its final connectivity), the ranks' averages averaged under DDP."""
+    (the network as it evaluates: its evaluation connectivity, no draw), the ranks' averages averaged under DDP."""
     norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     momenta = [m.momentum for m in norms]
     was_training = net.training
+    net.eval()
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # a cumulative average
-    net.train()
+        m.train()
     try:
         for i, (x, _) in enumerate(batches):
             if i == count:
