@@ -172,6 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from connlearn.prune import freezing_changes_outputs, prune_dead_blocks
     from connlearn.topologies import PRESETS
     from connlearn.train.checkpoint import load_checkpoint, net_from_checkpoint, top1
+    from connlearn.train.protocol import shape_words
 
     ckpt = load_checkpoint(args.checkpoint)
     net = net_from_checkpoint(ckpt)
@@ -180,8 +181,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     preset = PRESETS.get(options.get("preset"), {})  # named only where the network is the preset's
     named = options["preset"] if preset and all(preset[k] == options.get(k) for k in ("depth", "width", "C")) else ""
     report = None if freezing_changes_outputs(net) else prune_dead_blocks(net, freeze=True)[1]
-    info = {"architecture": f"{graph.graph.get('topology')} {named} {{D={options.get('depth')}, "
-                            f"w={options.get('width')}, C={options.get('C')}}}".replace("  ", " "),
+    info = {"architecture": f"{graph.graph.get('topology')} {named} {shape_words(graph)}".replace("  ", " "),
             "input": "x".join(map(str, (net.in_channels, *net.input_size))),
             "gate": graph.gate_label(),
             **({"density": graph.graph["density"]} if "density" in graph.graph else {"K": net.K}),

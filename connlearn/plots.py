@@ -96,7 +96,8 @@ def plot_active_branches(graphs: BranchGraph | Mapping[str, BranchGraph], path: 
 
 
 def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
-    """A heatmap per gated module of its real gates (rows: blocks, columns: inputs), active entries dotted."""
+    """A heatmap per gated module of its real gates, or its signed edge weights (rows: blocks, columns: inputs),
+    active entries dotted."""
     modules = [m for m in graph.modules() if graph.candidates(m)]
     if not modules:
         raise DataError("the graph has no gated module: there is no gate matrix to draw")
@@ -104,10 +105,12 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
     nrows = math.ceil(len(modules) / ncols)
     fig = Figure(figsize=(2.3 * ncols + 1.2, 2.2 * nrows + 0.8), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    image = None
-    for ax, module in zip(axes.flat, modules, strict=False):
-        values, active = (np.asarray(a) for a in graph.gate_matrix(module))
-        image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    image, signed = None, bool(graph.graph.get("edge_weights"))
+    matrices = [[np.asarray(a) for a in graph.gate_matrix(m)] for m in modules]
+    top = max(float(np.abs(values).max()) for values, _ in matrices) or 1.0 if signed else 1.0
+    for ax, module, (values, active) in zip(axes.flat, modules, matrices, strict=False):
+        image = ax.imshow(values, vmin=-top if signed else 0.0, vmax=top, cmap="coolwarm" if signed else "viridis",
+                          aspect="auto")
         rows, cols = np.nonzero(active)
         ax.scatter(cols, rows, s=14, c="white", edgecolors="black", linewidths=0.5)
         ax.set_title(f"module {module}", fontsize=9)
@@ -116,11 +119,12 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
             axis.set_ticks(ticks, [str(t + 1) for t in ticks], fontsize=7)
     for ax in axes.flat[len(modules):]:
         ax.set_axis_off()
-    fig.colorbar(cast(Any, image), ax=axes, label="real gate value", shrink=0.8)
-    fig.supxlabel("candidate input (a block of the module before)", fontsize=9)
+    fig.colorbar(cast(Any, image), ax=axes, label="edge weight" if signed else "real gate value", shrink=0.8)
+    source = "node of an earlier stage" if graph.graph.get("node_graph") else "block of the module before"
+    fig.supxlabel(f"candidate input (a {source})", fontsize=9)
     fig.supylabel("block (branch) of the module", fontsize=9)
-    fig.suptitle(f"Real gates per module ({graph.gate_words()})\ndots: the inputs each block uses",
-                 fontsize=10)
+    fig.suptitle(f"{'Edge weights' if signed else 'Real gates'} per module ({graph.gate_words()})\n"
+                 "dots: the inputs each block uses", fontsize=10)
     return _save(fig, path)
 
 

@@ -29,7 +29,7 @@ DEAD_STYLES = ("hollow", "hide")
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
 #: A graph that reads more edges is drawn as a matrix of its edges (a node graph's thousands).
 MAX_ARROWS = 2000
-_RED, _GREEN, _GREY = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999"
+_RED, _GREEN, _GREY, _BLUE = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999", "3b4cc0"
 KEY = "circles: the stem (top) and the head (bottom); squares: blocks, one row per module; hollow: dead (pruned)"
 
 
@@ -42,6 +42,9 @@ def pruned(graph: BranchGraph) -> bool:
 
 def resnext_of(graph: BranchGraph) -> BranchGraph:
     """ResNeXt's connectivity on ``graph``'s blocks: every gate edge active with gate 1."""
+    if graph.graph.get("node_graph"):
+        raise ConfigError("a node graph has no ResNeXt form to draw beside it (every node would read every earlier "
+                          "one): leave out side-by-side")
     if pruned(graph):
         raise ConfigError("this connectivity was pruned, so ResNeXt cannot be derived from it: draw the unpruned "
                           "network (the run's last.pt), or pass the reference graph")
@@ -114,16 +117,17 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
 
 
 def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str], float]:
-    """Each used edge's gate over the largest of its row, in [0, 1] (1 for every edge when not weighted)."""
+    """Each used edge's |gate| over the largest of its row, in [0, 1] (1 for every edge when not weighted; a
+    negative edge weight is drawn blue)."""
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
     strength, tops = {}, {}
     for u, v in graph.used_edges():
         d = graph.edges[u, v]
         if v not in tops:
-            tops[v] = max((float(e.get("gate", 0.0)) for *_, e in graph.gate_edges(v)), default=0.0)
+            tops[v] = max((abs(float(e.get("gate", 0.0))) for *_, e in graph.gate_edges(v)), default=0.0)
         top = tops[v]
         if weighted and d.get("kind") == "gate" and top > 0:
-            strength[u, v] = min(max(float(d.get("gate", 0.0)) / top, 0.0), 1.0)
+            strength[u, v] = min(abs(float(d.get("gate", 0.0))) / top, 1.0)
         else:
             strength[u, v] = 1.0
     return strength
@@ -131,6 +135,7 @@ def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str]
 
 def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: bool | None, dead: str) -> None:
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
+    signed = bool(graph.graph.get("edge_weights"))
     dead_set = set(graph.block_nodes()) - live_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     circle = {"shape": "circle", "style": "filled", "fillcolor": _RED[0], "color": _RED[1], "width": "0.35"}
@@ -157,7 +162,8 @@ def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: 
             continue
         attrs = {"arrowsize": "0.4"}
         if weighted:
-            attrs.update(penwidth=f"{0.3 + 1.7 * s:.2f}", color=f"#000000{round(64 + 191 * s):02x}")
+            rgb = _BLUE if signed and float(graph.edges[u, v].get("gate", 0.0)) < 0 else "000000"
+            attrs.update(penwidth=f"{0.3 + 1.7 * s:.2f}", color=f"#{rgb}{round(64 + 191 * s):02x}")
         if u in dead_set or v in dead_set:
             attrs.update(style="dashed", color=_GREY)
         dot.edge(prefix + u, prefix + v, **attrs)

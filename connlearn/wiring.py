@@ -50,7 +50,7 @@ def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
     density = check_float("density", density)
     if not 0 < density <= 1:
         raise ConfigError(f"density must be in (0, 1] (the share of the candidate edges kept), got {density}")
-    if spender(GATES.get(gate)) is None:
+    if spender(GATES.get(gate)) is None or issubclass(GATES.get(gate), FrozenGate):
         spenders = [n for n in GATES.names() if spender(GATES.get(n)) and not issubclass(GATES.get(n), FrozenGate)]
         raise ConfigError(f"gate {gate!r} cannot spend one budget over the network (density); these can: "
                           f"{', '.join(spenders)}")
@@ -99,6 +99,17 @@ def spend(graph: BranchGraph) -> BranchGraph:
     return graph
 
 
+def fixed(graph: BranchGraph) -> BranchGraph:
+    """A copy of ``graph`` whose kept (``active``) edges are fixed as they stand: a learnable kind becomes
+    ``frozen`` (``frozen_from`` names it; its knobs go), so the network compiled from it reads exactly those
+    edges, whatever its gate values (a learnable kind would choose its top edges again from them)."""
+    g = graph.copy()
+    if GATES.get(g.gate_kind).learnable:
+        g.graph.update(gate="frozen", frozen_from=g.gate_kind, weighted_inputs=False)
+        g.graph.pop("gate_options", None)
+    return g
+
+
 def start_at_top(graph: BranchGraph) -> BranchGraph:
     """``graph`` (edge weights under a density d) with its kept edges started as ``dnw``'s kept edges start, at
     the top of uniform weights: ``|w| -> 1 - d + d|w|``, signs kept; the other edges as they are."""
@@ -124,9 +135,9 @@ def generated(graph: BranchGraph, generator: str, seed: int = 0) -> BranchGraph:
     Barabási–Albert, ``ws``: Watts–Strogatz with p 0.75) on its blocks, as many as it keeps now: the generator
     draws an undirected graph on the blocks in a random order, each edge points from the earlier module to the
     later, and edges within a module (no candidates) are dropped; then random drawn edges go, or random candidate
-    edges come, until the count is the graph's. Gate values stay as they are."""
+    edges come, until the count is the graph's. Gate values stay as they are; the copy is :func:`fixed`."""
     make = GENERATORS[check_choice("generator", generator, GENERATORS)]
-    g, rng = graph.copy(), random.Random(seed)
+    g, rng = fixed(graph), random.Random(seed)
     edges, blocks = gate_edges(g), g.block_nodes()
     budget_now = sum(bool(g.edges[e].get("active")) for e in edges)
     pairs = len(blocks) * (len(blocks) - 1) // 2
@@ -150,8 +161,12 @@ def generated(graph: BranchGraph, generator: str, seed: int = 0) -> BranchGraph:
 def shuffle(graph: BranchGraph, seed: int = 0) -> BranchGraph:
     """A copy of ``graph`` whose kept gate edges are drawn anew, uniformly, within each (source module, target
     module) pair: as many edges between every two modules (stages of a node graph) as before, any of them. Each
-    kept edge keeps its gate value, moved with it in a random order."""
-    g = graph.copy()
+    kept edge keeps its gate value, moved with it in a random order. The copy is :func:`fixed`; ``graph`` keeps one
+    budget over the network (``density``): one that keeps K per block would lose that."""
+    if "density" not in graph.graph:
+        raise GraphError(f"shuffle moves kept edges between the blocks of a module, and this graph keeps K={graph.K} "
+                         "in every block: rewire it (degrees) instead, or build it with a density")
+    g = fixed(graph)
     rng = random.Random(seed)
     pairs: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for u, v in gate_edges(g):
@@ -171,8 +186,8 @@ def rewire(graph: BranchGraph, seed: int = 0, swaps: int | None = None) -> Branc
     """A copy of ``graph`` whose kept gate edges are rewired by ``swaps`` tries (default 10 per kept edge) of
     a degree-preserving swap: kept ``a → b`` and ``c → d`` become ``a → d`` and ``c → b`` where both are
     candidate edges not yet kept. Every node keeps its in- and out-degree; each moved edge takes its gate
-    value and attributes along (a source keeps its weights)."""
-    g = graph.copy()
+    value and attributes along (a source keeps its weights). The copy is :func:`fixed`."""
+    g = fixed(graph)
     kept = [e for e in gate_edges(g) if g.edges[e].get("active")]
     rng = random.Random(seed)
     for _ in range(10 * len(kept) if swaps is None else swaps):

@@ -20,11 +20,13 @@ from connlearn import ConfigError, DataError, GraphError
 from connlearn.errors import CheckpointError
 from connlearn.export import export
 from connlearn.files import write_text
+from connlearn.render import save
 from connlearn.train import ImageDataset, RunConfig, Trainer, load_checkpoint, load_packed
 from connlearn.train.compare import Study, collect, parse_arm
 from connlearn.train.data import ArrayDataset, load_dataset, pack, read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
+from connlearn.wiring import shuffle
 
 
 def _graph(**changes):
@@ -274,6 +276,15 @@ CASES = [
     (lambda _: connlearn.build(gate="topk", density=0.1), ConfigError,
      ["gate 'topk' cannot spend one budget", "dnw, dnw_masked, magnitude, random"]),
     (lambda _: connlearn.from_graph(_no_candidates()), GraphError, ["density 0.5", "has none", "leave density out"]),
+    (lambda _: connlearn.build(gate="frozen", density=0.5), ConfigError,
+     ["gate 'frozen' cannot spend one budget", "dnw, dnw_masked, magnitude, random"]),
+    (lambda _: connlearn.build(gate="dnw", density=0.05), GraphError,
+     ["26 of the network's 512 candidate edges", "density 0.05", "no path from the stem to the head",
+      "give a larger density"]),
+    (lambda _: shuffle(connlearn.build(**tiny(gate="random")).graph()), GraphError,
+     ["shuffle", "keeps K=2 in every block", "rewire it (degrees)"]),
+    (lambda t: save(connlearn.build("neural-graph", nodes=[4, 4], stem_nodes=2, features=2, K=1).graph(), t / "g.svg",
+                    beside_resnext=True), ConfigError, ["a node graph has no ResNeXt", "leave out side-by-side"]),
     (lambda _: connlearn.build("neural-graph", nodes=[4, 4], features=5), ConfigError,
      ["features must be 1 to the last stage's nodes, 4", "got 5"]),
     (lambda _: RunConfig(rewire="stages"), ConfigError, ["rewire stages", "give connectivity"]),

@@ -18,6 +18,7 @@ import torch
 
 from connlearn import wiring
 from connlearn.errors import ConfigError, check_int
+from connlearn.gates import GATES
 from connlearn.graph import BranchGraph, block_name
 from connlearn.topologies.resnext import _fan_in, _gated
 
@@ -52,14 +53,15 @@ def neural_graph(*, nodes: tuple[int, ...] | list[int] = NODES, stem_nodes: int 
             ``channels``). features: the last nodes, which the head reads (at most the last stage's).
         channels: each node's channels. block: the node's block kind (``node``: norm → ReLU → 3x3 conv).
         gate: gate kind (``dnw``: learned edge weights; ``random``: the fixed random graph). density: the share
-            of the candidate edges kept by one budget over the network (default 0.05 where K is not given).
+            of the candidate edges kept by one budget over the network (default 0.05 where K is not given and
+            the kind spends one).
             K: instead, each node's fan-in.
         num_classes, in_channels, image_size: the data's. seed: the weights, the initial edges and draws.
         gate_init, gate_options: as for :func:`~connlearn.topologies.resnext`.
     """
     stages = stage_sizes(nodes, stem_nodes, features)
     ch = check_int("channels", channels, 1)
-    density = 0.05 if density is None and K is None else density
+    density = 0.05 if density is None and K is None and wiring.spender(GATES.get(gate)) else density
     # at most the first gated stage's inputs, the stem's nodes (under a density, wiring.spend sets the mean kept)
     K = _fan_in(gate, K, stages[0], density)
     g = BranchGraph(gate=gate, K=K, seed=check_int("seed", seed, 0, 2**64 - 1), topology="neural-graph",

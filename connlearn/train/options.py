@@ -240,7 +240,8 @@ _OPTIONS = [
            "retrained connectivity starts from its seed's weights: those of the run that learned it, where that ran "
            "with the same seed)", switch, flag=BOOL),
     Option("rewire", None, TRAINING, "with connectivity: train it rewired, keeping the count of edges between every "
-           "two stages (stages) or every node's in- and out-degree (degrees), from the run's seed",
+           "two stages (stages: a connectivity under a density) or every node's in- and out-degree (degrees), from "
+           "the run's seed",
            choices=("stages", "degrees")),
     Option("lr", None, TRAINING, "the weights' learning rate in phase 1, the later phases' scaled with it (default: "
            "the recipe's, 0.1)", number(0.0, above=True), flag=FLOAT),

@@ -24,7 +24,6 @@ from connlearn import plots, render, wiring
 from connlearn.blocks import BLOCKS
 from connlearn.errors import ConfigError, DataError
 from connlearn.files import path_of, read_text, remove_leftovers, write_text
-from connlearn.gates import GATES
 from connlearn.graph import (
     BranchGraph,
     active_branches,
@@ -193,9 +192,7 @@ def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNe
     text = read_text(path, "graph", ConfigError) if path.suffix == ".json" else load_checkpoint(path)["graph"]
     graph = BranchGraph.from_json(text)
     check_finite_gates(graph.validate(), f"connectivity {path}")
-    if graph.graph["gate"] in GATES and GATES.get(graph.graph["gate"]).learnable:  # its top-K, as it stands
-        graph.graph.update(gate="frozen", frozen_from=graph.graph["gate"], weighted_inputs=False)
-        graph.graph.pop("gate_options", None)  # the knobs of the kind that learned it
+    graph = wiring.fixed(graph)  # its top-K, as it stands
     if config.rewire is not None:
         graph = (wiring.shuffle if config.rewire == "stages" else wiring.rewire)(graph, seed=config.seed)
     init = config.seed ^ 0x9E3779B9 if config.reinit else config.seed  # reinit: other low 32 bits (torch reads those)
@@ -218,14 +215,21 @@ def _connectivity_net(config: RunConfig, train: Any) -> connlearn.ConnectivityNe
 def network_words(config: RunConfig, graph: BranchGraph) -> str:
     """The network in words: ``cifar-29-8-8 {D=29, w=8, C=8}``, the preset named only where the network is
     the preset's (``{D=11, w=2, C=4}`` where options changed it; the file's name for a connectivity)."""
-    shape = graph.graph["options"]
+    words = shape_words(graph)
     if graph.graph.get("node_graph"):
-        return f"neural-graph {{nodes {shape['stem_nodes']}+{'+'.join(map(str, shape['nodes']))}}}"
-    words = f"{{D={shape['depth']}, w={shape['width']}, C={shape['C']}}}"
+        return f"neural-graph {words}"
     changed = any(getattr(config, k) is not None for k in ("C", "M", "width", "base_channels", "stem_channels",
                                                              "kernels"))
     name = config.connectivity or (None if changed else config.preset or PROTOCOLS[config.dataset].presets[0])
     return f"{name} {words}" if name else words
+
+
+def shape_words(graph: BranchGraph) -> str:
+    """The network's shape in words: ``{D=29, w=8, C=8}``, a node graph's ``{nodes 32+192+192+192+192}``."""
+    shape = graph.graph.get("options", {})
+    if graph.graph.get("node_graph"):
+        return f"{{nodes {shape.get('stem_nodes')}+{'+'.join(map(str, shape.get('nodes', [])))}}}"
+    return f"{{D={shape.get('depth')}, w={shape.get('width')}, C={shape.get('C')}}}"
 
 
 def schedule_words(config: RunConfig) -> str:
