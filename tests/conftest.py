@@ -3,7 +3,9 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, reject, settings
+
+import connlearn
 
 settings.register_profile("default", deadline=None, max_examples=20, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -11,6 +13,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+
+
+def built(topology="resnext", **options):
+    """The network, or no example where its budget joins no path from the stem to the head (it is refused)."""
+    try:
+        return connlearn.build(topology, **options)
+    except connlearn.GraphError:
+        reject()
 
 
 def tiny(**overrides):

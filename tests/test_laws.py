@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import SHAPES, batch, shaped, tiny
+from conftest import SHAPES, batch, built, shaped, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import Oracle
@@ -44,8 +44,8 @@ def configs(draw):
 @given(configs())
 def test_the_network_computes_its_oracle_outputs_and_gradients(config):
     topology, options, train = config
-    net = connlearn.build(topology, **options).train(train).double()  # float64: a ReLU input within rounding
-    x = batch(net, 4, dtype=torch.float64)                            # of 0 falls alike in both
+    net = built(topology, **options).train(train).double()  # float64: a ReLU input within rounding
+    x = batch(net, 4, dtype=torch.float64)                  # of 0 falls alike in both
     out = net(x)
     oracle = Oracle(net)  # after the pass: the gates' last perturbations (gumbel, imle) are the draw's
     torch.testing.assert_close(oracle(x, net.last_draw), out)

@@ -68,13 +68,17 @@ def test_params_train_counts_what_trained_though_the_last_phase_freezes_the_edge
     assert summary["params_train"] == sum(p.numel() for p in net.weight_parameters()) > net.num_parameters()
 
 
-def test_a_node_graph_run_finishes_at_any_density_and_compares_no_k_of_c_chance(tmp_path):
+def test_a_node_graph_run_finishes_at_any_density_and_compares_no_k_of_c_chance(tmp_path, capsys):
     # a budget's nominal K (its mean fan-in) exceeds the first stage's candidates here
     assert main(["train", "--dataset", "cifar10", "--synthetic", "--epochs", "1", "--topology", "neural-graph",
-                 "--nodes", "2", "100", "--features", "4", "--gate", "dnw", "--density", "1", "--train-subset", "64",
-                 "--test-subset", "32", "--batch-size", "32", "--no-progress", "--out", str(tmp_path)]) == 0
+                 "--nodes", "2", "100", "--stem-nodes", "8", "--features", "4", "--gate", "dnw", "--density", "1",
+                 "--train-subset", "64", "--test-subset", "32", "--batch-size", "32", "--no-progress", "--out",
+                 str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["K"] > 32 and summary["input_overlap"] and summary["input_overlap_chance"] == {}
+    assert summary["K"] > 8 and summary["input_overlap"] and summary["input_overlap_chance"] == {}
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "last.pt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["architecture"] == "neural-graph {nodes 8+2+100}"
 
 
 def test_a_run_started_by_an_earlier_version_resumes(finished, tmp_path, capsys):

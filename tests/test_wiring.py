@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import batch, tiny
-from hypothesis import example, given, reject, settings
+from conftest import batch, built, tiny
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from oracle import Oracle
 
 import connlearn
-from connlearn import GraphError
 from connlearn.export import export
 from connlearn.prune import prune_dead_blocks
 from connlearn.topologies import TOPOLOGIES
@@ -35,18 +34,10 @@ TOPOLOGIES_WITH_GATES = ("resnext", "dense", "neural-graph")
 SMALL_GRAPH = {"nodes": [3, 4], "stem_nodes": 2, "features": 2, "image_size": 8}
 
 
-def _built(topology, **options):
-    """The network, or no example where its budget joins no path from the stem to the head (refused)."""
-    try:
-        return connlearn.build(topology, **options)
-    except GraphError:
-        reject()
-
-
 def _budgeted(gate, density, topology="resnext", **options):
     if topology == "neural-graph":
-        return _built(topology, gate=gate, density=density, seed=options.get("seed", 0), **SMALL_GRAPH)
-    return _built(topology, **tiny(K=None, gate=gate, density=density, **options))
+        return built(topology, gate=gate, density=density, seed=options.get("seed", 0), **SMALL_GRAPH)
+    return built(topology, **tiny(K=None, gate=gate, density=density, **options))
 
 
 def _masked_graph():
@@ -63,7 +54,7 @@ def _masked_graph():
 def test_the_compiled_node_graph_computes_dnws_masked_convolutions_and_its_oracle(seed, gate, density, nodes, stem,
                                                                                   train):
     budget = {"density": density} if density and gate != "topk" else {"K": 1}
-    net = _built("neural-graph", gate=gate, nodes=nodes, stem_nodes=stem, features=nodes[-1], image_size=8,
+    net = built("neural-graph", gate=gate, nodes=nodes, stem_nodes=stem, features=nodes[-1], image_size=8,
                  seed=seed, **budget).train(train).double()
     x, target = batch(net, 3, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64)
     out = net(x)

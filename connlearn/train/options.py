@@ -39,7 +39,7 @@ AMP_MODES = ("auto", "bf16", "fp16", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: The architecture options of every topology, and of each topology of its own.
 COMMON = ("topology", "gate", "K", "density", "edge_init", "connectivity")
-NEURAL_GRAPH = ("nodes", "features")
+NEURAL_GRAPH = ("nodes", "stem_nodes", "features")
 RESNEXT = ("preset", "C", "M", "width", "base_channels", "stem_channels", "kernels", "uninformative", "residual_init",
            "conv_init")
 ARCHITECTURE, GATE_TRAINING, SHARED, PER_RUN, TRAINING, MACHINE = (
@@ -186,6 +186,8 @@ _OPTIONS = [
            "static graph: docs/wiring.md)", choices=("resnext", "neural-graph")),
     Option("nodes", None, ARCHITECTURE, "neural-graph: the nodes of each stage after the stem's (default 192 192 192 "
            "192)", sizes(1, 4096), flag={"type": int, "nargs": "+", "metavar": "N"}),
+    Option("stem_nodes", None, ARCHITECTURE, "neural-graph: the stem's nodes, its one-channel outputs (default 32)",
+           at_least(1, 4096), flag=INT),
     Option("features", None, ARCHITECTURE, "neural-graph: the last nodes, which the head reads (default 100)",
            at_least(1, 4096), flag=INT),
     Option("preset", None, ARCHITECTURE, "architecture {D,w,C} (default: the dataset's, e.g. cifar-29-8-8)",

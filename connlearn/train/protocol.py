@@ -162,7 +162,7 @@ def _neural_graph(config: RunConfig, **shape: Any) -> BranchGraph:
     """The node graph of ``config`` (topology ``neural-graph``), refused where it has too many edges."""
     given = {k: getattr(config, k) for k in ("K", "density", *NEURAL_GRAPH) if getattr(config, k) is not None}
     nodes = given.get("nodes", NODES)
-    edges = candidate_edges(stage_sizes(nodes, STEM_NODES, given.get("features", FEATURES)))
+    edges = candidate_edges(stage_sizes(nodes, given.get("stem_nodes", STEM_NODES), given.get("features", FEATURES)))
     if edges > MAX_GATE_EDGES:
         raise ConfigError(f"nodes {list(nodes)} make {edges:,} candidate edges; a run builds up to "
                           f"{MAX_GATE_EDGES:,}: give fewer nodes")
