@@ -29,10 +29,10 @@ import torch.utils.checkpoint
 from torch import nn
 
 from connlearn.blocks import BLOCKS, BranchBlock, LoopedBlock, block_dims, conv, norm
-from connlearn.errors import CheckpointError, ConfigError, GraphError
+from connlearn.errors import CheckpointError, ConfigError
 from connlearn.gates import GATES, EdgeWeights, FrozenGate, Gate, draw_generator, random_tie_order, tie_generator
 from connlearn.graph import BranchGraph, ModulePlan, input_shape
-from connlearn.wiring import budget, gate_class, gate_edges
+from connlearn.wiring import budget, gate_class
 
 
 def mix_branches(inputs: list[torch.Tensor], mix: torch.Tensor, ch: int, relu: bool = True) -> torch.Tensor:
@@ -197,10 +197,6 @@ class ConnectivityNet(nn.Module):
             if order is not None:  # the graph's ties; a graph without them: from the seed
                 rows, cols = order.shape
                 order.copy_(random_tie_order(rows, cols, ties) if plan.ties is None else torch.tensor(plan.ties))
-        if self.budgeted and not self._reached(self._mixes({}))[-1].any():  # no gradient reaches its edges either
-            raise GraphError(f"one budget of {count} of the network's {len(gate_edges(graph))} candidate edges "
-                             f"(density {graph.graph['density']:g}) joins no path from the stem to the head: the "
-                             "network would compute a constant; give a larger density")
         self.sample_temperature = 1.0
         self.activation_checkpointing = False
         self.last_draw: dict[int, torch.Tensor] = {}  # the latest training draw, by stage position

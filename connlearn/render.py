@@ -29,7 +29,7 @@ DEAD_STYLES = ("hollow", "hide")
 SUFFIXES = (".dot", ".svg", ".png", ".pdf")
 #: A graph that reads more edges is drawn as a matrix of its edges (a node graph's thousands).
 MAX_ARROWS = 2000
-_RED, _GREEN, _GREY, _BLUE = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999", "3b4cc0"
+_RED, _GREEN, _GREY, _BLUE = ("#d9534f", "#a02622"), ("#5cb85c", "#2d6a2d"), "#999999", "#3b4cc0"
 KEY = "circles: the stem (top) and the head (bottom); squares: blocks, one row per module; hollow: dead (pruned)"
 
 
@@ -117,8 +117,8 @@ def _legend(graph: BranchGraph, title: str | None) -> str:
 
 
 def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str], float]:
-    """Each used edge's |gate| over the largest of its row, in [0, 1] (1 for every edge when not weighted; a
-    negative edge weight is drawn blue)."""
+    """Each used edge's gate over the largest |gate| of its row, in [-1, 1] (1 for every edge when not weighted):
+    the drawing's width and opacity follow its size, a negative edge weight is blue."""
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
     strength, tops = {}, {}
     for u, v in graph.used_edges():
@@ -127,7 +127,7 @@ def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str]
             tops[v] = max((abs(float(e.get("gate", 0.0))) for *_, e in graph.gate_edges(v)), default=0.0)
         top = tops[v]
         if weighted and d.get("kind") == "gate" and top > 0:
-            strength[u, v] = min(abs(float(d.get("gate", 0.0))) / top, 1.0)
+            strength[u, v] = max(-1.0, min(float(d.get("gate", 0.0)) / top, 1.0))
         else:
             strength[u, v] = 1.0
     return strength
@@ -135,7 +135,6 @@ def _strength(graph: BranchGraph, weighted: bool | None) -> dict[tuple[str, str]
 
 def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: bool | None, dead: str) -> None:
     weighted = bool(graph.graph.get("weighted_inputs")) if weighted is None else weighted
-    signed = bool(graph.graph.get("edge_weights"))
     dead_set = set(graph.block_nodes()) - live_blocks(graph)
     hidden = dead_set if dead == "hide" else set()
     circle = {"shape": "circle", "style": "filled", "fillcolor": _RED[0], "color": _RED[1], "width": "0.35"}
@@ -162,8 +161,8 @@ def _draw_dot(dot: graphviz.Digraph, graph: BranchGraph, prefix: str, weighted: 
             continue
         attrs = {"arrowsize": "0.4"}
         if weighted:
-            rgb = _BLUE if signed and float(graph.edges[u, v].get("gate", 0.0)) < 0 else "000000"
-            attrs.update(penwidth=f"{0.3 + 1.7 * s:.2f}", color=f"#{rgb}{round(64 + 191 * s):02x}")
+            colour = _BLUE if s < 0 else "#000000"
+            attrs.update(penwidth=f"{0.3 + 1.7 * abs(s):.2f}", color=f"{colour}{round(64 + 191 * abs(s)):02x}")
         if u in dead_set or v in dead_set:
             attrs.update(style="dashed", color=_GREY)
         dot.edge(prefix + u, prefix + v, **attrs)
@@ -225,9 +224,9 @@ def _draw_matplotlib(graphs: list[BranchGraph], path: Path, weighted: bool | Non
             if u not in hidden and v not in hidden:
                 grey = u in dead_set or v in dead_set
                 ax.annotate("", xy=where[v], xytext=where[u], arrowprops={
-                    "arrowstyle": "-|>", "lw": (0.3 + 1.2 * s) * thin, "alpha": 0.25 + 0.75 * s, "shrinkA": 5,
-                    "shrinkB": 5,
-                    "color": _GREY if grey else "black", "linestyle": "--" if grey else "-", "mutation_scale": 6})
+                    "arrowstyle": "-|>", "lw": (0.3 + 1.2 * abs(s)) * thin, "alpha": 0.25 + 0.75 * abs(s),
+                    "shrinkA": 5, "shrinkB": 5, "color": _GREY if grey else _BLUE if s < 0 else "black",
+                    "linestyle": "--" if grey else "-", "mutation_scale": 6})
         for node, (x, y) in where.items():
             if node in ("input", "output"):
                 ax.scatter([x], [y], s=160, c=_RED[0], edgecolors=_RED[1], zorder=3)

@@ -19,8 +19,8 @@ import networkx as nx
 import torch
 
 from connlearn.errors import ConfigError, GraphError, check_choice, check_float
-from connlearn.gates import GATES, FrozenGate, Gate
-from connlearn.graph import BranchGraph
+from connlearn.gates import GATES, Budgeted, FrozenGate, Gate, LearnedGate, random_tie_order, tie_generator
+from connlearn.graph import BranchGraph, live_blocks
 
 
 def gate_class(graph: BranchGraph) -> type[Gate]:
@@ -36,9 +36,10 @@ def gate_class(graph: BranchGraph) -> type[Gate]:
 
 def spender(kind: type[Gate]) -> type[Gate] | None:
     """The class that spends one budget for gate ``kind``: the kind itself where it ``spends`` (its own
-    scores select the edges), else its form with edge weights (``weighting()``); None: it cannot."""
+    scores select the edges), else its form with edge weights (``weighting()``); None: it cannot (``frozen``
+    keeps the edges it is given)."""
     weighted = kind if kind.spends else kind.weighting()
-    return weighted if weighted is not None and weighted.spends else None
+    return weighted if weighted is not None and weighted.spends and not issubclass(kind, FrozenGate) else None
 
 
 def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
@@ -50,8 +51,8 @@ def check_density(gate: str, K: int | None, density: Any, C: int) -> int:
     density = check_float("density", density)
     if not 0 < density <= 1:
         raise ConfigError(f"density must be in (0, 1] (the share of the candidate edges kept), got {density}")
-    if spender(GATES.get(gate)) is None or issubclass(GATES.get(gate), FrozenGate):
-        spenders = [n for n in GATES.names() if spender(GATES.get(n)) and not issubclass(GATES.get(n), FrozenGate)]
+    if spender(GATES.get(gate)) is None:
+        spenders = [n for n in GATES.names() if spender(GATES.get(n))]
         raise ConfigError(f"gate {gate!r} cannot spend one budget over the network (density); these can: "
                           f"{', '.join(spenders)}")
     return max(1, round(density * C))
@@ -85,16 +86,28 @@ def edge_counts(graph: BranchGraph) -> tuple[int, int]:
 
 
 def spend(graph: BranchGraph) -> BranchGraph:
-    """``graph`` with the initial kept edges of its budget, as its kind spends it (from the graph's seed);
-    without a budget, as it is."""
+    """``graph`` with the initial kept edges of its budget, as its kind spends it (from the graph's seed; equal
+    values of a learned kind by the tie ranks its network draws from the seed); without a budget, as it is.
+    A budget that joins no path from the stem to the head is refused: that network computes a constant, and no
+    gradient reaches its edges."""
     edges, count = gate_edges(graph), budget(graph)
     if count is None:
         return graph
-    values = torch.tensor([float(graph.edges[e]["gate"]) for e in edges])
+    values, kind = torch.tensor([float(graph.edges[e]["gate"]) for e in edges]), gate_class(graph)
     generator = torch.Generator().manual_seed((graph.seed * 0x5851F42D4C957F2D + 0x14057B7EF767814F) % 2**63)
-    kept = gate_class(graph).spend(values, count, generator)
+    if issubclass(kind, LearnedGate) and issubclass(kind, Budgeted):  # ranks from each row's top, as _spent's
+        ties, shapes = tie_generator(graph.seed), [(len(graph.branches(m)), len(graph.candidates(m)))
+                                                   for m in graph.modules() if graph.candidates(m)]
+        order = torch.cat([(random_tie_order(r, c, ties) - c).flatten() for r, c in shapes])
+        kept = kind.spend(values, count, generator, order=order)
+    else:
+        kept = kind.spend(values, count, generator)
     for e, keep in zip(edges, kept.tolist(), strict=True):
         graph.edges[e]["active"] = bool(keep)
+    if not live_blocks(graph):
+        raise GraphError(f"one budget of {count} of the network's {len(edges)} candidate edges (density "
+                         f"{graph.graph['density']:g}) joins no path from the stem to the head: the network would "
+                         "compute a constant; give a larger density")
     graph.graph["K"] = max(1, round(count / max(1, len({v for _, v in edges}))))  # the mean kept fan-in
     return graph
 
@@ -137,7 +150,7 @@ def generated(graph: BranchGraph, generator: str, seed: int = 0) -> BranchGraph:
     later, and edges within a module (no candidates) are dropped; then random drawn edges go, or random candidate
     edges come, until the count is the graph's. Gate values stay as they are; the copy is :func:`fixed`."""
     make = GENERATORS[check_choice("generator", generator, GENERATORS)]
-    g, rng = fixed(graph), random.Random(seed)
+    g, rng = fixed(_one_budget(graph, "generated")), random.Random(seed)
     edges, blocks = gate_edges(g), g.block_nodes()
     budget_now = sum(bool(g.edges[e].get("active")) for e in edges)
     pairs = len(blocks) * (len(blocks) - 1) // 2
@@ -158,15 +171,20 @@ def generated(graph: BranchGraph, generator: str, seed: int = 0) -> BranchGraph:
     return g
 
 
+def _one_budget(graph: BranchGraph, name: str) -> BranchGraph:
+    """``graph``, refused where it keeps K in every block: ``name`` moves edges between the blocks."""
+    if "density" not in graph.graph:
+        raise GraphError(f"{name} moves kept edges between the blocks of a module, and this graph keeps K={graph.K} "
+                         "in every block: rewire it (degrees) instead, or build it with a density")
+    return graph
+
+
 def shuffle(graph: BranchGraph, seed: int = 0) -> BranchGraph:
     """A copy of ``graph`` whose kept gate edges are drawn anew, uniformly, within each (source module, target
     module) pair: as many edges between every two modules (stages of a node graph) as before, any of them. Each
     kept edge keeps its gate value, moved with it in a random order. The copy is :func:`fixed`; ``graph`` keeps one
     budget over the network (``density``): one that keeps K per block would lose that."""
-    if "density" not in graph.graph:
-        raise GraphError(f"shuffle moves kept edges between the blocks of a module, and this graph keeps K={graph.K} "
-                         "in every block: rewire it (degrees) instead, or build it with a density")
-    g = fixed(graph)
+    g = fixed(_one_budget(graph, "shuffle"))
     rng = random.Random(seed)
     pairs: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for u, v in gate_edges(g):

@@ -26,7 +26,7 @@ from connlearn.train.compare import Study, collect, parse_arm
 from connlearn.train.data import ArrayDataset, load_dataset, pack, read_image_folder
 from connlearn.train.signals import check_signals
 from connlearn.updater import GateUpdater
-from connlearn.wiring import shuffle
+from connlearn.wiring import generated, shuffle
 
 
 def _graph(**changes):
@@ -283,6 +283,9 @@ CASES = [
       "give a larger density"]),
     (lambda _: shuffle(connlearn.build(**tiny(gate="random")).graph()), GraphError,
      ["shuffle", "keeps K=2 in every block", "rewire it (degrees)"]),
+    (lambda _: generated(connlearn.build(**tiny(gate="random")).graph(), "er"), GraphError,
+     ["generated", "keeps K=2 in every block", "rewire it (degrees)"]),
+    (lambda _: connlearn.build("neural-graph", gate="frozen"), ConfigError, ["gate 'frozen' is what freeze() leaves"]),
     (lambda t: save(connlearn.build("neural-graph", nodes=[4, 4], stem_nodes=2, features=2, K=1).graph(), t / "g.svg",
                     beside_resnext=True), ConfigError, ["a node graph has no ResNeXt", "leave out side-by-side"]),
     (lambda _: connlearn.build("neural-graph", nodes=[4, 4], features=5), ConfigError,

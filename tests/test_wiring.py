@@ -94,6 +94,18 @@ def test_exactly_the_budget_is_kept_over_the_network_in_training_and_evaluation(
     torch.testing.assert_close(net(batch(net)), before)
 
 
+@pytest.mark.parametrize("gate", ["dnw", "random", "magnitude"])  # magnitude: equal scores, by the tie ranks
+@pytest.mark.parametrize("topology", TOPOLOGIES_WITH_GATES)
+def test_a_budgets_graph_as_built_records_the_edges_its_network_keeps(gate, topology):
+    options = SMALL_GRAPH if topology == "neural-graph" else tiny(K=None, M=6)
+    graph = TOPOLOGIES.get(topology)(**{**options, "gate": gate, "density": 0.5, "K": None})
+
+    def kept(g):
+        return [g.edges[e]["active"] for e in gate_edges(g)]
+
+    assert kept(connlearn.from_graph(graph).graph()) == kept(graph)
+
+
 def test_per_block_scope_keeps_each_blocks_k_top_edges_by_magnitude():
     net = connlearn.build(**tiny(C=5, K=2, gate="dnw", seed=1))
     for _, gate in net.gates():
@@ -148,18 +160,19 @@ def test_edge_weights_train_in_the_weights_group_with_its_weight_decay():
 
 
 def test_the_fair_random_graph_is_uniform_over_the_candidate_edges():
-    """C=2, M=3: 8 candidate gate edges, density 0.25 keeps 2: each of the 28 pairs equally often over seeds."""
-    seeds = 1400
+    """3 stem nodes read by 3 feature nodes: 9 candidate edges, density 0.25 keeps 2 (each a path from the stem to
+    the head): each of the 36 pairs equally often over seeds."""
+    seeds = 1800
     counts = collections.Counter()
     for seed in range(seeds):
-        g = TOPOLOGIES.get("resnext")(C=2, M=3, width=1, stem_channels=1, base_channels=1, gate="random",
-                                      density=0.25, seed=seed)
+        g = TOPOLOGIES.get("neural-graph")(nodes=[3], stem_nodes=3, features=3, image_size=8, gate="random",
+                                           density=0.25, seed=seed)
         counts[tuple(e for e in gate_edges(g) if g.edges[e]["active"])] += 1
     pairs = list(itertools.combinations(gate_edges(g), 2))
-    assert set(counts) <= set(pairs) and len(pairs) == 28
+    assert set(counts) <= set(pairs) and len(pairs) == 36
     expected = seeds / len(pairs)
     chi2 = sum((counts[p] - expected) ** 2 / expected for p in pairs)
-    assert chi2 < 55.5  # 27 degrees of freedom: P(chi2 > 55.5) = 0.001 under uniformity
+    assert chi2 < 66.6  # 35 degrees of freedom: P(chi2 > 66.6) = 0.001 under uniformity
 
 
 def test_a_random_graphs_edges_carry_trainable_signed_weights_and_stay_fixed():
