@@ -398,6 +398,12 @@ class Budgeted(Gate):
             tied = tied[order[tied].argsort(descending=True, stable=True)]
         return kept.index_fill_(0, tied[:budget - int(kept.sum())], True)
 
+    @staticmethod
+    def row_ranks(ties: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The ``order`` of :meth:`spend` for gates of these tie ranks, flat: each row's ranks counted from its top
+        (-1 first), so that equal scores share the budget over the rows."""
+        return torch.cat([(t - t.shape[-1]).flatten() for t in ties])
+
     def share(self, gates: Sequence[Gate], budget: int) -> None:
         self.scope, self.budget = cast("list[Budgeted]", list(gates)), budget
 
@@ -407,9 +413,7 @@ class Budgeted(Gate):
     def _spent(self) -> list[torch.Tensor]:
         """The kept edges of every gate of the budget's scope, in order: one selection for them all."""
         gates, ties = self.scope, [g.ties() for g in self.scope]
-        # each row's ranks counted from its top (-1 first), so that equal scores share the budget over the rows
-        order = None if any(t is None for t in ties) else torch.cat([(t - t.shape[-1]).flatten()
-                                                                     for t in cast(list, ties)])
+        order = None if any(t is None for t in ties) else self.row_ranks(cast(list, ties))
         kept = self.spend(torch.cat([g.values().flatten() for g in gates]), cast(int, self.budget), order=order)
         return [k.view(g.shape) for g, k in zip(gates, kept.split([math.prod(g.shape) for g in gates]), strict=True)]
 

@@ -95,10 +95,10 @@ def spend(graph: BranchGraph) -> BranchGraph:
         return graph
     values, kind = torch.tensor([float(graph.edges[e]["gate"]) for e in edges]), gate_class(graph)
     generator = torch.Generator().manual_seed((graph.seed * 0x5851F42D4C957F2D + 0x14057B7EF767814F) % 2**63)
-    if issubclass(kind, LearnedGate) and issubclass(kind, Budgeted):  # ranks from each row's top, as _spent's
-        ties, shapes = tie_generator(graph.seed), [(len(graph.branches(m)), len(graph.candidates(m)))
-                                                   for m in graph.modules() if graph.candidates(m)]
-        order = torch.cat([(random_tie_order(r, c, ties) - c).flatten() for r, c in shapes])
+    if issubclass(kind, LearnedGate) and issubclass(kind, Budgeted):  # the tie ranks its network will draw
+        ties = tie_generator(graph.seed)
+        order = kind.row_ranks([random_tie_order(len(graph.branches(m)), len(graph.candidates(m)), ties)
+                                for m in graph.modules() if graph.candidates(m)])
         kept = kind.spend(values, count, generator, order=order)
     else:
         kept = kind.spend(values, count, generator)
