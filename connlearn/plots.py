@@ -107,7 +107,7 @@ def plot_gate_heatmaps(graph: BranchGraph, path: str | os.PathLike) -> Path:
     axes = fig.subplots(nrows, ncols, squeeze=False)
     image, signed = None, bool(graph.graph.get("edge_weights"))
     matrices = [[np.asarray(a) for a in graph.gate_matrix(m)] for m in modules]
-    top = max(float(np.abs(values).max()) for values, _ in matrices) or 1.0 if signed else 1.0
+    top = (max(float(np.abs(values).max()) for values, _ in matrices) or 1.0) if signed else 1.0
     for ax, module, (values, active) in zip(axes.flat, modules, matrices, strict=False):
         image = ax.imshow(values, vmin=-top if signed else 0.0, vmax=top, cmap="coolwarm" if signed else "viridis",
                           aspect="auto")

@@ -40,6 +40,11 @@ def _budgeted(gate, density, topology="resnext", **options):
     return built(topology, **tiny(K=None, gate=gate, density=density, **options))
 
 
+def _kept_edges(graph):
+    """The kept gate edges of ``graph``, in the order of its gate matrices."""
+    return [e for e in gate_edges(graph) if graph.edges[e]["active"]]
+
+
 def _masked_graph():
     spec = importlib.util.spec_from_file_location("benchmarks_wiring", ROOT / "benchmarks" / "wiring.py")
     module = importlib.util.module_from_spec(spec)
@@ -99,11 +104,7 @@ def test_exactly_the_budget_is_kept_over_the_network_in_training_and_evaluation(
 def test_a_budgets_graph_as_built_records_the_edges_its_network_keeps(gate, topology):
     options = SMALL_GRAPH if topology == "neural-graph" else tiny(K=None, M=6)
     graph = TOPOLOGIES.get(topology)(**{**options, "gate": gate, "density": 0.5, "K": None})
-
-    def kept(g):
-        return [g.edges[e]["active"] for e in gate_edges(g)]
-
-    assert kept(connlearn.from_graph(graph).graph()) == kept(graph)
+    assert _kept_edges(connlearn.from_graph(graph).graph()) == _kept_edges(graph)
 
 
 def test_per_block_scope_keeps_each_blocks_k_top_edges_by_magnitude():
@@ -167,7 +168,7 @@ def test_the_fair_random_graph_is_uniform_over_the_candidate_edges():
     for seed in range(seeds):
         g = TOPOLOGIES.get("neural-graph")(nodes=[3], stem_nodes=3, features=3, image_size=8, gate="random",
                                            density=0.25, seed=seed)
-        counts[tuple(e for e in gate_edges(g) if g.edges[e]["active"])] += 1
+        counts[tuple(_kept_edges(g))] += 1
     pairs = list(itertools.combinations(gate_edges(g), 2))
     assert set(counts) <= set(pairs) and len(pairs) == 36
     expected = seeds / len(pairs)
@@ -191,7 +192,7 @@ def test_rewiring_keeps_every_degree_and_the_budget(seed, density, topology):
     graph = _budgeted("dnw", density, topology, M=6, C=4, seed=seed).graph()
 
     def degrees(g):
-        kept = [e for e in gate_edges(g) if g.edges[e]["active"]]
+        kept = _kept_edges(g)
         return collections.Counter(u for u, _ in kept), collections.Counter(v for _, v in kept), set(kept)
 
     out_before, in_before, before = degrees(graph)
@@ -208,7 +209,7 @@ def test_shuffling_keeps_the_count_between_every_two_modules_and_moves_edges(top
     graph = _budgeted("dnw", 0.3, topology, M=6, C=4, seed=2).graph()
 
     def between(g):
-        kept = [e for e in gate_edges(g) if g.edges[e]["active"]]
+        kept = _kept_edges(g)
         return collections.Counter((g.nodes[u]["module"], g.nodes[v]["module"]) for u, v in kept), set(kept)
 
     (counts, kept), (shuffled_counts, shuffled) = between(graph), between(shuffle(graph, seed=1))
@@ -222,9 +223,8 @@ def test_randwire_generators_keep_the_node_count_and_the_edge_budget(generator):
                             features=3, image_size=8).graph()
     made = generated(graph, generator, seed=3)
     assert edge_counts(made) == edge_counts(graph) and made.block_nodes() == graph.block_nodes()
-    kept = [e for e in gate_edges(made) if made.edges[e]["active"]]
     again = generated(graph, generator, seed=3)
-    assert set(made.edges) == set(graph.edges) and kept == [e for e in gate_edges(again) if again.edges[e]["active"]]
+    assert set(made.edges) == set(graph.edges) and _kept_edges(made) == _kept_edges(again)
     connlearn.from_graph(made)
 
 
@@ -235,18 +235,14 @@ def test_a_rewired_learned_graph_compiles_to_a_network_that_reads_exactly_its_ke
     graph = connlearn.build("neural-graph", gate=gate, **options, nodes=[6, 6], stem_nodes=4, features=3,
                             image_size=8).graph()
     made = {"rewire": rewire, "shuffle": shuffle}.get(control, lambda g, seed: generated(g, control, seed))(graph, 1)
-
-    def kept(g):
-        return {e for e in gate_edges(g) if g.edges[e]["active"]}
-
-    assert kept(made) != kept(graph) and kept(connlearn.from_graph(made).graph()) == kept(made)
+    kept = _kept_edges(made)
+    assert kept != _kept_edges(graph) and _kept_edges(connlearn.from_graph(made).graph()) == kept
 
 
 def test_rewiring_moves_edges():
     graph = _budgeted("random", 0.5, M=6, C=4).graph()
     rewired = rewire(graph, seed=1)
-    kept = {e for e in gate_edges(graph) if graph.edges[e]["active"]}
-    assert kept != {e for e in gate_edges(rewired) if rewired.edges[e]["active"]}
+    assert set(_kept_edges(graph)) != set(_kept_edges(rewired))
 
 
 @settings(max_examples=10, deadline=None)
